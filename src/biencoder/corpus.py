@@ -1,0 +1,295 @@
+"""Reader for the ArguAna counterargs corpus layout (Wachsmuth, Syed & Stein, ACL 2018).
+
+Layout (``02-extracted-arguments``)::
+
+    training|validation|test/<theme>/<debate>/{thesis.txt, metadata.txt, pro/, con/}
+    pro/pro01a-point.txt   pro/pro01b-counter.txt   con/con03a-point.txt ...
+
+A *pair* is a point and the counter with the same split, theme, debate, stance and number.
+
+Command line::
+
+    python -m biencoder.corpus stats <root> [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+SPLITS = ("training", "validation", "test")
+#: short names used in configs and logs -> folder names
+SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
+EXTRACTED = "02-extracted-arguments"
+STANCES = ("pro", "con")
+DEBATE_FILES = {"thesis.txt", "metadata.txt"}
+_ARG_FILE = re.compile(r"^(?P<stance>pro|con)(?P<number>\d+)(?:a-(?P<point>point)|b-(?P<counter>counter))\.txt$")
+
+ARGUMENT_COLUMNS = ["split", "theme", "debate", "stance", "number", "kind", "conclusion", "premise", "text", "path"]
+PAIR_COLUMNS = ["split", "theme", "debate", "stance", "pair_id", "point_text", "counter_text"]
+
+
+class CorpusError(ValueError):
+    """The corpus on disk cannot be read as the ArguAna counterargs layout; the message says what to fix."""
+
+
+class CorpusWarning(UserWarning):
+    """A stray file in the corpus that is ignored."""
+
+
+def demo_root() -> Path:
+    """Path of the small demo corpus shipped inside the package (original text, same layout)."""
+    return Path(__file__).resolve().parent / "data" / "demo"
+
+
+def resolve_root(root: str | Path) -> Path:
+    """Return the folder holding the three split folders.
+
+    Accepts the corpus root (which holds ``02-extracted-arguments``) or that folder itself.
+    Raises :class:`CorpusError` when the path does not exist or holds no split folders.
+    """
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise CorpusError(
+            f"corpus root '{root}' does not exist: pass the folder that holds {EXTRACTED}/ "
+            "(or set data.root / ARGUANA_ROOT to it)"
+        )
+    if not path.is_dir():
+        raise CorpusError(f"corpus root '{root}' is not a folder: pass the folder that holds {EXTRACTED}/")
+    if (path / EXTRACTED).is_dir():
+        path = path / EXTRACTED
+    missing = [s for s in SPLITS if not (path / s).is_dir()]
+    if missing:
+        raise CorpusError(
+            f"corpus root '{root}' has no split folder(s) {', '.join(missing)}: expected "
+            f"{'/'.join(SPLITS)}/ inside it or inside its {EXTRACTED}/"
+        )
+    return path
+
+
+def _ignored(entry: Path, expected: str) -> None:
+    # macOS litter is common in hand-copied corpora and not worth a warning.
+    if not entry.name.startswith("."):
+        warnings.warn(f"ignoring {entry} (expected {expected})", CorpusWarning, stacklevel=3)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        text = path.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError as err:
+        raise CorpusError(f"{path} is not UTF-8 ({err.reason} at byte {err.start}): re-save it as UTF-8") from None
+    if not text:
+        raise CorpusError(f"{path} is empty: an argument file needs at least a conclusion line")
+    return text
+
+
+def _subdirs(folder: Path, expected: str) -> list[Path]:
+    out = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir():
+            out.append(entry)
+        else:
+            _ignored(entry, expected)
+    return out
+
+
+def _read_split(folder: Path, split: str) -> tuple[list[dict], int, int]:
+    """Rows of every argument file of one split; also the number of themes and debates."""
+    rows: list[dict] = []
+    themes = _subdirs(folder, "a theme folder")
+    n_debates = 0
+    for theme in themes:
+        for debate in _subdirs(theme, "a debate folder"):
+            n_debates += 1
+            for entry in sorted(debate.iterdir()):
+                if entry.is_dir() and entry.name in STANCES:
+                    rows.extend(_read_side(entry, split, theme.name, debate.name))
+                elif entry.name not in DEBATE_FILES:
+                    _ignored(entry, "thesis.txt, metadata.txt, pro/ or con/")
+    return rows, len(themes), n_debates
+
+
+def _read_side(side: Path, split: str, theme: str, debate: str) -> list[dict]:
+    rows = []
+    for entry in sorted(side.iterdir()):
+        match = _ARG_FILE.match(entry.name)
+        if not entry.is_file() or match is None or match["stance"] != side.name:
+            _ignored(entry, f"{side.name}NNa-point.txt or {side.name}NNb-counter.txt")
+            continue
+        text = _read_text(entry)
+        conclusion, _, premise = text.partition("\n")
+        rows.append(
+            {
+                "split": split,
+                "theme": theme,
+                "debate": debate,
+                "stance": side.name,
+                "number": int(match["number"]),
+                "kind": "point" if match["point"] else "counter",
+                "conclusion": conclusion.strip(),
+                "premise": premise.strip(),
+                "text": text,
+                "path": str(entry),
+            }
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class PairedSplit:
+    """The arguments of one split that belong to pairs, in a fixed order.
+
+    ``table`` has 2·Q rows: row ``i`` (i < Q) is the point of pair ``i`` and row ``Q + i`` is its counter.
+    Columns: theme, debate, stance, kind, text, text_id (equal texts share an id), pair_id.
+    ``query[i] = i`` and ``counter[i] = Q + i`` are kept explicit so callers never rely on the layout.
+    """
+
+    name: str
+    table: pd.DataFrame
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.table) // 2
+
+    @property
+    def query(self) -> np.ndarray:
+        """[Q] row of each pair's point."""
+        return np.arange(self.n_pairs)
+
+    @property
+    def counter(self) -> np.ndarray:
+        """[Q] row of each pair's counter."""
+        return np.arange(self.n_pairs, 2 * self.n_pairs)
+
+    @property
+    def texts(self) -> list[str]:
+        return self.table["text"].tolist()
+
+    @property
+    def text_id(self) -> np.ndarray:
+        """[2Q] integer id per row; rows with identical text share it."""
+        return self.table["text_id"].to_numpy()
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Everything read from one corpus root.
+
+    ``arguments``: one row per argument file (columns :data:`ARGUMENT_COLUMNS`).
+    ``pairs``: one row per point that has a counter (columns :data:`PAIR_COLUMNS`, plus ``point_row`` and
+    ``counter_row``, the row labels of both in ``arguments``).
+    """
+
+    root: Path
+    arguments: pd.DataFrame
+    pairs: pd.DataFrame
+    counts: dict[str, dict[str, int]]
+
+    def paired(self, split: str) -> PairedSplit:
+        """The :class:`PairedSplit` of ``split`` (``train``/``val``/``test`` or the folder name)."""
+        name = SPLIT_NAMES.get(split, split)
+        if name not in SPLITS:
+            raise CorpusError(f"unknown split '{split}': use one of {', '.join(SPLIT_NAMES)}")
+        pairs = self.pairs[self.pairs["split"] == name]
+        points = self.arguments.loc[pairs["point_row"]]
+        counters = self.arguments.loc[pairs["counter_row"]]
+        table = pd.concat([points, counters], ignore_index=True)[["theme", "debate", "stance", "kind", "text"]]
+        table["pair_id"] = np.tile(pairs["pair_id"].to_numpy(), 2)
+        table["text_id"] = pd.factorize(table["text"])[0]
+        return PairedSplit(name=split, table=table)
+
+
+def read_corpus(root: str | Path) -> Corpus:
+    """Read all three splits under ``root`` (see :func:`resolve_root`) into pandas tables.
+
+    Raises :class:`CorpusError` on a missing root or split folders, a split without pairs, a file that is not
+    UTF-8 or an empty argument file. Stray files are ignored with a :class:`CorpusWarning` (dot-files silently).
+    """
+    folder = resolve_root(root)
+    rows: list[dict] = []
+    shape: dict[str, tuple[int, int]] = {}
+    for split in SPLITS:
+        split_rows, n_themes, n_debates = _read_split(folder / split, split)
+        rows.extend(split_rows)
+        shape[split] = (n_themes, n_debates)
+    arguments = pd.DataFrame(rows, columns=ARGUMENT_COLUMNS)
+
+    key = ["split", "theme", "debate", "stance", "number"]
+    points = arguments[arguments["kind"] == "point"]
+    counters = arguments[arguments["kind"] == "counter"]
+    merged = points.reset_index(names="point_row").merge(
+        counters.reset_index(names="counter_row"), on=key, suffixes=("_point", "_counter"), how="outer"
+    )
+    has_both = merged["point_row"].notna() & merged["counter_row"].notna()
+    pairs = merged[has_both].copy()
+    pairs["pair_id"] = pairs["theme"] + "/" + pairs["debate"] + "/" + pairs["stance"] + pairs["number"].map("{:02d}".format)
+    pairs = pairs.rename(columns={"text_point": "point_text", "text_counter": "counter_text"})
+    pairs[["point_row", "counter_row"]] = pairs[["point_row", "counter_row"]].astype(int)
+    pairs = pairs[PAIR_COLUMNS + ["point_row", "counter_row"]].sort_values(["split", "pair_id"], kind="stable")
+    pairs = pairs.reset_index(drop=True)
+
+    counts: dict[str, dict[str, int]] = {}
+    for split in SPLITS:
+        in_split = merged["split"] == split
+        n_pairs = int((has_both & in_split).sum())
+        if n_pairs == 0:
+            raise CorpusError(
+                f"split '{split}' under '{folder}' has no pairs (point + counter with the same side and number): "
+                "check that it holds <theme>/<debate>/pro|con/proNNa-point.txt and proNNb-counter.txt files"
+            )
+        texts = arguments.loc[arguments["split"] == split, "text"]
+        counts[split] = {
+            "themes": shape[split][0],
+            "debates": shape[split][1],
+            "points": int(((points["split"] == split)).sum()),
+            "counters": int(((counters["split"] == split)).sum()),
+            "pairs": n_pairs,
+            "points_without_counter": int((in_split & merged["counter_row"].isna()).sum()),
+            "counters_without_point": int((in_split & merged["point_row"].isna()).sum()),
+            "duplicated_texts": int((texts.value_counts() > 1).sum()),
+        }
+    return Corpus(root=folder, arguments=arguments, pairs=pairs, counts=counts)
+
+
+def format_stats(counts: dict[str, dict[str, int]]) -> str:
+    """A fixed-width table: one row per statistic, one column per split."""
+    keys = list(next(iter(counts.values())))
+    width = max(len(k) for k in keys)
+    lines = [f"{'':{width}}  " + "  ".join(f"{s:>10}" for s in counts)]
+    lines += [f"{k:{width}}  " + "  ".join(f"{counts[s][k]:>10}" for s in counts) for k in keys]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m biencoder.corpus", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    stats = sub.add_parser("stats", help="count themes, debates, points, counters and pairs per split")
+    stats.add_argument("root", help=f"corpus root (holding {EXTRACTED}/) or that folder itself; 'demo' for the bundled one")
+    stats.add_argument("--json", action="store_true", help="print one JSON object keyed by split")
+    args = parser.parse_args(argv)
+
+    start = time.perf_counter()
+    try:
+        corpus = read_corpus(demo_root() if args.root == "demo" else args.root)
+    except CorpusError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(corpus.counts, indent=2))
+    else:
+        print(f"{corpus.root}  (read in {time.perf_counter() - start:.2f} s)")
+        print(format_stats(corpus.counts))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

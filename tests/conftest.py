@@ -1,0 +1,62 @@
+"""Shared fixtures: a hand-countable corpus builder, the real corpus when present, a tiny model."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_ROOT = Path(os.environ.get("ARGUANA_ROOT", REPO.parent / "shared" / "data" / "arguana-counterargs-corpus"))
+
+
+def write_corpus(root: Path, layout: dict) -> Path:
+    """Write ``{split: {theme: {debate: {"pro": [(point, counter|None), ...], "con": [...]}}}}`` under root.
+
+    Texts are written as "<text>\\n"; a counter of None leaves the point without a counter.
+    """
+    for split, themes in layout.items():
+        for theme, debates in themes.items():
+            for debate, sides in debates.items():
+                folder = root / split / theme / debate
+                folder.mkdir(parents=True)
+                (folder / "thesis.txt").write_text(f"thesis of {debate}\n")
+                (folder / "metadata.txt").write_text("url\thttps://example.org\n")
+                for stance, pairs in sides.items():
+                    (folder / stance).mkdir()
+                    for i, (point, counter) in enumerate(pairs, 1):
+                        (folder / stance / f"{stance}{i:02d}a-point.txt").write_text(point + "\n")
+                        if counter is not None:
+                            (folder / stance / f"{stance}{i:02d}b-counter.txt").write_text(counter + "\n")
+    return root
+
+
+def grid_layout(splits=("training", "validation", "test"), themes=2, debates=2, per_side=2) -> dict:
+    """Every split: ``themes`` × ``debates`` debates, ``per_side`` pairs on each side, all texts distinct."""
+    def side(split, t, d, stance):
+        return [(f"{split} t{t} d{d} {stance}{i} point\npremise {i}", f"{split} t{t} d{d} {stance}{i} counter")
+                for i in range(per_side)]
+    return {s: {f"theme{t}": {f"debate{t}{d}": {st: side(s, t, d, st) for st in ("pro", "con")}
+                              for d in range(debates)} for t in range(themes)} for s in splits}
+
+
+@pytest.fixture
+def make_corpus(tmp_path):
+    """Build a corpus from a layout dict (see :func:`write_corpus`) and return its root."""
+    def make(layout: dict, name: str = "corpus") -> Path:
+        return write_corpus(tmp_path / name, layout)
+    return make
+
+
+@pytest.fixture(scope="session")
+def real_root() -> Path:
+    if not (REAL_ROOT / "02-extracted-arguments").is_dir() and not (REAL_ROOT / "training").is_dir():
+        pytest.skip(f"real ArguAna corpus not found at {REAL_ROOT} (set ARGUANA_ROOT)")
+    return REAL_ROOT
+
+
+@pytest.fixture(scope="session")
+def real_corpus(real_root):
+    from biencoder.corpus import read_corpus
+    return read_corpus(real_root)

@@ -1,0 +1,120 @@
+import json
+import time
+import warnings
+
+import numpy as np
+import pytest
+
+from biencoder.corpus import CorpusError, CorpusWarning, demo_root, main, read_corpus
+from conftest import grid_layout
+
+
+def test_fixture_counts_and_tables(make_corpus):
+    layout = grid_layout(themes=2, debates=2, per_side=2)
+    # a point without a counter and a duplicated counter text in training
+    layout["training"]["theme0"]["debate00"]["pro"].append(("lonely point\nno answer", None))
+    layout["training"]["theme1"]["debate10"]["con"][0] = ("dup point", "training t0 d0 pro0 counter")
+    root = make_corpus(layout)
+    corpus = read_corpus(root)
+    tr = corpus.counts["training"]
+    assert tr == {"themes": 2, "debates": 4, "points": 17, "counters": 16, "pairs": 16,
+                  "points_without_counter": 1, "counters_without_point": 0, "duplicated_texts": 1}
+    assert corpus.counts["test"]["pairs"] == 16
+    arg = corpus.arguments.set_index("path").loc[str(root / "training/theme0/debate00/pro/pro01a-point.txt")]
+    assert (arg["conclusion"], arg["premise"], arg["kind"], arg["number"]) == ("training t0 d0 pro0 point", "premise 0", "point", 1)
+    assert arg["text"] == "training t0 d0 pro0 point\npremise 0"  # stripped of the trailing newline
+    pairs = corpus.pairs[corpus.pairs["split"] == "training"]
+    pair = pairs[pairs["pair_id"] == "theme0/debate00/pro01"].iloc[0]
+    assert pair["counter_text"] == "training t0 d0 pro0 counter"
+    assert "lonely point\nno answer" not in set(corpus.pairs["point_text"])
+
+
+def test_paired_split_layout(make_corpus):
+    corpus = read_corpus(make_corpus(grid_layout(per_side=3)))
+    ps = corpus.paired("val")
+    assert ps.n_pairs == 2 * 2 * 2 * 3
+    table = ps.table
+    assert (table.loc[ps.query, "kind"] == "point").all() and (table.loc[ps.counter, "kind"] == "counter").all()
+    # a point and its counter share pair_id, debate and stance
+    for col in ("pair_id", "debate", "stance", "theme"):
+        assert np.array_equal(table.loc[ps.query, col].to_numpy(), table.loc[ps.counter, col].to_numpy())
+    points = table.loc[ps.query, "text"].str.replace(" point\n.*", "", regex=True)
+    counters = table.loc[ps.counter, "text"].str.replace(" counter", "")
+    assert points.tolist() == counters.tolist()
+
+
+def test_accepts_extracted_folder_or_root(make_corpus):
+    root = make_corpus({}, name="x")  # empty: just create the folder
+    write_dir = root / "02-extracted-arguments"
+    from conftest import write_corpus
+    write_corpus(write_dir, grid_layout())
+    assert read_corpus(root).counts == read_corpus(write_dir).counts
+
+
+def test_stray_files(make_corpus):
+    root = make_corpus(grid_layout())
+    side = root / "training/theme0/debate00/pro"
+    (side / ".DS_Store").write_bytes(b"\x00\x01")
+    (side / "notes.txt").write_text("x")
+    (side / "pro09c-point.txt").write_text("bad name")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        corpus = read_corpus(root)
+    messages = [str(w.message) for w in caught if issubclass(w.category, CorpusWarning)]
+    assert len(messages) == 2 and any("notes.txt" in m for m in messages) and any("pro09c" in m for m in messages)
+    assert corpus.counts["training"]["points"] == 16
+
+
+@pytest.mark.parametrize("case", ["missing", "no_splits", "no_pairs", "not_utf8", "empty"])
+def test_bad_input(make_corpus, tmp_path, capsys, case):
+    layout = grid_layout()
+    expect = {"missing": "does not exist", "no_splits": "no split folder", "no_pairs": "has no pairs",
+              "not_utf8": "not UTF-8", "empty": "is empty"}[case]
+    if case == "missing":
+        root = tmp_path / "nowhere"
+    elif case == "no_splits":
+        root = make_corpus({"training": layout["training"]})
+    elif case == "no_pairs":
+        layout["test"] = {"theme0": {"debate00": {"pro": [("only a point", None)]}}}
+        root = make_corpus(layout)
+    else:
+        root = make_corpus(layout)
+        bad = root / "validation/theme1/debate11/con/con02b-counter.txt"
+        bad.write_bytes(b"caf\xe9 au lait\n" if case == "not_utf8" else b"  \n\n")
+        expect += ""
+    with pytest.raises(CorpusError, match=expect):
+        read_corpus(root)
+    assert main(["stats", str(root)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expect in err[0]
+    if case in ("not_utf8", "empty"):
+        assert "con02b-counter.txt" in err[0]
+
+
+def test_demo_corpus_edge_cases():
+    corpus = read_corpus(demo_root())
+    for split, c in corpus.counts.items():
+        assert c["themes"] >= 2 and c["debates"] >= 4
+        assert c["pairs"] >= 30 and c["points_without_counter"] >= 1 and c["duplicated_texts"] >= 1
+    # conclusions and premises are real sentences, not placeholders
+    points = corpus.arguments[corpus.arguments["kind"] == "point"]
+    assert points["premise"].str.len().min() > 40 and points["conclusion"].str.len().min() > 15
+
+
+def test_cli_json(capsys):
+    assert main(["stats", "demo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"training", "validation", "test"} and out["test"]["pairs"] == 32
+
+
+def test_real_corpus_counts(real_root, capsys):
+    start = time.perf_counter()
+    corpus = read_corpus(real_root)
+    print(f"\nread the real corpus in {time.perf_counter() - start:.2f} s")
+    expected = {"themes": (15, 15, 15), "debates": (644, 211, 214), "points": (4083, 1290, 1406),
+                "counters": (4065, 1287, 1401), "pairs": (4065, 1287, 1401)}
+    for key, values in expected.items():
+        assert tuple(corpus.counts[s][key] for s in ("training", "validation", "test")) == values, key
+    capsys.readouterr()
+    assert main(["stats", str(real_root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test"]["pairs"] == 1401
