@@ -60,3 +60,36 @@ def real_root() -> Path:
 def real_corpus(real_root):
     from biencoder.corpus import read_corpus
     return read_corpus(real_root)
+
+
+CONF = REPO / "conf"
+FAST = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8"]
+
+
+def compose_cfg(overrides=(), config_name="config"):
+    """Compose the real configs of conf/ (as the CLI would, without a run folder)."""
+    from hydra import compose, initialize_config_dir
+
+    from biencoder.config import register_resolvers
+
+    register_resolvers()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_and_tokenizer():
+    """A randomly initialised 2-layer BERT (seed 0) inside a BiModel, and MiniLM's tokenizer."""
+    import torch
+
+    from biencoder.train import build_model
+
+    torch.manual_seed(0)
+    return build_model(compose_cfg(["model=tiny"]).model)
+
+
+@pytest.fixture(scope="session")
+def demo_corpus():
+    from biencoder.corpus import demo_root, read_corpus
+
+    return read_corpus(demo_root())

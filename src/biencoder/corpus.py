@@ -194,12 +194,19 @@ class Corpus:
     pairs: pd.DataFrame
     counts: dict[str, dict[str, int]]
 
-    def paired(self, split: str) -> PairedSplit:
-        """The :class:`PairedSplit` of ``split`` (``train``/``val``/``test`` or the folder name)."""
+    def paired(self, split: str, max_debates: int | None = None) -> PairedSplit:
+        """The :class:`PairedSplit` of ``split`` (``train``/``val``/``test`` or the folder name).
+
+        ``max_debates`` keeps only the pairs of the first N debates (by theme/debate name): a quick slice whose
+        pools are still whole debates.
+        """
         name = SPLIT_NAMES.get(split, split)
         if name not in SPLITS:
             raise CorpusError(f"unknown split '{split}': use one of {', '.join(SPLIT_NAMES)}")
         pairs = self.pairs[self.pairs["split"] == name]
+        if max_debates is not None:
+            debate = pairs["theme"] + "/" + pairs["debate"]
+            pairs = pairs[debate.isin(sorted(debate.unique())[:max_debates])]
         points = self.arguments.loc[pairs["point_row"]]
         counters = self.arguments.loc[pairs["counter_row"]]
         table = pd.concat([points, counters], ignore_index=True)[["theme", "debate", "stance", "kind", "text"]]

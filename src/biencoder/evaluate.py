@@ -1,0 +1,183 @@
+"""Evaluation: the per-epoch retrieve-k-then-rerank top-1, and the ``python -m biencoder.evaluate`` app.
+
+Per-epoch protocol (``../shared/docs/protocol.md``): for every query point of a split the candidate pool is
+every argument of the split that belongs to a pair, except the query itself and the counters whose text equals
+its true counter's (textual duplicates of the true counter count as that counter). The k nearest candidates by
+Euclidean distance of the sim embeddings (BallTree) are rescored by the classifier's P(positive).
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from sklearn.neighbors import BallTree
+
+from .corpus import PairedSplit
+from .model import BiModel, Embeddings, pair_probabilities
+
+log = logging.getLogger("biencoder")
+
+
+def excluded_rows(split: PairedSplit) -> list[np.ndarray]:
+    """Per query, the rows that are never candidates: the query and the duplicates of its true counter."""
+    table = split.table
+    is_counter = (table["kind"] == "counter").to_numpy()
+    by_text: dict[int, list[int]] = {}
+    for row in np.flatnonzero(is_counter):
+        by_text.setdefault(int(split.text_id[row]), []).append(int(row))
+    out = []
+    for q, c in zip(split.query, split.counter):
+        dups = [r for r in by_text[int(split.text_id[c])] if r != c]
+        out.append(np.array([q, *dups], dtype=np.int64))
+    return out
+
+
+def retrieve(sim: np.ndarray, split: PairedSplit, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest candidates per query by sim distance (BallTree over all rows of ``split``).
+
+    Args: sim [2Q, D]. Returns (rows [Q, k'], distances [Q, k']) nearest first, k' = min(k, smallest pool).
+    """
+    excluded = excluded_rows(split)
+    extra = max(len(e) for e in excluded)
+    pool = len(sim) - extra
+    k = min(k, pool)
+    tree = BallTree(np.asarray(sim, dtype=np.float64))
+    dist, rows = tree.query(np.asarray(sim, dtype=np.float64)[split.query], k=min(k + extra, len(sim)))
+    keep = np.ones_like(rows, dtype=bool)
+    for i, ex in enumerate(excluded):
+        keep[i] = ~np.isin(rows[i], ex)
+    # each row keeps at least k entries because at most `extra` were dropped from k + extra
+    order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(rows, order, 1), np.take_along_axis(dist, order, 1)
+
+
+def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10,
+                    batch_size: int = 16384, device="cpu") -> tuple[dict[str, float], np.ndarray]:
+    """Per-epoch top-1 over every query of ``split``.
+
+    Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch).
+    Returns (metrics, hits): ``top1`` (reranked; ties count against the true counter), ``retrieval_top1``
+    (nearest neighbour), ``recall_at_k`` (true counter among the k), ``mrr`` (reciprocal rank of the true
+    counter after reranking the k; 0 when it is not among them), ``queries``, ``k``; ``hits`` [Q] bool is the
+    reranked top-1 outcome per query.
+    """
+    rows, _ = retrieve(emb.sim.numpy(), split, k)
+    n_q, k_eff = rows.shape
+    queries = np.repeat(split.query, k_eff)
+    probs = pair_probabilities(model, emb, queries, rows.ravel(), batch_size, device).reshape(n_q, k_eff)
+    is_true = rows == split.counter[:, None]
+    in_k = is_true.any(axis=1)
+    true_prob = np.where(in_k, (probs * is_true).sum(axis=1), -np.inf)
+    # rank 1 only if every other retrieved candidate scores strictly lower
+    rank = 1 + ((probs >= true_prob[:, None]) & ~is_true).sum(axis=1)
+    hits = in_k & (rank == 1)
+    metrics = {
+        "top1": float(hits.mean()),
+        "retrieval_top1": float(is_true[:, 0].mean()),
+        "recall_at_k": float(in_k.mean()),
+        "mrr": float(np.where(in_k, 1.0 / rank, 0.0).mean()),
+        "queries": int(n_q),
+        "k": int(k_eff),
+    }
+    return metrics, hits
+
+
+# -- python -m biencoder.evaluate ---------------------------------------------------------------------------------
+NEEDS_TRAINED = ("rerank", "classifier", "sim")
+
+
+def load_checkpoint(path: str | Path) -> tuple[BiModel, object, dict]:
+    """(model, tokenizer, model config) from a run folder (its ``best.pt``) or a ``best.pt`` file."""
+    from .config import ConfigError
+    from .train import build_model
+
+    path = Path(path)
+    file = path / "best.pt" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"eval.checkpoint='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
+    ckpt = torch.load(file, map_location="cpu", weights_only=True)
+    model, tokenizer = build_model(ckpt["model_cfg"])
+    model.load_state_dict(ckpt["state_dict"])
+    return model, tokenizer, ckpt["model_cfg"]
+
+
+def run_evaluation(cfg, out_dir: Path) -> dict:
+    """The 8 tasks on ``eval.split`` with ``eval.score``; writes JSON to ``eval.output`` (default in out_dir)."""
+    from omegaconf import OmegaConf
+
+    from .config import ConfigError, select_device, set_seed_everywhere, validate, write_json_atomic
+    from .corpus import demo_root, read_corpus
+    from .model import TokenizedTexts, encode
+    from .tasks import evaluate_tasks, format_tasks
+    from .train import build_model
+
+    start = time.time()
+    validate(cfg)
+    score, split_name = cfg.eval.score, cfg.eval.split
+    if split_name not in ("train", "val", "test"):
+        raise ConfigError(f"eval.split={split_name!r} is not valid: use val or test (or train)")
+    if cfg.eval.checkpoint is None and score in NEEDS_TRAINED:
+        raise ConfigError(f"eval.score={score} needs trained weights: pass eval.checkpoint=<run folder or best.pt>, "
+                          "or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")
+    split = read_corpus(cfg.data.root or demo_root()).paired(split_name, cfg.data.max_debates)
+    device = select_device(cfg.trainer.device)
+    set_seed_everywhere(cfg.seed)
+    model = emb = None
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    if score != "tfidf":
+        if cfg.eval.checkpoint is not None:
+            model, tokenizer, model_cfg = load_checkpoint(cfg.eval.checkpoint)
+        else:
+            model, tokenizer = build_model(cfg.model)
+        model.to(device)
+        tokens = TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"])
+        emb = encode(model, tokens, cfg.trainer.eval_batch_size, device, progress=bool(cfg.trainer.progress),
+                     desc=f"encode {split_name}")
+    tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
+                           batch_size=cfg.eval.pair_batch_size)
+    result = {
+        "score": score,
+        "split": split_name,
+        "data": cfg.data.name,
+        "checkpoint": None if cfg.eval.checkpoint is None else str(cfg.eval.checkpoint),
+        "encoder": None if score == "tfidf" else model_cfg["encoder"]["name_or_path"],
+        "pooling": None if score == "tfidf" else model_cfg["pooling"],
+        "tasks": tasks,
+        "wall_time_s": round(time.time() - start, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
+    output = Path(cfg.eval.output) if cfg.eval.output else out_dir / "eval.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(output, result)
+    log.info("8 tasks on %s, score=%s (%.1f s, peak RSS %.0f MB)\n%s\nwritten to %s", split_name, score,
+             result["wall_time_s"], result["peak_rss_mb"], format_tasks({split_name: tasks}), output)
+    return result
+
+
+def _main() -> None:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+
+    from .config import ConfigError, fail, register_resolvers
+    from .corpus import CorpusError
+
+    register_resolvers()
+
+    @hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
+    def main(cfg) -> None:
+        out_dir = Path(HydraConfig.get().runtime.output_dir)
+        try:
+            run_evaluation(cfg, out_dir)
+        except (ConfigError, CorpusError) as err:
+            fail(err, out_dir)
+
+    main()
+
+
+if __name__ == "__main__":
+    _main()

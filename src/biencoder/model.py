@@ -1,0 +1,208 @@
+"""The bi-encoder: a shared HF encoder, a sim head and a pair classifier with optional LayerNorm / ReLU.
+
+Reference: the ablation of Wachsmuth-style counter-argument retrieval with a BERT bi-encoder; the flags
+``use_layernorm`` / ``use_relu`` decide what sits in front of the classifier's output layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from .config import ConfigError
+
+
+@dataclass
+class Embeddings:
+    """Per-argument embeddings: ``sim`` [N, sim_dim] (retrieval space) and ``pooled`` [N, hidden] (encoder)."""
+
+    sim: Tensor
+    pooled: Tensor
+
+    def __len__(self) -> int:
+        return self.sim.shape[0]
+
+    def index(self, rows) -> "Embeddings":
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.sim.device)
+        return Embeddings(self.sim[rows], self.pooled[rows])
+
+    def to(self, device) -> "Embeddings":
+        return Embeddings(self.sim.to(device), self.pooled.to(device))
+
+
+class BiModel(nn.Module):
+    """Shared encoder → pooled embedding → ``Linear(hidden, sim_dim)``; pair classifier over fused features.
+
+    Args:
+        encoder: a HF ``PreTrainedModel`` (BERT family); used for points, counters and negatives alike.
+        sim_dim: size of the retrieval embedding.
+        pooling: ``pooler`` (BERT pooler output), ``cls`` (first token) or ``mean`` (masked mean).
+        fusion: pair features; ``concat`` = [s_a, s_b, |s_a−s_b|, p_a, p_b, |p_a−p_b|], ``sim`` = the s part,
+            ``cls`` = the p part (s = sim embedding, p = pooled embedding).
+        use_layernorm: LayerNorm over the feature vector before the output layer.
+        use_relu: ReLU (after the LayerNorm, if any) before the output layer.
+    """
+
+    def __init__(self, encoder: nn.Module, sim_dim: int = 128, pooling: str = "pooler", fusion: str = "concat",
+                 use_layernorm: bool = False, use_relu: bool = False):
+        super().__init__()
+        hidden = encoder.config.hidden_size
+        if pooling == "pooler" and getattr(encoder, "pooler", None) is None:
+            raise ConfigError(f"model.pooling=pooler but {type(encoder).__name__} has no pooler: use model.pooling=cls or mean")
+        self.encoder = encoder
+        self.pooling = pooling
+        self.fusion = fusion
+        self.sim_head = nn.Linear(hidden, sim_dim)
+        n_features = {"concat": 3 * sim_dim + 3 * hidden, "sim": 3 * sim_dim, "cls": 3 * hidden}[fusion]
+        self.norm = nn.LayerNorm(n_features) if use_layernorm else nn.Identity()
+        self.act = nn.ReLU() if use_relu else nn.Identity()
+        self.out = nn.Linear(n_features, 2)
+
+    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Embeddings:
+        """Token ids [B, L] and mask [B, L] → :class:`Embeddings` with sim [B, sim_dim], pooled [B, hidden]."""
+        output = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        if self.pooling == "pooler":
+            pooled = output.pooler_output
+        elif self.pooling == "cls":
+            pooled = output.last_hidden_state[:, 0]
+        else:
+            mask = attention_mask.unsqueeze(-1).to(output.last_hidden_state.dtype)
+            pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return Embeddings(self.sim_head(pooled), pooled)
+
+    def pair_features(self, a: Embeddings, b: Embeddings) -> Tensor:
+        """Fused features [B, n_features] of the pairs (a[i], b[i])."""
+        parts = []
+        if self.fusion in ("concat", "sim"):
+            parts += [a.sim, b.sim, (a.sim - b.sim).abs()]
+        if self.fusion in ("concat", "cls"):
+            parts += [a.pooled, b.pooled, (a.pooled - b.pooled).abs()]
+        return torch.cat(parts, dim=-1)
+
+    def head(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        """Features [B, F] → (head input after the optional LayerNorm/ReLU [B, F], logits [B, 2])."""
+        head_input = self.act(self.norm(features))
+        return head_input, self.out(head_input)
+
+    def classify_pair(self, point: Embeddings, candidate: Embeddings) -> Tensor:
+        """Logits [B, 2] for (point[i], candidate[i]); class 1 = the candidate counters the point."""
+        return self.head(self.pair_features(point, candidate))[1]
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return [p for name, p in self.named_parameters() if not name.startswith("encoder.")]
+
+
+def load_encoder(name_or_path: str, random_init: dict | None = None):
+    """Return (encoder, tokenizer) for a HF id or folder.
+
+    With ``random_init`` (a dict of config overrides such as ``num_hidden_layers``) the architecture is
+    taken from ``name_or_path``'s config with those overrides and initialised randomly (current torch seed);
+    the tokenizer is always ``name_or_path``'s.
+    """
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        if random_init:
+            config = AutoConfig.from_pretrained(name_or_path, **dict(random_init))
+            encoder = AutoModel.from_config(config)
+        else:
+            encoder = AutoModel.from_pretrained(name_or_path)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot load encoder '{name_or_path}' ({str(err).splitlines()[0]}): set model.encoder.name_or_path "
+            "to a local HF folder, or to a hub id while online"
+        ) from None
+    return encoder, tokenizer
+
+
+class TokenizedTexts:
+    """Texts tokenised once (truncated to ``max_length``); batches are padded on demand.
+
+    ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L]}`` (L = longest row in the batch).
+    """
+
+    def __init__(self, texts: list[str], tokenizer, max_length: int):
+        encoded = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
+        self.ids = [np.asarray(ids, dtype=np.int64) for ids in encoded]
+        self.lengths = np.array([len(ids) for ids in self.ids])
+        self.pad_id = tokenizer.pad_token_id or 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, rows) -> dict[str, Tensor]:
+        rows = np.asarray(rows)
+        width = int(self.lengths[rows].max())
+        input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            n = self.lengths[row]
+            input_ids[i, :n] = self.ids[row]
+            mask[i, :n] = 1
+        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+
+
+@torch.no_grad()
+def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: str | torch.device = "cpu",
+           autocast_dtype: torch.dtype | None = None, progress: bool = False, desc: str = "encode") -> Embeddings:
+    """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order.
+
+    Rows are processed longest-first so each batch pads little; the order is restored afterwards.
+    """
+    was_training = model.training
+    model.eval()
+    order = np.argsort(-texts.lengths, kind="stable")
+    sims, pooled = [], []
+    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
+        batch = {k: v.to(device) for k, v in texts.batch(order[start:start + batch_size]).items()}
+        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+            emb = model.embed(**batch)
+        sims.append(emb.sim.float().cpu())
+        pooled.append(emb.pooled.float().cpu())
+    model.train(was_training)
+    inverse = torch.from_numpy(np.argsort(order))
+    return Embeddings(torch.cat(sims)[inverse], torch.cat(pooled)[inverse])
+
+
+def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, float]:
+    """Statistics of the classifier input before (``pre``) and after (``post``) the optional LayerNorm/ReLU.
+
+    Both tensors are [B, F]. Per-sample mean/variance (averaged over samples, and their std across samples),
+    the spread (std) of per-feature variances, and the share of exact zeros.
+    """
+    stats = {}
+    for tag, x in (("pre", features.detach().float()), ("post", head_input.detach().float())):
+        mean, var = x.mean(dim=1), x.var(dim=1, unbiased=False)
+        stats[f"head_{tag}_sample_mean"] = mean.mean().item()
+        stats[f"head_{tag}_sample_mean_std"] = mean.std(unbiased=False).item()
+        stats[f"head_{tag}_sample_var"] = var.mean().item()
+        stats[f"head_{tag}_sample_var_std"] = var.std(unbiased=False).item()
+        stats[f"head_{tag}_feature_var_std"] = x.var(dim=0, unbiased=False).std(unbiased=False).item()
+        stats[f"head_{tag}_zero_share"] = (x == 0).float().mean().item()
+    return stats
+
+
+@torch.no_grad()
+def pair_probabilities(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 16384,
+                       device: str | torch.device = "cpu") -> np.ndarray:
+    """P(positive) [P] of the classifier for the pairs (emb[rows_a[i]], emb[rows_b[i]]), scored in blocks.
+
+    ``emb`` is precomputed (see :func:`encode`), so the encoder never runs here: one head call per block of
+    ``batch_size`` pairs, never one per pair, and never more than a block of features in memory.
+    """
+    was_training = model.training
+    model.eval()
+    rows_a, rows_b = np.asarray(rows_a), np.asarray(rows_b)
+    emb = emb.to(device)
+    out = np.empty(len(rows_a), dtype=np.float32)
+    for start in range(0, len(rows_a), batch_size):
+        stop = start + batch_size
+        logits = model.classify_pair(emb.index(rows_a[start:stop]), emb.index(rows_b[start:stop]))
+        out[start:stop] = logits.float().softmax(-1)[:, 1].cpu().numpy()
+    model.train(was_training)
+    return out

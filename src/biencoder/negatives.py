@@ -1,0 +1,104 @@
+"""Hard-negative mining over sim embeddings with scikit-learn BallTrees, mixed with random negatives.
+
+For every pair's point: the nearest point and the nearest counter of the split (by Euclidean distance of the
+sim embeddings) are looked up in two BallTrees; the point itself, its own counter and every argument whose text
+equals the point's or the counter's text are skipped; the closer of the two survivors is the hard negative.
+With probability ``random_rate`` a uniformly random eligible argument is taken instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.neighbors import BallTree
+
+from .corpus import PairedSplit
+
+
+def random_rate(epoch: int, start: float = 0.8, decay: float = 0.01) -> float:
+    """Share of random negatives in ``epoch``: ``max(0, start − decay·epoch)``."""
+    return max(0.0, start - decay * epoch)
+
+
+@dataclass
+class MinedNegatives:
+    """One negative per pair: ``row`` [Q] in the split's table, ``is_random`` [Q], ``distance`` [Q] (sim space)."""
+
+    row: np.ndarray
+    is_random: np.ndarray
+    distance: np.ndarray
+    rate: float
+
+    def stats(self) -> dict[str, float]:
+        return {
+            "random_rate": self.rate,
+            "share_random": float(self.is_random.mean()),
+            "share_hard": float(1.0 - self.is_random.mean()),
+            "neg_distance": float(self.distance.mean()),
+            "neg_distance_hard": float(self.distance[~self.is_random].mean()) if (~self.is_random).any() else float("nan"),
+        }
+
+
+def forbidden_texts(split: PairedSplit) -> np.ndarray:
+    """[Q, 2] text ids a pair's negative must not have: the point's and its counter's."""
+    return np.stack([split.text_id[split.query], split.text_id[split.counter]], axis=1)
+
+
+def _first_allowed(tree: BallTree, rows: np.ndarray, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
+                   text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Nearest row of ``rows`` (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none."""
+    best = np.full(len(queries), -1)
+    dist = np.full(len(queries), np.inf)
+    todo = np.arange(len(queries))
+    while len(todo):
+        k = min(k, len(rows))
+        d, i = tree.query(sim[queries[todo]], k=k)
+        cand = rows[i]  # [T, k] rows of the split table, nearest first
+        ok = np.all(text_id[cand][:, :, None] != banned[todo][:, None, :], axis=2)
+        found = ok.any(axis=1)
+        first = ok.argmax(axis=1)
+        best[todo[found]] = cand[found, first[found]]
+        dist[todo[found]] = d[found, first[found]]
+        if k == len(rows):
+            break
+        todo, k = todo[~found], 2 * k
+    return best, dist
+
+
+def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.random.Generator,
+                   n_neighbors: int = 10) -> MinedNegatives:
+    """One negative per pair of ``split``.
+
+    Args:
+        sim: [2Q, D] sim embeddings of the split's table rows (points then counters, see ``PairedSplit``).
+        rate: probability of a random instead of a hard negative.
+        rng: the only source of randomness (seeded by the caller).
+        n_neighbors: neighbours fetched per tree at first; more are fetched for the rare rows that need them.
+    Returns:
+        :class:`MinedNegatives`; a negative never has the text of the point or of its counter.
+    """
+    sim = np.asarray(sim, dtype=np.float64)
+    text_id = split.text_id
+    banned = forbidden_texts(split)
+    queries = split.query
+    hard_rows, hard_dist = [], []
+    for rows in (split.query, split.counter):
+        tree = BallTree(sim[rows])
+        row, dist = _first_allowed(tree, rows, sim, queries, banned, text_id, n_neighbors)
+        hard_rows.append(row)
+        hard_dist.append(dist)
+    use_counter = hard_dist[1] < hard_dist[0]
+    row = np.where(use_counter, hard_rows[1], hard_rows[0])
+    if (row < 0).any():
+        raise ValueError("a pair has no eligible negative: the split needs at least one argument with another text")
+
+    is_random = rng.random(len(queries)) < rate
+    todo = np.flatnonzero(is_random)
+    while len(todo):  # rejection sampling: eligible arguments are the vast majority
+        draw = rng.integers(0, len(text_id), size=len(todo))
+        ok = np.all(text_id[draw][:, None] != banned[todo], axis=1)
+        row[todo[ok]] = draw[ok]
+        todo = todo[~ok]
+    distance = np.linalg.norm(sim[queries] - sim[row], axis=1)
+    return MinedNegatives(row=row, is_random=is_random, distance=distance, rate=rate)

@@ -1,0 +1,196 @@
+"""The eight official tasks of Wachsmuth, Syed & Stein (ACL 2018): sdoc, sdc, sdoa, sda, stc, sta, epc, epa.
+
+Queries: every point that has a counter. True candidate: its counter. False candidates: arguments that belong
+to pairs, never the query itself, never a counter whose text equals the true counter's text; typed relative
+to the query (see :data:`TYPES`); each task is a union of types. Accuracy@1 counts a query when its true
+counter scores strictly higher than every false candidate (ties count against it); MRR uses the same ranks.
+
+Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features
+tensor): the memory held is a few [Q, 2Q] float32 matrices.
+
+Command line: ``python -m biencoder.tasks <root> --split test [--json]`` prints pool sizes per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+import torch
+
+from .corpus import CorpusError, PairedSplit, demo_root, read_corpus
+from .model import BiModel, Embeddings, pair_probabilities
+
+TYPES = ("debate-same-counter", "debate-oppo-counter", "debate-oppo-point", "debate-same-point",
+         "theme-counter", "theme-point", "portal-counter", "portal-point")
+TASKS = {
+    "sdoc": ("debate-same-counter",),
+    "sdc": ("debate-same-counter", "debate-oppo-counter"),
+    "sdoa": ("debate-same-counter", "debate-oppo-point"),
+    "sda": TYPES[:4],
+    "stc": ("debate-same-counter", "debate-oppo-counter", "theme-counter"),
+    "sta": TYPES[:6],
+    "epc": ("debate-same-counter", "debate-oppo-counter", "theme-counter", "portal-counter"),
+    "epa": TYPES,
+}
+NOT_A_CANDIDATE = -1
+
+
+def candidate_types(split: PairedSplit) -> np.ndarray:
+    """[Q, 2Q] int8: the type index (into :data:`TYPES`) of every table row for every query, or -1.
+
+    -1 marks the query itself, its true counter, and counters with the true counter's text.
+    """
+    t = split.table
+    theme, debate = t["theme"].to_numpy(), (t["theme"] + "/" + t["debate"]).to_numpy()
+    stance, is_counter = t["stance"].to_numpy(), (t["kind"] == "counter").to_numpy()
+    q, c = split.query, split.counter
+    same_debate = debate[q][:, None] == debate[None, :]
+    same_theme = theme[q][:, None] == theme[None, :]
+    same_side = stance[q][:, None] == stance[None, :]
+    counter = np.broadcast_to(is_counter[None, :], same_debate.shape)
+    # index = 2 * scope + {counter: 0, point: 1}, with debate types ordered as in TYPES
+    debate_type = np.select([counter & same_side, counter & ~same_side, ~counter & ~same_side], [0, 1, 2], 3)
+    other_type = np.where(same_theme, 4, 6) + ~counter
+    types = np.where(same_debate, debate_type, other_type).astype(np.int8)
+    types[np.arange(len(q)), q] = NOT_A_CANDIDATE
+    true_text = split.text_id[c]
+    types[(split.text_id[None, :] == true_text[:, None]) & counter] = NOT_A_CANDIDATE
+    return types
+
+
+def task_masks(types: np.ndarray) -> dict[str, np.ndarray]:
+    """Task name → [Q, 2Q] bool mask of its false candidates."""
+    return {task: np.isin(types, [TYPES.index(name) for name in names]) for task, names in TASKS.items()}
+
+
+def rank_metrics(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> dict[str, float]:
+    """Accuracy@1 and MRR given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns [Q]."""
+    true_score = scores[np.arange(len(true_col)), true_col]
+    rank = 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
+    return {"accuracy_at_1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
+
+
+def _cdist(a: torch.Tensor, b: torch.Tensor, block: int = 1024) -> np.ndarray:
+    return np.concatenate([torch.cdist(a[i:i + block].double(), b.double()).float().numpy() for i in range(0, len(a), block)])
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
+    a, b = torch.nn.functional.normalize(a.float(), dim=1), torch.nn.functional.normalize(b.float(), dim=1)
+    return (a @ b.T).numpy()
+
+
+def tfidf_scores(split: PairedSplit) -> np.ndarray:
+    """[Q, 2Q] TF-IDF cosine between each query and every row; the vectoriser is fit on the split's texts."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    matrix = TfidfVectorizer(sublinear_tf=True).fit_transform(split.texts)  # rows are L2-normalised
+    return (matrix[split.query] @ matrix.T).toarray().astype(np.float32)
+
+
+def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None, emb: Embeddings | None = None,
+                   k: int = 10, device="cpu", batch_size: int = 16384) -> dict[str, dict]:
+    """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
+
+    Args:
+        score: ``rerank`` (per task pool: k nearest by sim distance, reordered by classifier P(positive),
+            the rest after them by distance), ``classifier`` (P(positive) for every candidate), ``sim``
+            (negative sim distance), ``encoder_cosine`` (cosine of pooled embeddings), ``tfidf``.
+        model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;
+            ``encoder_cosine`` needs only ``emb``).
+    Returns:
+        ``{task: {"accuracy_at_1", "mrr", "queries", "candidates"}}``; candidates = false candidates summed
+        over queries.
+    """
+    types = candidate_types(split)
+    masks = task_masks(types)
+    q, true_col = split.query, split.counter
+    per_task_scores: dict[str, np.ndarray] = {}
+    if score == "tfidf":
+        shared = tfidf_scores(split)
+    elif score == "encoder_cosine":
+        shared = _cosine(emb.pooled[q], emb.pooled)
+    elif score in ("sim", "rerank"):
+        dist = _cdist(emb.sim[q], emb.sim)
+        shared = -dist
+    elif score == "classifier":
+        shared = _probabilities(model, emb, np.ones_like(types, dtype=bool), device, batch_size)
+    else:
+        raise ValueError(f"unknown score '{score}'")
+
+    if score == "rerank":
+        # the k nearest of each task's pool (true counter included) get classifier scores, lifted above the rest
+        top = {}
+        for task, mask in masks.items():
+            pool = mask.copy()
+            pool[np.arange(len(q)), true_col] = True
+            d = np.where(pool, dist, np.inf)
+            kk = min(k, d.shape[1])
+            nearest = np.argpartition(d, kk - 1, axis=1)[:, :kk]
+            top[task] = np.zeros_like(pool)
+            np.put_along_axis(top[task], nearest, True, axis=1)
+            top[task] &= pool
+        needed = np.logical_or.reduce(list(top.values()))
+        probs = _probabilities(model, emb, needed, device, batch_size)
+        for task in masks:
+            per_task_scores[task] = np.where(top[task], 10.0 + probs, shared)  # shared = -distance <= 0
+    results = {}
+    for task, mask in masks.items():
+        metrics = rank_metrics(per_task_scores.get(task, shared), mask, true_col)
+        results[task] = {**metrics, "queries": int(len(q)), "candidates": int(mask.sum())}
+    return results
+
+
+def _probabilities(model: BiModel, emb: Embeddings, needed: np.ndarray, device, batch_size: int) -> np.ndarray:
+    """[Q, 2Q] classifier P(positive) where ``needed`` (rows = queries), NaN elsewhere."""
+    out = np.full(needed.shape, np.nan, dtype=np.float32)
+    qi, ci = np.nonzero(needed)
+    query_rows = np.arange(needed.shape[0])  # query i is table row i (PairedSplit layout)
+    out[qi, ci] = pair_probabilities(model, emb, query_rows[qi], ci, batch_size, device)
+    return out
+
+
+def pool_sizes(split: PairedSplit) -> dict[str, dict[str, int]]:
+    """``{task: {"queries", "candidates"}}`` without scoring anything."""
+    masks = task_masks(candidate_types(split))
+    return {task: {"queries": split.n_pairs, "candidates": int(mask.sum())} for task, mask in masks.items()}
+
+
+def format_tasks(results: dict[str, dict[str, dict]]) -> str:
+    """Markdown table: one row per task, ``acc@1 / MRR`` per evaluated split (``{split: evaluate_tasks(...)}``)."""
+    names = list(results)
+    header = "| task | avg cands | " + " | ".join(f"{n} acc@1 | {n} MRR" for n in names) + " |"
+    lines = [header, "|" + "---|" * (2 + 2 * len(names))]
+    for task in TASKS:
+        first = results[names[0]][task]
+        cells = " | ".join(f"{results[n][task]['accuracy_at_1']:.3f} | {results[n][task]['mrr']:.3f}" for n in names)
+        lines.append(f"| {task} | {first['candidates'] / max(first['queries'], 1):.1f} | {cells} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m biencoder.tasks",
+                                     description="Pool sizes of the 8 official tasks (queries, false candidates).")
+    parser.add_argument("root", help="corpus root (holding 02-extracted-arguments/) or 'demo'")
+    parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    try:
+        split = read_corpus(demo_root() if args.root == "demo" else args.root).paired(args.split)
+    except CorpusError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    sizes = pool_sizes(split)
+    if args.json:
+        print(json.dumps(sizes, indent=2))
+    else:
+        print(f"{'task':<6} {'queries':>8} {'candidates':>11} {'per query':>10}")
+        for task, s in sizes.items():
+            print(f"{task:<6} {s['queries']:>8} {s['candidates']:>11} {s['candidates'] / s['queries']:>10.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from biencoder.evaluate import excluded_rows, retrieve, retrieve_rerank
+from biencoder.model import Embeddings, TokenizedTexts, encode
+from biencoder.tasks import evaluate_tasks
+from test_negatives import paired_split
+
+
+@pytest.fixture
+def planted(tiny_model_and_tokenizer):
+    """3 pairs on a line; counter 2 has counter 0's text. Classifier P(positive) = sigmoid(candidate pooled[0])."""
+    split = paired_split(["p0", "p1", "p2"], ["c0", "c1", "c0"])
+    #        rows: 0=P0  1=P1  2=P2  3=C0  4=C1  5=C2
+    position = [0.0, 0.4, 10.0, 1.0, 5.0, 10.5]
+    preference = [0.0, 0.0, 2.0, 1.0, 2.0, 0.5]
+    sim = torch.zeros(6, 128)
+    sim[:, 0] = torch.tensor(position)
+    pooled = torch.zeros(6, 32)
+    pooled[:, 0] = torch.tensor(preference)
+    model = copy.deepcopy(tiny_model_and_tokenizer[0])
+    with torch.no_grad():
+        model.out.weight.zero_(), model.out.bias.zero_()
+        model.out.weight[1, 3 * 128 + 32] = 1.0  # the candidate's pooled[0] (features: s_a, s_b, |..|, p_a, p_b, |..|)
+    return split, Embeddings(sim, pooled), model
+
+
+def test_pools_exclude_query_and_true_counter_duplicates(planted):
+    split, _, _ = planted
+    ex = excluded_rows(split)
+    assert [sorted(e.tolist()) for e in ex] == [[0, 5], [1], [2, 3]]
+
+
+def test_retrieve_rerank_by_hand(planted):
+    split, emb, model = planted
+    rows, dist = retrieve(emb.sim.numpy(), split, k=2)
+    # query 0 at 0.0: P1 (0.4), C0 (1.0) — C2 is a twin of C0 and excluded
+    # query 1 at 0.4: P0 (0.4), C0 (0.6) — its counter C1 (4.6) is not among the 2
+    # query 2 at 10:  C2 (0.5), C1 (5.0) — C0 is a twin of the true counter and excluded, P2 itself too
+    assert rows.tolist() == [[1, 3], [0, 3], [5, 4]]
+    metrics, hits = retrieve_rerank(model, emb, split, k=2)
+    # rerank by preference: q0 picks C0 (1.0 > 0.0) → hit; q1 misses; q2 picks C1 (2.0 > 0.5) → miss
+    assert hits.tolist() == [True, False, False]
+    assert metrics["top1"] == pytest.approx(1 / 3)
+    assert metrics["retrieval_top1"] == pytest.approx(1 / 3)  # only q2's nearest is its counter
+    assert metrics["recall_at_k"] == pytest.approx(2 / 3)
+    assert metrics["mrr"] == pytest.approx((1 + 0 + 1 / 2) / 3)
+    assert metrics["queries"] == 3  # every query counts
+
+
+def test_ties_count_against_the_true_counter(planted):
+    split, emb, model = planted
+    emb.pooled[1, 0] = 1.0  # P1 now ties with C0 for query 0
+    metrics, hits = retrieve_rerank(model, emb, split, k=2)
+    assert not hits[0] and metrics["mrr"] == pytest.approx((1 / 2 + 0 + 1 / 2) / 3)
+
+
+def test_query_embedding_is_the_points(planted):
+    """The seed fed the counter's embedding where the point's belonged; moving the point must move the result."""
+    split, emb, model = planted
+    emb.sim[0, 0] = 4.9  # point 0 now sits next to C1
+    rows, _ = retrieve(emb.sim.numpy(), split, k=1)
+    assert rows[0, 0] == 4
+
+
+def test_classifier_is_called_in_blocks_not_per_pair(planted, monkeypatch):
+    split, emb, model = planted
+    calls = []
+    original = model.classify_pair
+    monkeypatch.setattr(model, "classify_pair", lambda a, b: calls.append(len(a.sim)) or original(a, b))
+    retrieve_rerank(model, emb, split, k=2)
+    assert calls == [6]  # all 3 queries × 2 candidates in one call
+
+
+def test_epoch_top1_equals_epa_rerank_on_demo(tiny_model_and_tokenizer, demo_corpus):
+    """The per-epoch pool is the epa pool: both implementations must agree on every split."""
+    model, tokenizer = tiny_model_and_tokenizer
+    for name in ("train", "test"):
+        split = demo_corpus.paired(name)
+        emb = encode(model, TokenizedTexts(split.texts, tokenizer, 64))
+        metrics, _ = retrieve_rerank(model, emb, split, k=5)
+        tasks = evaluate_tasks(split, "rerank", model=model, emb=emb, k=5)
+        assert metrics["top1"] == pytest.approx(tasks["epa"]["accuracy_at_1"])
+        sim_tasks = evaluate_tasks(split, "sim", model=model, emb=emb)
+        assert metrics["retrieval_top1"] == pytest.approx(sim_tasks["epa"]["accuracy_at_1"])

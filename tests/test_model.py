@@ -1,0 +1,106 @@
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from biencoder.model import BiModel, Embeddings, TokenizedTexts, encode, head_statistics, pair_probabilities
+from conftest import compose_cfg
+
+
+def make_model(encoder, fusion="concat", ln=False, relu=False, pooling="pooler"):
+    torch.manual_seed(0)
+    return BiModel(encoder, sim_dim=128, pooling=pooling, fusion=fusion, use_layernorm=ln, use_relu=relu)
+
+
+@pytest.mark.parametrize("fusion, ln, relu", itertools.product(["concat", "sim", "cls"], [False, True], [False, True]))
+def test_shapes_for_every_fusion_and_flag(tiny_model_and_tokenizer, fusion, ln, relu):
+    base, tokenizer = tiny_model_and_tokenizer
+    model = make_model(base.encoder, fusion, ln, relu)
+    batch = TokenizedTexts(["a short text", "another, longer piece of text", "x"], tokenizer, 16).batch([0, 1, 2])
+    emb = model.embed(**batch)
+    hidden = base.encoder.config.hidden_size
+    assert emb.sim.shape == (3, 128) and emb.pooled.shape == (3, hidden)
+    features = model.pair_features(emb, emb.index([2, 0, 1]))
+    assert features.shape[1] == {"concat": 3 * 128 + 3 * hidden, "sim": 3 * 128, "cls": 3 * hidden}[fusion]
+    assert model.classify_pair(emb, emb).shape == (3, 2)
+    assert isinstance(model.norm, torch.nn.LayerNorm) == ln and isinstance(model.act, torch.nn.ReLU) == relu
+
+
+def test_layernorm_changes_forward_and_normalises(tiny_model_and_tokenizer):
+    base, _ = tiny_model_and_tokenizer
+    plain, ln = make_model(base.encoder), make_model(base.encoder, ln=True)
+    ln.out.load_state_dict(plain.out.state_dict())
+    ln.sim_head.load_state_dict(plain.sim_head.state_dict())
+    torch.manual_seed(1)
+    a = Embeddings(torch.randn(5, 128) * 3 + 2, torch.randn(5, 32) * 5)
+    b = Embeddings(torch.randn(5, 128), torch.randn(5, 32))
+    assert not torch.allclose(plain.classify_pair(a, b), ln.classify_pair(a, b))
+    head_input, _ = ln.head(ln.pair_features(a, b))
+    assert torch.allclose(head_input.mean(1), torch.zeros(5), atol=1e-5)
+    assert torch.allclose(head_input.var(1, unbiased=False), torch.ones(5), atol=1e-3)
+
+
+def test_relu_clamps(tiny_model_and_tokenizer):
+    base, _ = tiny_model_and_tokenizer
+    relu = make_model(base.encoder, relu=True)
+    ln_relu = make_model(base.encoder, ln=True, relu=True)
+    features = torch.randn(4, relu.out.in_features)
+    for model in (relu, ln_relu):
+        head_input, _ = model.head(features)
+        assert (head_input >= 0).all() and (head_input == 0).any()
+    assert torch.equal(relu.head(features)[0], features.clamp(min=0))
+    plain_input, _ = make_model(base.encoder).head(features)
+    assert torch.equal(plain_input, features)
+
+
+def test_the_four_variant_configs_build_four_different_heads(tiny_model_and_tokenizer):
+    from biencoder.train import build_model
+
+    heads = {}
+    for variant in ("ln_relu", "ln", "relu", "plain"):
+        model, _ = build_model(compose_cfg(["model=tiny", f"+variant={variant}"]).model)
+        heads[variant] = (type(model.norm).__name__, type(model.act).__name__)
+    assert heads == {"ln_relu": ("LayerNorm", "ReLU"), "ln": ("LayerNorm", "Identity"),
+                     "relu": ("Identity", "ReLU"), "plain": ("Identity", "Identity")}
+
+
+def test_poolings_differ_and_mean_ignores_padding(tiny_model_and_tokenizer):
+    base, tokenizer = tiny_model_and_tokenizer
+    tokens = TokenizedTexts(["one two three", "one two three four five six seven"], tokenizer, 32)
+    pooled = {p: make_model(base.encoder, pooling=p).eval().embed(**tokens.batch([0, 1])).pooled for p in ("pooler", "cls", "mean")}
+    assert not torch.allclose(pooled["cls"], pooled["mean"]) and not torch.allclose(pooled["cls"], pooled["pooler"])
+    alone = make_model(base.encoder, pooling="mean").eval().embed(**tokens.batch([0])).pooled
+    assert torch.allclose(alone[0], pooled["mean"][0], atol=1e-5)  # padding in the 2-row batch changes nothing
+
+
+def test_encode_is_batch_size_and_order_independent(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    texts = [f"text number {i} " + "word " * (i % 7) for i in range(23)]
+    tokens = TokenizedTexts(texts, tokenizer, 32)
+    one = encode(model, tokens, batch_size=1)
+    many = encode(model, tokens, batch_size=8)
+    assert torch.allclose(one.sim, many.sim, atol=1e-5) and torch.allclose(one.pooled, many.pooled, atol=1e-5)
+    direct = model.eval().embed(**tokens.batch([5]))
+    assert torch.allclose(direct.sim[0], many.sim[5], atol=1e-5)
+
+
+def test_pair_probabilities_batched_equals_direct(tiny_model_and_tokenizer):
+    model, _ = tiny_model_and_tokenizer
+    torch.manual_seed(2)
+    emb = Embeddings(torch.randn(10, 128), torch.randn(10, 32))
+    a, b = np.array([0, 1, 2, 3, 9]), np.array([5, 5, 6, 7, 0])
+    probs = pair_probabilities(model, emb, a, b, batch_size=2)
+    direct = model.eval().classify_pair(emb.index(a), emb.index(b)).softmax(-1)[:, 1].detach().numpy()
+    assert np.allclose(probs, direct, atol=1e-6)
+
+
+def test_head_statistics_by_hand():
+    pre = torch.tensor([[1.0, 3.0], [-2.0, 2.0]])
+    post = pre.clamp(min=0)
+    stats = head_statistics(pre, post)
+    assert stats["head_pre_sample_mean"] == pytest.approx(1.0)  # means 2 and 0
+    assert stats["head_pre_sample_var"] == pytest.approx(2.5)  # variances 1 and 4
+    assert stats["head_post_zero_share"] == pytest.approx(0.25)
+    assert stats["head_pre_zero_share"] == 0.0

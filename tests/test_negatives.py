@@ -1,0 +1,67 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from biencoder.corpus import PairedSplit
+from biencoder.negatives import forbidden_texts, mine_negatives, random_rate
+
+
+def paired_split(points, counters, debate=None):
+    """A PairedSplit from texts: row i = point i, row Q + i = counter i."""
+    q = len(points)
+    table = pd.DataFrame({
+        "theme": "t", "debate": debate or ["d"] * (2 * q), "stance": "pro",
+        "kind": ["point"] * q + ["counter"] * q, "text": list(points) + list(counters),
+        "pair_id": [f"p{i}" for i in range(q)] * 2,
+    })
+    table["text_id"] = pd.factorize(table["text"])[0]
+    return PairedSplit("train", table)
+
+
+def test_planted_nearest_neighbour_skips_self_counter_and_duplicates():
+    # 4 pairs; counter 3 has the same text as counter 0 (a duplicate filed twice)
+    split = paired_split(["p0", "p1", "p2", "p3"], ["c0", "c1", "c2", "c0"])
+    # 1-D positions: rows 0..3 points, 4..7 counters
+    pos = {0: 0.0, 4: 0.1, 7: 0.2, 1: 0.3, 5: 5.0, 2: 9.0, 6: 9.5, 3: 20.0}
+    sim = np.array([[pos[r]] for r in range(8)])
+    mined = mine_negatives(sim, split, rate=0.0, rng=np.random.default_rng(0), n_neighbors=1)
+    # point 0: own counter (row 4, 0.1) and its duplicate (row 7, 0.2) are skipped → point 1 at 0.3
+    # point 1: nearest are row 7 (0.1), row 0 (0.3), row 4 (0.2) → row 7 (0.1)
+    # point 2: own counter row 6 skipped; nearest point row 1 (6.3) vs counter row 5 (4.0) → row 5
+    # point 3: own counter row 7 AND its text twin row 4 are banned → nearest point row 2 (11), counter 6 (10.5)
+    assert mined.row.tolist() == [1, 7, 5, 6]
+    assert np.allclose(mined.distance, [0.3, 0.1, 4.0, 10.5])
+    assert not mined.is_random.any() and mined.stats()["share_hard"] == 1.0
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.5, 1.0])
+def test_negative_never_has_the_positive_text(rate):
+    rng = np.random.default_rng(1)
+    counters = [f"c{i % 5}" for i in range(40)]  # heavy duplication of counter texts
+    split = paired_split([f"p{i}" for i in range(40)], counters)
+    banned = forbidden_texts(split)
+    for seed in range(20):
+        sim = rng.normal(size=(80, 4))
+        mined = mine_negatives(sim, split, rate, np.random.default_rng(seed), n_neighbors=2)
+        assert (mined.row != split.counter).all() and (mined.row != split.query).all()
+        assert (split.text_id[mined.row][:, None] != banned).all()
+        if rate == 1.0:
+            assert mined.is_random.all()
+        if rate == 0.0:
+            assert not mined.is_random.any()
+
+
+def test_random_share_follows_rate_and_seed():
+    split = paired_split([f"p{i}" for i in range(2000)], [f"c{i}" for i in range(2000)])
+    sim = np.random.default_rng(0).normal(size=(4000, 3))
+    a = mine_negatives(sim, split, 0.3, np.random.default_rng(7))
+    b = mine_negatives(sim, split, 0.3, np.random.default_rng(7))
+    assert np.array_equal(a.row, b.row)
+    assert abs(a.is_random.mean() - 0.3) < 0.04
+    # hard negatives are closer than random ones on average
+    assert a.distance[~a.is_random].mean() < a.distance[a.is_random].mean()
+
+
+def test_random_rate_schedule():
+    assert random_rate(0) == 0.8 and random_rate(10) == pytest.approx(0.7)
+    assert random_rate(100) == 0.0 and random_rate(5, start=0.5, decay=0.2) == 0.0

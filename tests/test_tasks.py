@@ -1,0 +1,118 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from biencoder.corpus import read_corpus
+from biencoder.model import Embeddings
+from biencoder.tasks import TASKS, candidate_types, evaluate_tasks, main, pool_sizes, rank_metrics, task_masks
+from conftest import grid_layout
+
+# grid: 2 themes × 2 debates, 2 pairs per side. False candidates per query, counted by hand:
+# sdoc 1 (the other same-side counter) | sdc +2 opposite counters = 3 | sdoa 1 + 2 opposite points = 3
+# sda 1+2+2+1 = 6 | stc 3 + 4 counters of the other debate of the theme = 7 | sta 6 + 8 = 14
+# epc 7 + 8 counters of the other theme = 15 | epa 14 + 16 = 30 (= 32 rows − query − true counter)
+PER_QUERY = {"sdoc": 1, "sdc": 3, "sdoa": 3, "sda": 6, "stc": 7, "sta": 14, "epc": 15, "epa": 30}
+
+
+@pytest.fixture
+def grid(make_corpus):
+    layout = grid_layout(themes=2, debates=2, per_side=2)
+    # theme1/debate10 con01's counter repeats theme0/debate00 pro01's counter (the same text filed twice)
+    twin = layout["test"]["theme0"]["debate00"]["pro"][0][1]
+    point = layout["test"]["theme1"]["debate10"]["con"][0][0]
+    layout["test"]["theme1"]["debate10"]["con"][0] = (point, twin)
+    return read_corpus(make_corpus(layout)).paired("test")
+
+
+def test_pool_sizes_by_hand(grid):
+    sizes = pool_sizes(grid)
+    for task, n in PER_QUERY.items():
+        expected = 16 * n - (2 if task in ("epc", "epa") else 0)  # the twin leaves two queries' portal pools
+        assert sizes[task] == {"queries": 16, "candidates": expected}, task
+
+
+def test_types_of_one_query(grid):
+    t = grid.table
+    q = int(np.flatnonzero(t["pair_id"] == "theme0/debate00/pro01")[0])
+    types = candidate_types(grid)[q]
+    row = lambda pair_id, kind: int(np.flatnonzero((t["pair_id"] == pair_id) & (t["kind"] == kind))[0])
+    assert types[q] == -1 and types[row("theme0/debate00/pro01", "counter")] == -1
+    assert types[row("theme1/debate10/con01", "counter")] == -1  # twin of the true counter
+    named = {"debate-same-counter": row("theme0/debate00/pro02", "counter"),
+             "debate-oppo-counter": row("theme0/debate00/con01", "counter"),
+             "debate-oppo-point": row("theme0/debate00/con02", "point"),
+             "debate-same-point": row("theme0/debate00/pro02", "point"),
+             "theme-counter": row("theme0/debate01/pro01", "counter"),
+             "theme-point": row("theme0/debate01/con01", "point"),
+             "portal-counter": row("theme1/debate11/pro02", "counter"),
+             "portal-point": row("theme1/debate10/pro01", "point")}
+    from biencoder.tasks import TYPES
+    for name, r in named.items():
+        assert TYPES[types[r]] == name
+
+
+def test_one_ranking_by_hand(grid):
+    t = grid.table
+    row = lambda pair_id, kind: int(np.flatnonzero((t["pair_id"] == pair_id) & (t["kind"] == kind))[0])
+    q = row("theme0/debate00/pro01", "point")
+    # distances from the query: true counter 2.0; a same-side counter 1.0; an opposite point 3.0; a theme
+    # point 1.5; everything else 100
+    position = np.full(len(t), 100.0)
+    position[q] = 0.0
+    position[row("theme0/debate00/pro01", "counter")] = 2.0
+    position[row("theme0/debate00/pro02", "counter")] = 1.0
+    position[row("theme0/debate00/con01", "point")] = 3.0
+    position[row("theme0/debate01/pro01", "point")] = 1.5
+    scores = -np.abs(position - position[q])[None, :]
+    masks = {task: m[q:q + 1] for task, m in task_masks(candidate_types(grid)).items()}
+    ranks = {task: rank_metrics(scores, m, grid.counter[q:q + 1])["mrr"] for task, m in masks.items()}
+    assert ranks == {"sdoc": 1 / 2, "sdc": 1 / 2, "sdoa": 1 / 2, "sda": 1 / 2,
+                     "stc": 1 / 2, "sta": 1 / 3, "epc": 1 / 2, "epa": 1 / 3}
+
+
+def test_ties_count_against_and_all_scores_agree_on_a_perfect_model(grid):
+    q, c = grid.query, grid.counter
+    scores = np.zeros((len(q), len(grid.table)))
+    all_ties = {task: rank_metrics(scores, m, c) for task, m in task_masks(candidate_types(grid)).items()}
+    assert all(v["accuracy_at_1"] == 0.0 for v in all_ties.values())
+    # a planted perfect sim space: each counter sits on its point, pairs far apart
+    sim = torch.zeros(len(grid.table), 128)
+    sim[q, 0] = torch.arange(len(q), dtype=torch.float) * 10
+    sim[c, 0] = sim[q, 0] + 0.1
+    emb = Embeddings(sim, sim[:, :32].clone())
+    for score in ("sim", "encoder_cosine"):
+        result = evaluate_tasks(grid, score, emb=emb)
+        if score == "sim":
+            assert all(r["accuracy_at_1"] == 1.0 and r["mrr"] == 1.0 for r in result.values())
+        assert result["epa"]["candidates"] == 478
+
+
+def test_tfidf_prefers_shared_words(make_corpus):
+    words = iter(["apple", "bread", "cider", "dates", "eggs", "flour", "grape", "honey"] * 3)
+    side = lambda: [(f"{w} {w} claim\nwe claim it", f"{w} rebuttal") for w in (next(words), next(words))]
+    layout = {s: {"theme": {"debate": {"pro": side(), "con": side()}}} for s in ("training", "validation", "test")}
+    result = evaluate_tasks(read_corpus(make_corpus(layout)).paired("test"), "tfidf")
+    # each point shares only its rare word with its own counter, and only common words with the rest
+    assert result["epa"]["accuracy_at_1"] == 1.0 and set(result) == set(TASKS)
+
+
+def test_cli_json(capsys):
+    assert main(["demo", "--split", "test", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == set(TASKS) and out["epa"]["queries"] == 32
+    assert main(["/does/not/exist"]) == 2
+
+
+def test_real_test_pools(real_corpus):
+    split = real_corpus.paired("test")
+    sizes = pool_sizes(split)
+    assert {t: s["candidates"] for t, s in sizes.items()} == {
+        "sdoc": 4052, "sdc": 9312, "sdoa": 9312, "sda": 18630,
+        "stc": 189870, "sta": 379746, "epc": 1961182, "epa": 3922582}
+    assert all(s["queries"] == 1401 for s in sizes.values())
+    # epa = every paired argument but the query and the true counter, less the true counter's 218 twins
+    assert sizes["epa"]["candidates"] == 1401 * (2802 - 2) - 218
+    # the paper's sdoa: 7.6 opposing-stance candidates per query on average, the true counter included
+    assert sizes["sdoa"]["candidates"] / 1401 + 1 == pytest.approx(7.6, abs=0.1)

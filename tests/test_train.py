@@ -1,0 +1,180 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from biencoder import train as train_module
+from biencoder.train import Runner, run
+from conftest import FAST, REPO, compose_cfg
+
+VOLATILE = {"epoch_time_s"}
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def numbers(rows):
+    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    final = run(compose_cfg(FAST + ["+variant=ln"]), out)
+    return out, final
+
+
+def test_run_folder_contents(demo_run):
+    out, final = demo_run
+    rows = read_rows(out / "metrics.jsonl")
+    assert [(r["epoch"], r["split"]) for r in rows] == [(e, s) for e in (0, 1) for s in ("train", "val", "test")]
+    for row in rows:
+        assert {"top1", "retrieval_top1", "recall_at_k", "mrr", "variant", "seed"} <= set(row)
+        assert row["variant"] == "ln" and row["seed"] == 0 and row["queries"] == 32
+    train = rows[0]
+    assert {"loss", "triplet", "ce_pos", "ce_neg", "random_rate", "share_random", "neg_distance",
+            "head_pre_sample_var", "head_post_sample_var", "head_post_zero_share",
+            "grad_norm_encoder", "grad_norm_head"} <= set(train)
+    assert train["random_rate"] == pytest.approx(0.8) and rows[3]["random_rate"] == pytest.approx(0.79)
+    # LayerNorm is on: the head input is normalised per sample
+    assert train["head_post_sample_var"] == pytest.approx(1.0, abs=0.01)
+    assert final["status"] == "completed" and json.loads((out / "final.json").read_text()) == final
+    assert final["best_epoch"] in (0, 1) and set(final["tasks"]) == {"score", "val", "test"}
+    assert final["tasks"]["test"]["epa"]["candidates"] == 1982
+    hits = np.load(out / "test_hits.npy")
+    best_test = next(r for r in rows if r["epoch"] == final["best_epoch"] and r["split"] == "test")
+    assert hits.shape == (32,) and hits.mean() == pytest.approx(best_test["top1"])
+    ckpt = torch.load(out / "best.pt", weights_only=True)
+    assert ckpt["model_cfg"]["head"] == {"use_layernorm": True, "use_relu": False}
+    assert (out / "train.log").read_text().count("epoch") >= 2
+
+
+def test_same_seed_same_numbers(demo_run, tmp_path):
+    out, _ = demo_run
+    run(compose_cfg(FAST + ["+variant=ln"]), tmp_path / "again")
+    assert numbers(read_rows(tmp_path / "again" / "metrics.jsonl")) == numbers(read_rows(out / "metrics.jsonl"))
+    run(compose_cfg(FAST + ["+variant=ln", "seed=1"]), tmp_path / "other")
+    assert numbers(read_rows(tmp_path / "other" / "metrics.jsonl")) != numbers(read_rows(out / "metrics.jsonl"))
+
+
+def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
+    """The seed's Dataset kept the stale column, so every 'negative' was the positive itself."""
+    events = []
+    real_mine, real_collate = Runner.mine, train_module.TripletCollate.__call__
+
+    def mine(self, epoch, emb):
+        mined = real_mine(self, epoch, emb)
+        events.append(("mined", mined.row.copy()))
+        return mined
+
+    def collate(self, rows):
+        batch = real_collate(self, rows)
+        events.append(("batch", batch["rows"].numpy().copy()))
+        return batch
+
+    monkeypatch.setattr(Runner, "mine", mine)
+    monkeypatch.setattr(train_module.TripletCollate, "__call__", collate)
+    runner = Runner(compose_cfg(FAST + ["negatives.random_rate.start=0.5"]), tmp_path)
+    runner.fit()
+    split = runner.splits["train"]
+    epochs = []
+    for kind, value in events:
+        if kind == "mined":
+            epochs.append((value, []))
+        else:
+            epochs[-1][1].append(value)
+    assert len(epochs) == 2
+    assert not np.array_equal(epochs[0][0], epochs[1][0])  # re-mined, not reused
+    for mined, batches in epochs:
+        rows = np.concatenate(batches)
+        assert sorted(rows[:, 0]) == list(split.query)  # every pair once per epoch
+        assert np.array_equal(rows[:, 2], mined[rows[:, 0]])  # the negative is the one mined for that point
+        assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]])
+        assert (split.text_id[rows[:, 2]] != split.text_id[rows[:, 1]]).all()  # never the positive
+
+
+def test_batches_carry_the_mined_tokens(tmp_path):
+    runner = Runner(compose_cfg(FAST), tmp_path)
+    tokens, split = runner.tokens["train"], runner.splits["train"]
+    mined = runner.mine(0, runner.embed("train"))
+    rows = train_module.triplet_rows(split, mined)[:4]
+    batch = train_module.TripletCollate(tokens)(list(rows))
+    for i, (point, counter, negative) in enumerate(rows):  # layout: 4 points, 4 counters, 4 negatives
+        for offset, row in ((0, point), (4, counter), (8, negative)):
+            ids = tokens.ids[row]
+            assert batch["input_ids"][offset + i, :len(ids)].tolist() == ids.tolist()
+        assert negative == mined.row[point] and split.texts[negative] != split.texts[counter]
+
+
+def cli(*args, cwd=REPO, env_extra=None):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+
+
+def test_cli_single_run_and_evaluate_checkpoint(tmp_path):
+    proc = cli("biencoder.train", "+variant=relu", *FAST[:-2], "trainer.max_epochs=1", f"paths.log_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("_relu_s0") and (run_dir / ".hydra" / "config.yaml").is_file()
+    assert {"metrics.jsonl", "final.json", "train.log", "best.pt", "test_hits.npy"} <= {p.name for p in run_dir.iterdir()}
+    assert "8 tasks" in proc.stdout + proc.stderr
+    out = tmp_path / "eval.json"
+    proc = cli("biencoder.evaluate", f"eval.checkpoint={run_dir}", "eval.score=rerank", "eval.split=val",
+               f"eval.output={out}", "trainer.progress=false", f"paths.log_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    final = json.loads((run_dir / "final.json").read_text())
+    assert result["tasks"] == final["tasks"]["val"]  # the checkpoint reproduces the run's own numbers
+
+
+def test_cli_sweep_four_cells(tmp_path):
+    proc = cli("biencoder.train", "-m", "+variant=glob(*)", *FAST[:-2], "trainer.max_epochs=1",
+               "eval.tasks=false", f"paths.log_dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (sweep,) = (tmp_path / "sweeps").iterdir()
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert sorted(p.name.split("_", 1)[1] for p in jobs) == ["ln_relu_s0", "ln_s0", "plain_s0", "relu_s0"]
+    configs = [yaml.safe_load((job / ".hydra" / "config.yaml").read_text()) for job in jobs]
+    flags = []
+    for c in configs:
+        flags.append((c["model"]["head"].pop("use_layernorm"), c["model"]["head"].pop("use_relu")))
+    assert all(c == configs[0] for c in configs) and len(set(flags)) == 4
+    assert all((job / "final.json").is_file() for job in jobs)
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["model.head.use_layernorm=maybe"], "model.head.use_layernorm"),
+    (["data.root=/no/such/corpus"], "/no/such/corpus"),
+])
+def test_cli_bad_input_one_line_exit_2_no_run_folder(tmp_path, args, expect):
+    proc = cli("biencoder.train", *FAST, *args, f"paths.log_dir={tmp_path}")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and expect in lines[0] and lines[0].startswith("error:")
+    assert not list((tmp_path / "runs").glob("*"))
+
+
+def test_cli_unknown_variant(tmp_path):
+    proc = cli("biencoder.train", "+variant=layernorm", f"paths.log_dir={tmp_path}")
+    assert proc.returncode != 0 and "variant/layernorm" in proc.stderr and "ln_relu" in proc.stderr
+
+
+def test_evaluate_needs_weights_for_rerank(tmp_path):
+    proc = cli("biencoder.evaluate", "eval.score=rerank", f"paths.log_dir={tmp_path}")
+    assert proc.returncode == 2 and "eval.checkpoint" in proc.stderr
+
+
+@pytest.mark.slow
+def test_real_corpus_slice(real_root, tmp_path):
+    cfg = compose_cfg(FAST + ["data=arguana", f"data.root={real_root}", "data.max_debates=12", "+variant=ln_relu"])
+    final = run(cfg, tmp_path)
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    assert len(rows) == 6 and final["status"] == "completed"
+    assert rows[0]["queries"] > 50 and all(0.0 <= r["top1"] <= 1.0 for r in rows)
