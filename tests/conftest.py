@@ -82,7 +82,7 @@ def tiny_model_and_tokenizer():
     """A randomly initialised 2-layer BERT (seed 0) inside a BiModel, and MiniLM's tokenizer."""
     import torch
 
-    from biencoder.train import build_model
+    from biencoder.model import build_model
 
     torch.manual_seed(0)
     return build_model(compose_cfg(["model=tiny"]).model)

@@ -1,4 +1,5 @@
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -86,3 +87,16 @@ def test_epoch_top1_equals_epa_rerank_on_demo(tiny_model_and_tokenizer, demo_cor
         assert metrics["top1"] == pytest.approx(tasks["epa"]["accuracy_at_1"])
         sim_tasks = evaluate_tasks(split, "sim", model=model, emb=emb)
         assert metrics["retrieval_top1"] == pytest.approx(sim_tasks["epa"]["accuracy_at_1"])
+
+
+def test_zero_shot_evaluation_json(tmp_path):
+    from biencoder.evaluate import run_evaluation
+    from conftest import compose_cfg
+
+    cfg = compose_cfg(["model=tiny", "model.pooling=mean", "eval.score=encoder_cosine", "trainer.progress=false"],
+                      config_name="evaluate")
+    result = run_evaluation(cfg, tmp_path)
+    saved = json.loads((tmp_path / "eval.json").read_text())
+    assert saved["score"] == "encoder_cosine" and saved["split"] == "test" and saved["tasks"] == result["tasks"]
+    assert set(saved["tasks"]["sdoc"]) == {"accuracy_at_1", "mrr", "queries", "candidates"}
+    assert saved["tasks"]["sdoc"]["queries"] == 32 and saved["peak_rss_mb"] > 0

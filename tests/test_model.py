@@ -14,7 +14,7 @@ def make_model(encoder, fusion="concat", ln=False, relu=False, pooling="pooler")
     return BiModel(encoder, sim_dim=128, pooling=pooling, fusion=fusion, use_layernorm=ln, use_relu=relu)
 
 
-@pytest.mark.parametrize("fusion, ln, relu", itertools.product(["concat", "sim", "cls"], [False, True], [False, True]))
+@pytest.mark.parametrize("fusion, ln, relu", list(itertools.product(["concat", "sim", "cls"], [False, True], [False, True])))
 def test_shapes_for_every_fusion_and_flag(tiny_model_and_tokenizer, fusion, ln, relu):
     base, tokenizer = tiny_model_and_tokenizer
     model = make_model(base.encoder, fusion, ln, relu)
@@ -56,7 +56,7 @@ def test_relu_clamps(tiny_model_and_tokenizer):
 
 
 def test_the_four_variant_configs_build_four_different_heads(tiny_model_and_tokenizer):
-    from biencoder.train import build_model
+    from biencoder.model import build_model
 
     heads = {}
     for variant in ("ln_relu", "ln", "relu", "plain"):

@@ -54,6 +54,8 @@ def test_run_folder_contents(demo_run):
     ckpt = torch.load(out / "best.pt", weights_only=True)
     assert ckpt["model_cfg"]["head"] == {"use_layernorm": True, "use_relu": False}
     assert (out / "train.log").read_text().count("epoch") >= 2
+    resolved = yaml.safe_load((out / "config_resolved.yaml").read_text())
+    assert resolved["model"]["head"]["use_layernorm"] is True and "${" not in json.dumps(resolved)
 
 
 def test_same_seed_same_numbers(demo_run, tmp_path):
@@ -178,3 +180,9 @@ def test_real_corpus_slice(real_root, tmp_path):
     rows = read_rows(tmp_path / "metrics.jsonl")
     assert len(rows) == 6 and final["status"] == "completed"
     assert rows[0]["queries"] > 50 and all(0.0 <= r["top1"] <= 1.0 for r in rows)
+
+
+def test_bf16_autocast_path_runs_on_cpu(tmp_path):
+    final = run(compose_cfg(FAST + ["trainer.precision=bf16", "trainer.max_epochs=1", "eval.tasks=false"]), tmp_path)
+    rows = read_rows(tmp_path / "metrics.jsonl")
+    assert final["status"] == "completed" and np.isfinite(rows[0]["loss"]) and rows[0]["loss"] > 0

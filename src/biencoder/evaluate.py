@@ -13,12 +13,17 @@ import resource
 import time
 from pathlib import Path
 
+import hydra
 import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
 from sklearn.neighbors import BallTree
 
-from .corpus import PairedSplit
-from .model import BiModel, Embeddings, pair_probabilities
+from .config import ConfigError, fail, register_resolvers, select_device, set_seed_everywhere, validate, write_json_atomic
+from .corpus import CorpusError, PairedSplit, demo_root, read_corpus
+from .model import BiModel, Embeddings, TokenizedTexts, build_model, encode, pair_probabilities
+from .tasks import evaluate_tasks, format_tasks
 
 log = logging.getLogger("biencoder")
 
@@ -91,31 +96,20 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
 NEEDS_TRAINED = ("rerank", "classifier", "sim")
 
 
-def load_checkpoint(path: str | Path) -> tuple[BiModel, object, dict]:
+def load_checkpoint(path: str | Path, progress: bool = True) -> tuple[BiModel, object, dict]:
     """(model, tokenizer, model config) from a run folder (its ``best.pt``) or a ``best.pt`` file."""
-    from .config import ConfigError
-    from .train import build_model
-
     path = Path(path)
     file = path / "best.pt" if path.is_dir() else path
     if not file.is_file():
         raise ConfigError(f"eval.checkpoint='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
     ckpt = torch.load(file, map_location="cpu", weights_only=True)
-    model, tokenizer = build_model(ckpt["model_cfg"])
+    model, tokenizer = build_model(ckpt["model_cfg"], progress)
     model.load_state_dict(ckpt["state_dict"])
     return model, tokenizer, ckpt["model_cfg"]
 
 
-def run_evaluation(cfg, out_dir: Path) -> dict:
+def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     """The 8 tasks on ``eval.split`` with ``eval.score``; writes JSON to ``eval.output`` (default in out_dir)."""
-    from omegaconf import OmegaConf
-
-    from .config import ConfigError, select_device, set_seed_everywhere, validate, write_json_atomic
-    from .corpus import demo_root, read_corpus
-    from .model import TokenizedTexts, encode
-    from .tasks import evaluate_tasks, format_tasks
-    from .train import build_model
-
     start = time.time()
     validate(cfg)
     score, split_name = cfg.eval.score, cfg.eval.split
@@ -131,9 +125,9 @@ def run_evaluation(cfg, out_dir: Path) -> dict:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     if score != "tfidf":
         if cfg.eval.checkpoint is not None:
-            model, tokenizer, model_cfg = load_checkpoint(cfg.eval.checkpoint)
+            model, tokenizer, model_cfg = load_checkpoint(cfg.eval.checkpoint, progress=bool(cfg.trainer.progress))
         else:
-            model, tokenizer = build_model(cfg.model)
+            model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         model.to(device)
         tokens = TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"])
         emb = encode(model, tokens, cfg.trainer.eval_batch_size, device, progress=bool(cfg.trainer.progress),
@@ -159,25 +153,17 @@ def run_evaluation(cfg, out_dir: Path) -> dict:
     return result
 
 
-def _main() -> None:
-    import hydra
-    from hydra.core.hydra_config import HydraConfig
+register_resolvers()
 
-    from .config import ConfigError, fail, register_resolvers
-    from .corpus import CorpusError
 
-    register_resolvers()
-
-    @hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
-    def main(cfg) -> None:
-        out_dir = Path(HydraConfig.get().runtime.output_dir)
-        try:
-            run_evaluation(cfg, out_dir)
-        except (ConfigError, CorpusError) as err:
-            fail(err, out_dir)
-
-    main()
+@hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        run_evaluation(cfg, out_dir)
+    except (ConfigError, CorpusError) as err:
+        fail(err, out_dir)
 
 
 if __name__ == "__main__":
-    _main()
+    main()

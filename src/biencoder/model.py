@@ -33,6 +33,10 @@ class Embeddings:
     def to(self, device) -> "Embeddings":
         return Embeddings(self.sim.to(device), self.pooled.to(device))
 
+    def chunk(self, n: int) -> list["Embeddings"]:
+        """Split the rows into ``n`` equal consecutive parts."""
+        return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n))]
+
 
 class BiModel(nn.Module):
     """Shared encoder → pooled embedding → ``Linear(hidden, sim_dim)``; pair classifier over fused features.
@@ -96,7 +100,7 @@ class BiModel(nn.Module):
         return [p for name, p in self.named_parameters() if not name.startswith("encoder.")]
 
 
-def load_encoder(name_or_path: str, random_init: dict | None = None):
+def load_encoder(name_or_path: str, random_init: dict | None = None, progress: bool = True):
     """Return (encoder, tokenizer) for a HF id or folder.
 
     With ``random_init`` (a dict of config overrides such as ``num_hidden_layers``) the architecture is
@@ -104,7 +108,10 @@ def load_encoder(name_or_path: str, random_init: dict | None = None):
     the tokenizer is always ``name_or_path``'s.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    if not progress:
+        hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(name_or_path)
         if random_init:
@@ -118,6 +125,20 @@ def load_encoder(name_or_path: str, random_init: dict | None = None):
             "to a local HF folder, or to a hub id while online"
         ) from None
     return encoder, tokenizer
+
+
+def build_model(model_cfg, progress: bool = True) -> tuple[BiModel, object]:
+    """BiModel and tokenizer from the ``model`` config group, a DictConfig or a plain dict (as in best.pt).
+
+    Seed torch first for a reproducible initialisation of the heads (and of a ``random_init`` encoder).
+    """
+    from omegaconf import OmegaConf
+
+    model_cfg = OmegaConf.create(model_cfg) if isinstance(model_cfg, dict) else model_cfg
+    encoder, tokenizer = load_encoder(model_cfg.encoder.name_or_path, model_cfg.encoder.get("random_init"), progress)
+    model = BiModel(encoder, sim_dim=model_cfg.sim_dim, pooling=model_cfg.pooling, fusion=model_cfg.fusion,
+                    use_layernorm=model_cfg.head.use_layernorm, use_relu=model_cfg.head.use_relu)
+    return model, tokenizer
 
 
 class TokenizedTexts:

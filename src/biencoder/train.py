@@ -13,7 +13,6 @@ import json
 import logging
 import math
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import hydra
@@ -28,7 +27,7 @@ from .config import (ConfigError, fail, register_resolvers, select_device, set_s
 from .corpus import CorpusError, PairedSplit, demo_root, read_corpus
 from .evaluate import retrieve_rerank
 from .loss import TripletCELoss
-from .model import BiModel, Embeddings, TokenizedTexts, encode, head_statistics, load_encoder
+from .model import Embeddings, TokenizedTexts, build_model, encode, head_statistics
 from .negatives import MinedNegatives, mine_negatives, random_rate
 from .tasks import evaluate_tasks, format_tasks
 
@@ -54,22 +53,8 @@ def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
     return np.stack([split.query, split.counter, negatives.row], axis=1)
 
 
-def build_model(model_cfg: DictConfig | dict) -> tuple[BiModel, object]:
-    """BiModel and tokenizer from the ``model`` config group (seed torch first for a reproducible init)."""
-    model_cfg = OmegaConf.create(model_cfg) if isinstance(model_cfg, dict) else model_cfg
-    encoder, tokenizer = load_encoder(model_cfg.encoder.name_or_path, model_cfg.encoder.get("random_init"))
-    model = BiModel(encoder, sim_dim=model_cfg.sim_dim, pooling=model_cfg.pooling, fusion=model_cfg.fusion,
-                    use_layernorm=model_cfg.head.use_layernorm, use_relu=model_cfg.head.use_relu)
-    return model, tokenizer
-
-
-def _autocast(device: torch.device, precision: str):
-    if str(precision) == "bf16":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
-
-
 def _grad_norm(params) -> float:
+    """L2 norm over the gradients of ``params`` (after backward, before the step)."""
     norms = [p.grad.detach().norm() for p in params if p.grad is not None]
     return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
 
@@ -98,7 +83,7 @@ class Runner:
         self.device = select_device(cfg.trainer.device)
         self.variant = variant_name(cfg)
         set_seed_everywhere(cfg.seed)
-        self.model, tokenizer = build_model(cfg.model)
+        self.model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         self.model.to(self.device)
         self.splits = {name: corpus.paired(name, cfg.data.max_debates) for name in SPLITS}
         self.tokens = {name: TokenizedTexts(s.texts, tokenizer, cfg.model.max_length) for name, s in self.splits.items()}
@@ -111,12 +96,12 @@ class Runner:
         self.rng = np.random.default_rng(cfg.seed)
         self.loader_generator = torch.Generator().manual_seed(cfg.seed)
         self.progress = bool(cfg.trainer.progress)
+        self.amp_dtype = torch.bfloat16 if str(cfg.trainer.precision) == "bf16" else None
 
     # -- pieces -----------------------------------------------------------------------------------------------
     def embed(self, name: str) -> Embeddings:
         return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
-                      torch.bfloat16 if str(self.cfg.trainer.precision) == "bf16" else None,
-                      progress=self.progress, desc=f"encode {name}")
+                      self.amp_dtype, progress=self.progress, desc=f"encode {name}")
 
     def mine(self, epoch: int, train_emb: Embeddings) -> MinedNegatives:
         rate = random_rate(epoch, self.cfg.negatives.random_rate.start, self.cfg.negatives.random_rate.decay)
@@ -134,13 +119,10 @@ class Runner:
         self.model.train()
         bar = tqdm(loader, desc=f"epoch {epoch} train", disable=not self.progress, leave=False)
         for batch in bar:
-            rows = batch.pop("rows")
+            batch.pop("rows")  # kept in the batch for inspection (tests check them against the mined negatives)
             batch = {k: v.to(self.device) for k, v in batch.items()}
-            with _autocast(self.device, cfg.precision):
-                emb = self.model.embed(**batch)
-                size = len(rows)
-                point, counter, negative = (emb.index(slice_) for slice_ in
-                                            (range(0, size), range(size, 2 * size), range(2 * size, 3 * size)))
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                point, counter, negative = self.model.embed(**batch).chunk(3)  # collate order: P, C, N
                 out = self.loss_fn(self.model, point, counter, negative)
             self.optimizer.zero_grad(set_to_none=True)
             out.total.backward()
@@ -239,7 +221,10 @@ def run(cfg: DictConfig, out_dir: Path) -> dict:
     """Train one cell into ``out_dir`` and return what ``final.json`` holds."""
     out_dir.mkdir(parents=True, exist_ok=True)
     _attach_file_log(out_dir)
-    return Runner(cfg, out_dir).fit()
+    runner = Runner(cfg, out_dir)  # validates the config and reads the corpus first
+    # .hydra/config.yaml keeps interpolations (${minilm_path:}, ${oc.env:...}); this copy says what was used
+    OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
+    return runner.fit()
 
 
 register_resolvers()

@@ -1,0 +1,376 @@
+"""Compare runs: find run folders, group them into cells, aggregate seeds, bootstrap the differences, plot.
+
+``python scripts/plot_top1.py logs/`` (or ``python -m biencoder.summary logs/``) writes a PNG of the chosen metric
+per epoch (one colour per cell, mean line and min–max band across seeds, training loss beside it), and prints and
+saves a Markdown/CSV table: per cell the seeds, best val metric, test metric at the best-val epoch with a 95 %
+bootstrap CI, epochs to best, the 8-task test accuracies, and a paired bootstrap comparison against ``plain``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+SPLITS = ("train", "val", "test")
+METRICS = ("top1", "retrieval_top1", "mrr", "recall_at_k")
+#: config keys that never separate cells: the seed is aggregated over, the rest do not change results
+IGNORED_KEYS = ("seed", "paths.", "trainer.progress", "trainer.num_workers", "trainer.save_checkpoint",
+                "eval.checkpoint", "eval.output", "eval.split", "model.head.", "data.root")
+INTERNALS = (("head_pre_sample_var", "head_post_sample_var", "per-sample variance of the head input"),
+             ("head_pre_sample_mean", "head_post_sample_mean", "per-sample mean of the head input"),
+             ("head_pre_feature_var_std", "head_post_feature_var_std", "spread (std) of per-feature variances"),
+             (None, "head_post_zero_share", "share of zeros after LN/ReLU"),
+             (None, "grad_norm_encoder", "gradient norm: encoder"),
+             (None, "grad_norm_head", "gradient norm: sim head + classifier"))
+
+
+class SummaryError(ValueError):
+    """Nothing to summarise, or logs that cannot be read; the message says what to do."""
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    metrics: pd.DataFrame
+    final: dict | None
+    hits: np.ndarray | None
+    variant: str
+    seed: int
+    cell: str = ""
+    flat: dict = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return self.final is not None and self.final.get("status") == "completed"
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def find_runs(paths: list[str | Path]) -> list[Run]:
+    """Every run folder (``metrics.jsonl`` beside its config) under ``paths``, recursively.
+
+    The config is the runner's ``config_resolved.yaml`` or, failing that, Hydra's ``.hydra/config.yaml``.
+    """
+    runs = []
+    for root in map(Path, paths):
+        if not root.exists():
+            raise SummaryError(f"'{root}' does not exist: pass the logs folder (e.g. logs/) or run folders")
+        candidates = [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else sorted(root.rglob("metrics.jsonl"))
+        for metrics_file in candidates:
+            folder = metrics_file.parent
+            config_file = next((f for f in (folder / "config_resolved.yaml", folder / ".hydra" / "config.yaml")
+                                if f.is_file()), None)
+            if config_file is None:
+                continue
+            lines = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+            if not lines:
+                continue
+            final_file = folder / "final.json"
+            hits_file = folder / "test_hits.npy"
+            config = yaml.safe_load(config_file.read_text())
+            metrics = pd.DataFrame(lines)
+            runs.append(Run(path=folder, config=config, metrics=metrics,
+                            final=json.loads(final_file.read_text()) if final_file.is_file() else None,
+                            hits=np.load(hits_file) if hits_file.is_file() else None,
+                            variant=str(metrics["variant"].iloc[0]), seed=int(metrics["seed"].iloc[0]),
+                            flat=_flatten(config)))
+    if not runs:
+        raise SummaryError(f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
+                           "train some with python -m biencoder.train")
+    return runs
+
+
+def assign_cells(runs: list[Run]) -> list[str]:
+    """Label each run by its variant plus every config key that differs between runs (seed excepted).
+
+    Runs whose corpus, model or any other setting differs therefore never share a cell. Returns the keys used.
+    """
+    keys = sorted({k for r in runs for k in r.flat})
+    varying = [k for k in keys if not k.startswith(IGNORED_KEYS) and len({repr(r.flat.get(k)) for r in runs}) > 1]
+    for run in runs:
+        run.cell = " ".join([run.variant] + [f"{k.split('.')[-1] if _unique_leaf(k, varying) else k}={run.flat.get(k)}"
+                                              for k in varying])
+    return varying
+
+
+def _unique_leaf(key: str, keys: list[str]) -> bool:
+    leaf = key.split(".")[-1]
+    return sum(k.split(".")[-1] == leaf for k in keys) == 1
+
+
+def bootstrap_ci(values: np.ndarray, n_boot: int = 10000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) of ``values`` [Q] (or [S, Q]: seeds averaged per resample) resampling the Q axis."""
+    values = np.atleast_2d(np.asarray(values, dtype=float))
+    rng = np.random.default_rng(seed)
+    q = values.shape[1]
+    idx = rng.integers(0, q, size=(n_boot, q))
+    per_query = values.mean(axis=0)
+    stats = per_query[idx].mean(axis=1)
+    alpha = (1 - level) / 2
+    return float(per_query.mean()), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+
+
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = 10000, seed: int = 0) -> tuple[float, float, float]:
+    """Difference of means a − b with a 95 % CI, resampling queries jointly (a, b: [Q] or [S, Q] per-query hits)."""
+    a, b = np.atleast_2d(a).mean(axis=0), np.atleast_2d(b).mean(axis=0)
+    if a.shape != b.shape:
+        raise SummaryError(f"cannot pair {a.shape[0]} with {b.shape[0]} queries: the runs used different test splits")
+    return bootstrap_ci(a - b, n_boot, seed)
+
+
+def verdict(low: float, high: float) -> str:
+    if low <= 0.0 <= high:
+        return "no significant difference"
+    return "better" if low > 0 else "worse"
+
+
+def _best_rows(run: Run, metric: str) -> tuple[int, dict, dict] | None:
+    """(best epoch by val metric, its val row, its test row) or None if the run has no val rows."""
+    m = run.metrics
+    val = m[m["split"] == "val"]
+    if val.empty:
+        return None
+    best = val.loc[val[metric].idxmax()]  # first epoch with the maximum, as the runner picks it
+    epoch = int(best["epoch"])
+    test = m[(m["split"] == "test") & (m["epoch"] == epoch)]
+    return epoch, best.to_dict(), test.iloc[0].to_dict() if len(test) else {}
+
+
+def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) -> pd.DataFrame:
+    """One row per cell over its complete runs (see module docstring for the columns)."""
+    rows = []
+    complete = [r for r in runs if r.complete]
+    cells = sorted({r.cell for r in runs})
+    for cell in cells:
+        members = [r for r in complete if r.cell == cell]
+        incomplete = sum(1 for r in runs if r.cell == cell and not r.complete)
+        row = {"cell": cell, "seeds": len(members), "incomplete": incomplete}
+        best = [b for b in (_best_rows(r, metric) for r in members) if b]
+        if best:
+            val = np.array([b[1][metric] for b in best])
+            test = np.array([b[2].get(metric, np.nan) for b in best])
+            row.update({f"val_{metric}_mean": val.mean(), f"val_{metric}_std": val.std(),
+                        f"test_{metric}_mean": np.nanmean(test), f"test_{metric}_std": np.nanstd(test),
+                        "epochs_to_best": float(np.mean([b[0] + 1 for b in best]))})
+        hits = [r.hits for r in members if r.hits is not None]
+        if metric == "top1" and hits and len({h.shape for h in hits}) == 1:
+            _, low, high = bootstrap_ci(np.stack(hits).astype(float), n_boot)
+            row.update({"test_ci_low": low, "test_ci_high": high})
+        tasks = [r.final["tasks"]["test"] for r in members if r.final and "tasks" in r.final]
+        if tasks:
+            row["tasks_score"] = members[0].final["tasks"]["score"]
+            for task in tasks[0]:
+                row[f"{task}_acc1"] = float(np.mean([t[task]["accuracy_at_1"] for t in tasks]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_comparisons(runs: list[Run], reference: str = "plain", n_boot: int = 10000) -> pd.DataFrame:
+    """Test top-1 of each cell minus the ``reference`` variant's cell with the same other settings.
+
+    Per-query hits are averaged over the seeds both cells share (matched), or over all seeds of each when they
+    share none (pooled); queries are resampled jointly for the 95 % CI.
+    """
+    rows = []
+    complete = [r for r in runs if r.complete and r.hits is not None]
+    by_cell: dict[str, list[Run]] = {}
+    for r in complete:
+        by_cell.setdefault(r.cell, []).append(r)
+    for cell, members in sorted(by_cell.items()):
+        variant = members[0].variant
+        if variant == reference:
+            continue
+        ref_cell = reference + cell[len(variant):]
+        if ref_cell not in by_cell:
+            continue
+        ref = {r.seed: r for r in by_cell[ref_cell]}
+        own = {r.seed: r for r in members}
+        shared = sorted(set(ref) & set(own))
+        pairing = "matched" if shared else "pooled"
+        a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
+        b = np.stack([ref[s].hits for s in (shared or ref)]).astype(float)
+        diff, low, high = paired_bootstrap(a, b, n_boot)
+        rows.append({"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref)}",
+                     "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high,
+                     "verdict": verdict(low, high)})
+    return pd.DataFrame(rows)
+
+
+def _pm(mean, std) -> str:
+    return "–" if pd.isna(mean) else f"{mean:.3f} ± {std:.3f}"
+
+
+def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> str:
+    """The summary and comparison tables as Markdown (no extra dependency)."""
+    task_cols = [c for c in table.columns if c.endswith("_acc1")]
+    head = ["cell", "seeds", f"best val {metric}", f"test {metric} @ best val", "95% CI (queries)", "epochs to best"]
+    head += [c.replace("_acc1", "") for c in task_cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in table.iterrows():
+        seeds = f"{r['seeds']}" + (f" (+{r['incomplete']} incomplete)" if r["incomplete"] else "")
+        ci = f"[{r['test_ci_low']:.3f}, {r['test_ci_high']:.3f}]" if "test_ci_low" in r and not pd.isna(r.get("test_ci_low")) else "–"
+        cells = [r["cell"], seeds, _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
+                 _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")), ci,
+                 "–" if pd.isna(r.get("epochs_to_best")) else f"{r['epochs_to_best']:.1f}"]
+        cells += ["–" if pd.isna(r[c]) else f"{r[c]:.3f}" for c in task_cols]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    if task_cols and "tasks_score" in table:
+        lines.append(f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds.")
+    if len(comparisons):
+        lines += ["", "| cell | vs | seeds | Δ test top1 | 95% CI (paired bootstrap) | verdict |", "|---|---|---|---|---|---|"]
+        for _, c in comparisons.iterrows():
+            lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}) | {c['diff_test_top1']:+.3f} | "
+                         f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['verdict']} |")
+    return "\n".join(lines)
+
+
+def _curves(runs: list[Run], split: str, key: str) -> pd.DataFrame:
+    """Rows epoch × run of ``key`` on ``split``."""
+    frames = []
+    for r in runs:
+        m = r.metrics[r.metrics["split"] == split]
+        if key in m:
+            frames.append(m[["epoch", key]].assign(run=str(r.path)))
+    return pd.concat(frames) if frames else pd.DataFrame(columns=["epoch", key, "run"])
+
+
+def _style(ax, title: str, ylabel: str) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.set_title(title)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(ylabel)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+
+
+def _draw(ax, runs: list[Run], split: str, key: str, colors: dict[str, str]) -> None:
+    for cell in sorted(colors):
+        members = [r for r in runs if r.cell == cell]
+        done = _curves([r for r in members if r.complete], split, key)
+        if len(done):
+            g = done.groupby("epoch")[key]
+            n = done["run"].nunique()
+            ax.plot(g.mean().index, g.mean(), color=colors[cell], label=f"{cell} (n={n})", linewidth=2)
+            ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.2, linewidth=0)
+        for r in members:
+            if not r.complete:  # in progress or crashed: drawn on its own, dashed, never averaged in
+                c = _curves([r], split, key)
+                ax.plot(c["epoch"], c[key], color=colors[cell], linestyle="--", linewidth=1,
+                        label=f"{cell} s{r.seed} (incomplete)")
+
+
+def plot(runs: list[Run], out: Path, metric: str = "top1", splits=SPLITS) -> Path:
+    """PNG: ``metric`` per epoch for each split and the training loss; band = min–max across seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = sorted({r.cell for r in runs})
+    colors = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(cells)}
+    panels = [(s, metric, f"{s}: {metric}") for s in splits] + [("train", "loss", "training loss")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
+    for ax, (split, key, title) in zip(axes[0], panels):
+        _draw(ax, runs, split, key, colors)
+        _style(ax, title, key)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False, fontsize=9)
+    fig.suptitle(f"{metric} per epoch (mean over seeds, band = min–max)")
+    fig.tight_layout(rect=(0, 0.06 + 0.04 * (len(labels) // 4), 1, 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def plot_internals(runs: list[Run], out: Path) -> Path:
+    """PNG: head-input statistics before (dotted) / after (solid) LN/ReLU and gradient norms, per cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    cells = sorted({r.cell for r in runs})
+    colors = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(cells)}
+    fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
+    for ax, (pre, post, title) in zip(axes.ravel(), INTERNALS):
+        for cell in cells:
+            members = [r for r in runs if r.cell == cell and r.complete]
+            for key, style in ((pre, ":"), (post, "-")):
+                if key is None:
+                    continue
+                curves = _curves(members, "train", key)
+                if len(curves):
+                    g = curves.groupby("epoch")[key]
+                    ax.plot(g.mean().index, g.mean(), color=colors[cell], linestyle=style, linewidth=2)
+                    ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.15, linewidth=0)
+        _style(ax, title, "")
+        if "variance" in title or "gradient" in title:
+            ax.set_yscale("log")
+    handles = [Line2D([], [], color=colors[c], linewidth=2, label=c) for c in cells]
+    handles += [Line2D([], [], color="grey", linestyle=":", label="before LN/ReLU"),
+                Line2D([], [], color="grey", linestyle="-", label="after LN/ReLU")]
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), frameon=False)
+    fig.suptitle("Inside the pair head (training split, mean over seeds)")
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="plot_top1.py", description="Compare biencoder runs: figure + tables.")
+    parser.add_argument("paths", nargs="+", help="logs folder(s) or run folders, searched recursively")
+    parser.add_argument("--out", type=Path, help="PNG path (default: <first path>/top1.png); tables go beside it")
+    parser.add_argument("--metric", default="top1", choices=METRICS)
+    parser.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS, help="splits to draw")
+    parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
+    parser.add_argument("--reference", default="plain", help="variant the others are compared against")
+    parser.add_argument("--n-boot", type=int, default=10000)
+    args = parser.parse_args(argv)
+    try:
+        runs = find_runs(args.paths)
+    except SummaryError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    varying = assign_cells(runs)
+    out = args.out or Path(args.paths[0]) / f"{args.metric}.png"
+    plot(runs, out, args.metric, args.split)
+    table = summary_table(runs, args.metric, args.n_boot)
+    comparisons = paired_comparisons(runs, args.reference, args.n_boot) if args.metric == "top1" else pd.DataFrame()
+    markdown = to_markdown(table, comparisons, args.metric)
+    out.with_suffix(".md").write_text(markdown + "\n")
+    table.to_csv(out.with_suffix(".csv"), index=False)
+    if len(comparisons):
+        comparisons.to_csv(out.with_name(out.stem + "_paired.csv"), index=False)
+    n_done = sum(r.complete for r in runs)
+    print(f"{len(runs)} runs ({n_done} complete) in {table.shape[0]} cells"
+          + (f"; cells also differ in: {', '.join(varying)}" if varying else ""))
+    print(markdown)
+    print(f"\nfigure: {out}\ntables: {out.with_suffix('.md')}, {out.with_suffix('.csv')}")
+    if args.internals:
+        print(f"internals: {plot_internals(runs, out.with_name(out.stem + '_internals.png'))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

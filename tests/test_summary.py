@@ -1,0 +1,119 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from biencoder.summary import (assign_cells, bootstrap_ci, find_runs, main, paired_bootstrap, paired_comparisons,
+                               summary_table, verdict)
+from conftest import FAST, REPO, compose_cfg
+
+
+def write_run(folder: Path, variant: str, seed: int, val: list[float], test: list[float], hits=None,
+              complete=True, data="demo", tasks=None):
+    """A run folder in the runner's format with the given per-epoch val/test top1 (train rows too)."""
+    (folder / ".hydra").mkdir(parents=True)
+    ln, relu = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}[variant]
+    config = {"seed": seed, "data": {"name": data, "root": None}, "model": {"name": "tiny", "head": {"use_layernorm": ln, "use_relu": relu}}}
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = []
+    for epoch, (v, t) in enumerate(zip(val, test)):
+        base = {"epoch": epoch, "variant": variant, "seed": seed, "retrieval_top1": 0.0, "mrr": 0.0, "recall_at_k": 0.0}
+        rows += [{**base, "split": "train", "top1": 0.5, "loss": 2.0 - epoch, "head_post_sample_var": 1.0},
+                 {**base, "split": "val", "top1": v}, {**base, "split": "test", "top1": t}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if hits is not None:
+        np.save(folder / "test_hits.npy", np.asarray(hits, dtype=bool))
+    if complete:
+        final = {"status": "completed", "variant": variant, "seed": seed}
+        if tasks:
+            final["tasks"] = {"score": "rerank", "test": {k: {"accuracy_at_1": a} for k, a in tasks.items()}}
+        (folder / "final.json").write_text(json.dumps(final))
+    return folder
+
+
+def test_discovery_grouping_and_aggregation(tmp_path):
+    q = 100
+    plain_hits = np.zeros(q, bool)
+    plain_hits[:20] = True
+    ln_hits = np.zeros(q, bool)
+    ln_hits[:50] = True  # ln gets 30 more queries right, and loses none
+    write_run(tmp_path / "sweeps/a/0_plain_s0", "plain", 0, [0.1, 0.3, 0.2], [0.1, 0.2, 0.3], plain_hits, tasks={"sdoc": 0.5})
+    write_run(tmp_path / "sweeps/a/1_plain_s1", "plain", 1, [0.2, 0.1, 0.4], [0.0, 0.1, 0.2], plain_hits, tasks={"sdoc": 0.7})
+    write_run(tmp_path / "sweeps/a/2_ln_s0", "ln", 0, [0.5, 0.5, 0.1], [0.4, 0.9, 0.9], ln_hits)
+    write_run(tmp_path / "sweeps/a/3_ln_s1", "ln", 1, [0.1, 0.2, 0.3], [0.1, 0.2, 0.5], ln_hits)
+    write_run(tmp_path / "runs/crashed_ln_s2", "ln", 2, [0.9], [0.9], complete=False)
+    (tmp_path / "runs/not_a_run").mkdir()
+    (tmp_path / "runs/not_a_run/metrics.jsonl").write_text("{}\n")  # no .hydra/config.yaml: ignored
+
+    runs = find_runs([tmp_path])
+    assert len(runs) == 5 and sum(r.complete for r in runs) == 4
+    assert assign_cells(runs) == []  # only seeds and head flags differ: cells are the variants
+    table = summary_table(runs, n_boot=2000).set_index("cell")
+    # plain: best val epochs 1 (0.3) and 2 (0.4) → test 0.2 and 0.2; ln: epoch 0 (first of the tie) and 2
+    assert table.loc["plain", "val_top1_mean"] == pytest.approx(0.35)
+    assert table.loc["plain", "test_top1_mean"] == pytest.approx(0.2) and table.loc["plain", "test_top1_std"] == pytest.approx(0.0)
+    assert table.loc["ln", "val_top1_mean"] == pytest.approx(0.4) and table.loc["ln", "test_top1_mean"] == pytest.approx(0.45)
+    assert table.loc["ln", "epochs_to_best"] == pytest.approx(2.0)  # epochs 0 and 2 → 1 and 3 epochs
+    assert table.loc["ln", "seeds"] == 2 and table.loc["ln", "incomplete"] == 1  # the crashed run is not averaged in
+    assert table.loc["plain", "sdoc_acc1"] == pytest.approx(0.6)
+    assert table.loc["plain", "test_ci_low"] < 0.2 < table.loc["plain", "test_ci_high"]
+
+    comparisons = paired_comparisons(runs, n_boot=2000).set_index("cell")
+    assert comparisons.loc["ln", "diff_test_top1"] == pytest.approx(0.3)
+    assert comparisons.loc["ln", "verdict"] == "better" and comparisons.loc["ln", "pairing"] == "matched"
+
+
+def test_different_corpora_are_never_averaged(tmp_path):
+    write_run(tmp_path / "a", "plain", 0, [0.1], [0.1])
+    write_run(tmp_path / "b", "plain", 0, [0.9], [0.9], data="arguana")
+    runs = find_runs([tmp_path])
+    assert assign_cells(runs) == ["data.name"]
+    table = summary_table(runs)
+    assert sorted(table["cell"]) == ["plain name=arguana", "plain name=demo"] and (table["seeds"] == 1).all()
+
+
+def test_bootstrap_known_answers():
+    ones, zeros = np.ones(50), np.zeros(50)
+    assert paired_bootstrap(ones, zeros) == (1.0, 1.0, 1.0)
+    same = np.random.default_rng(0).integers(0, 2, 300).astype(float)
+    diff, low, high = paired_bootstrap(same, same)
+    assert (diff, low, high) == (0.0, 0.0, 0.0) and verdict(low, high) == "no significant difference"
+    # Bernoulli(0.6), n = 2000: the normal approximation gives a half-width of 1.96·sqrt(.24/2000) ≈ 0.0215
+    x = np.zeros(2000)
+    x[:1200] = 1
+    mean, low, high = bootstrap_ci(x, n_boot=4000)
+    assert mean == 0.6 and low == pytest.approx(0.6 - 0.0215, abs=0.004) and high == pytest.approx(0.6 + 0.0215, abs=0.004)
+    assert verdict(-0.1, -0.01) == "worse"
+
+
+def test_cli_outputs_and_errors(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([str(empty)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no run folders" in err[0]
+    assert main([str(tmp_path / "missing")]) == 2
+    capsys.readouterr()
+    write_run(tmp_path / "logs/x", "plain", 0, [0.1, 0.2], [0.1, 0.2], np.ones(10))
+    write_run(tmp_path / "logs/y", "ln", 0, [0.1, 0.2], [0.1, 0.2], np.ones(10))
+    write_run(tmp_path / "logs/z", "ln", 1, [0.3], [0.3], complete=False)
+    assert main([str(tmp_path / "logs"), "--internals"]) == 0
+    out = capsys.readouterr().out
+    assert "no significant difference" in out and "(+1 incomplete)" in out
+    for name in ("top1.png", "top1.md", "top1.csv", "top1_paired.csv", "top1_internals.png"):
+        assert (tmp_path / "logs" / name).stat().st_size > 0
+
+
+def test_script_on_real_runner_output(tmp_path):
+    for variant in ("plain", "ln"):
+        from biencoder.train import run
+        out = tmp_path / f"{variant}_s0"
+        run(compose_cfg(FAST + [f"+variant={variant}", "trainer.max_epochs=1", "eval.tasks=false"]), out)
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_top1.py"), str(tmp_path), "--metric", "mrr",
+                           "--split", "val", "test"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "| ln |" in proc.stdout and (tmp_path / "mrr.png").is_file()
