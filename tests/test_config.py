@@ -39,6 +39,7 @@ def test_unknown_variant_fails_at_composition():
     ("eval.k=0", "eval.k"),
     ("trainer.device=tpu", "trainer.device"),
     ("eval.score=bm25", "eval.score"),
+    ("data.root=null", "data.root"),
 ])
 def test_bad_values_are_named(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -51,4 +52,6 @@ def test_defaults_resolve_to_packaged_minilm():
     path = Path(cfg.model.encoder.name_or_path)
     assert path == Path(packaged_minilm_path()) and (path / "config.json").is_file()
     assert "site-packages" not in (CONF / "model" / "minilm.yaml").read_text()
-    assert cfg.data.root is None and compose_cfg(["data=arguana"]).data.root
+    from biencoder.corpus import demo_root
+
+    assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root

@@ -116,3 +116,13 @@ def test_real_test_pools(real_corpus):
     assert sizes["epa"]["candidates"] == 1401 * (2802 - 2) - 218
     # the paper's sdoa: 7.6 opposing-stance candidates per query on average, the true counter included
     assert sizes["sdoa"]["candidates"] / 1401 + 1 == pytest.approx(7.6, abs=0.1)
+
+
+def test_real_test_tfidf_baseline(real_corpus):
+    """The lexical baseline on the official pools: a regression check of the whole protocol (measured 2026-11)."""
+    result = evaluate_tasks(real_corpus.paired("test"), "tfidf")
+    assert result["sdoc"]["accuracy_at_1"] == pytest.approx(0.712, abs=0.005)
+    assert result["sdoa"]["accuracy_at_1"] == pytest.approx(0.495, abs=0.005)
+    assert result["epa"]["accuracy_at_1"] == pytest.approx(0.259, abs=0.005)
+    accs = [result[t]["accuracy_at_1"] for t in ("sdoc", "sdc", "sda", "sta")]
+    assert accs == sorted(accs, reverse=True)  # bigger pools are harder

@@ -63,8 +63,11 @@ def variant_name(cfg: DictConfig) -> str:
 
 
 def register_resolvers() -> None:
-    """``${minilm_path:}`` and ``${variant_name:}``; safe to call more than once."""
+    """``${minilm_path:}``, ``${demo_root:}`` and ``${variant_name:}``; safe to call more than once."""
+    from .corpus import demo_root
+
     OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
+    OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
     OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
 
 
@@ -109,6 +112,8 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "eval.k")
     _positive(cfg, "eval.every")
     _choice(cfg, "eval.score", SCORES)
+    if not isinstance(cfg.data.root, str) or not cfg.data.root:
+        raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
     if cfg.data.max_debates is not None:
         _positive(cfg, "data.max_debates")
     if not isinstance(cfg.seed, int):

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from sklearn.neighbors import BallTree
 
 from .config import ConfigError, fail, register_resolvers, select_device, set_seed_everywhere, validate, write_json_atomic
-from .corpus import CorpusError, PairedSplit, demo_root, read_corpus
+from .corpus import CorpusError, PairedSplit, read_corpus
 from .model import BiModel, Embeddings, TokenizedTexts, build_model, encode, pair_probabilities
 from .tasks import evaluate_tasks, format_tasks
 
@@ -118,7 +118,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.eval.checkpoint is None and score in NEEDS_TRAINED:
         raise ConfigError(f"eval.score={score} needs trained weights: pass eval.checkpoint=<run folder or best.pt>, "
                           "or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")
-    split = read_corpus(cfg.data.root or demo_root()).paired(split_name, cfg.data.max_debates)
+    split = read_corpus(cfg.data.root).paired(split_name, cfg.data.max_debates)
     device = select_device(cfg.trainer.device)
     set_seed_everywhere(cfg.seed)
     model = emb = None

@@ -21,10 +21,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from .config import (ConfigError, fail, register_resolvers, select_device, set_seed_everywhere, validate,
                      variant_name, write_json_atomic)
-from .corpus import CorpusError, PairedSplit, demo_root, read_corpus
+from .corpus import CorpusError, PairedSplit, read_corpus
 from .evaluate import retrieve_rerank
 from .loss import TripletCELoss
 from .model import Embeddings, TokenizedTexts, build_model, encode, head_statistics
@@ -79,7 +80,7 @@ class Runner:
     def __init__(self, cfg: DictConfig, out_dir: Path):
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
-        corpus = read_corpus(cfg.data.root or demo_root())
+        corpus = read_corpus(cfg.data.root)
         self.device = select_device(cfg.trainer.device)
         self.variant = variant_name(cfg)
         set_seed_everywhere(cfg.seed)
@@ -144,6 +145,10 @@ class Runner:
 
     # -- the run ----------------------------------------------------------------------------------------------
     def fit(self) -> dict:
+        with logging_redirect_tqdm():  # log lines go above the progress bars instead of through them
+            return self._fit()
+
+    def _fit(self) -> dict:
         cfg, start = self.cfg, time.time()
         base = {"variant": self.variant, "seed": int(cfg.seed)}
         metrics_log = JsonlLogger(self.out_dir / "metrics.jsonl")
