@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.evaluate import excluded_rows, retrieve, retrieve_rerank
+from biencoder.evaluate import retrieve, retrieve_rerank
 from biencoder.model import Embeddings, TokenizedTexts, encode
 from biencoder.tasks import evaluate_tasks
 from test_negatives import paired_split
@@ -31,8 +31,9 @@ def planted(tiny_model_and_tokenizer):
 
 def test_pools_exclude_query_and_true_counter_duplicates(planted):
     split, _, _ = planted
-    ex = excluded_rows(split)
-    assert [sorted(e.tolist()) for e in ex] == [[0, 5], [1], [2, 3]]
+    mask = split.is_candidate(np.tile(np.arange(6), (3, 1)))
+    assert [np.flatnonzero(~m).tolist() for m in mask] == [[0, 5], [1], [2, 3]]
+    assert split.twins_of_true_counter().tolist() == [1, 0, 1]
 
 
 def test_retrieve_rerank_by_hand(planted):

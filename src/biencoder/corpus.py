@@ -179,6 +179,27 @@ class PairedSplit:
         """[2Q] integer id per row; rows with identical text share it."""
         return self.table["text_id"].to_numpy()
 
+    @property
+    def is_counter(self) -> np.ndarray:
+        """[2Q] bool, True for counter rows."""
+        return (self.table["kind"] == "counter").to_numpy()
+
+    def twins_of_true_counter(self) -> np.ndarray:
+        """[Q] how many *other* counters share each query's true-counter text (0 for most)."""
+        counts = np.bincount(self.text_id[self.is_counter], minlength=len(self.table))
+        return counts[self.text_id[self.counter]] - 1
+
+    def is_candidate(self, rows: np.ndarray) -> np.ndarray:
+        """[Q, K] bool for table rows [Q, K] (one row of candidates per query, in query order).
+
+        False for the query itself and for counters whose text equals the query's true counter's text, except
+        the true counter: the protocol's pool rule, shared by the per-epoch evaluation and the 8 tasks.
+        """
+        rows = np.asarray(rows)
+        text, true = self.text_id, self.counter[:, None]
+        twin = self.is_counter[rows] & (text[rows] == text[true]) & (rows != true)
+        return (rows != self.query[:, None]) & ~twin
+
 
 @dataclass(frozen=True)
 class Corpus:

@@ -28,35 +28,17 @@ from .tasks import evaluate_tasks, format_tasks
 log = logging.getLogger("biencoder")
 
 
-def excluded_rows(split: PairedSplit) -> list[np.ndarray]:
-    """Per query, the rows that are never candidates: the query and the duplicates of its true counter."""
-    table = split.table
-    is_counter = (table["kind"] == "counter").to_numpy()
-    by_text: dict[int, list[int]] = {}
-    for row in np.flatnonzero(is_counter):
-        by_text.setdefault(int(split.text_id[row]), []).append(int(row))
-    out = []
-    for q, c in zip(split.query, split.counter):
-        dups = [r for r in by_text[int(split.text_id[c])] if r != c]
-        out.append(np.array([q, *dups], dtype=np.int64))
-    return out
-
-
 def retrieve(sim: np.ndarray, split: PairedSplit, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest candidates per query by sim distance (BallTree over all rows of ``split``).
 
     Args: sim [2Q, D]. Returns (rows [Q, k'], distances [Q, k']) nearest first, k' = min(k, smallest pool).
     """
-    excluded = excluded_rows(split)
-    extra = max(len(e) for e in excluded)
-    pool = len(sim) - extra
-    k = min(k, pool)
-    tree = BallTree(np.asarray(sim, dtype=np.float64))
-    dist, rows = tree.query(np.asarray(sim, dtype=np.float64)[split.query], k=min(k + extra, len(sim)))
-    keep = np.ones_like(rows, dtype=bool)
-    for i, ex in enumerate(excluded):
-        keep[i] = ~np.isin(rows[i], ex)
-    # each row keeps at least k entries because at most `extra` were dropped from k + extra
+    extra = 1 + int(split.twins_of_true_counter().max())  # the query itself and its true counter's twins
+    k = min(k, len(sim) - extra)
+    sim = np.asarray(sim, dtype=np.float64)
+    dist, rows = BallTree(sim).query(sim[split.query], k=min(k + extra, len(sim)))
+    keep = split.is_candidate(rows)
+    # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
     order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(rows, order, 1), np.take_along_axis(dist, order, 1)
 

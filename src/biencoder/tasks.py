@@ -18,6 +18,7 @@ import json
 import sys
 
 import numpy as np
+import pandas as pd
 import torch
 
 from .corpus import CorpusError, PairedSplit, demo_root, read_corpus
@@ -44,20 +45,19 @@ def candidate_types(split: PairedSplit) -> np.ndarray:
     -1 marks the query itself, its true counter, and counters with the true counter's text.
     """
     t = split.table
-    theme, debate = t["theme"].to_numpy(), (t["theme"] + "/" + t["debate"]).to_numpy()
-    stance, is_counter = t["stance"].to_numpy(), (t["kind"] == "counter").to_numpy()
+    # integer codes: comparing [Q, 2Q] ints is far cheaper than comparing strings
+    theme, debate, stance = (pd.factorize(col)[0] for col in (t["theme"], t["theme"] + "/" + t["debate"], t["stance"]))
     q, c = split.query, split.counter
     same_debate = debate[q][:, None] == debate[None, :]
     same_theme = theme[q][:, None] == theme[None, :]
     same_side = stance[q][:, None] == stance[None, :]
-    counter = np.broadcast_to(is_counter[None, :], same_debate.shape)
+    counter = np.broadcast_to(split.is_counter[None, :], same_debate.shape)
     # index = 2 * scope + {counter: 0, point: 1}, with debate types ordered as in TYPES
     debate_type = np.select([counter & same_side, counter & ~same_side, ~counter & ~same_side], [0, 1, 2], 3)
     other_type = np.where(same_theme, 4, 6) + ~counter
     types = np.where(same_debate, debate_type, other_type).astype(np.int8)
-    types[np.arange(len(q)), q] = NOT_A_CANDIDATE
-    true_text = split.text_id[c]
-    types[(split.text_id[None, :] == true_text[:, None]) & counter] = NOT_A_CANDIDATE
+    types[~split.is_candidate(np.broadcast_to(np.arange(len(t)), types.shape))] = NOT_A_CANDIDATE
+    types[np.arange(len(q)), c] = NOT_A_CANDIDATE  # the true counter is scored, never a false candidate
     return types
 
 

@@ -70,7 +70,10 @@ class JsonlLogger:
         self.file.write(json.dumps(row) + "\n")
         self.file.flush()
 
-    def close(self) -> None:
+    def __enter__(self) -> "JsonlLogger":
+        return self
+
+    def __exit__(self, *exc) -> None:
         self.file.close()
 
 
@@ -151,37 +154,36 @@ class Runner:
     def _fit(self) -> dict:
         cfg, start = self.cfg, time.time()
         base = {"variant": self.variant, "seed": int(cfg.seed)}
-        metrics_log = JsonlLogger(self.out_dir / "metrics.jsonl")
         log.info("variant %s seed %d on %s | %s | pairs train/val/test %s", self.variant, cfg.seed, self.device,
                  cfg.data.name, "/".join(str(s.n_pairs) for s in self.splits.values()))
         best = {"epoch": -1, "val_top1": -math.inf}
-        best_state = None
         train_emb = self.embed("train")
-        epochs = range(cfg.trainer.max_epochs)
-        for epoch in tqdm(epochs, desc="epochs", disable=not self.progress):
-            epoch_start = time.time()
-            negatives = self.mine(epoch, train_emb)
-            train_stats = self.train_epoch(epoch, negatives)
-            last = epoch == cfg.trainer.max_epochs - 1
-            names = SPLITS if (epoch + 1) % cfg.eval.every == 0 or last else ("train",)
-            metrics, hits, embs = self.evaluate_epoch(names)
-            train_emb = embs["train"]  # the next epoch mines with these
-            elapsed = time.time() - epoch_start
-            for name in names:
-                row = {"epoch": epoch, "split": name, **base, **metrics[name]}
-                if name == "train":
-                    row.update(train_stats, **negatives.stats(), epoch_time_s=elapsed)
-                metrics_log.write(row)
-            log.info("epoch %d  loss %.4f  " % (epoch, train_stats["loss"]) + "  ".join(
-                f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
-            if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
-                best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics}
-                best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-                np.save(self.out_dir / "test_hits.npy", hits["test"])
-                if cfg.trainer.save_checkpoint:
-                    torch.save({"state_dict": best_state, "model_cfg": OmegaConf.to_container(cfg.model, resolve=True),
-                                "epoch": epoch}, self.out_dir / "best.pt")
-        metrics_log.close()
+        with JsonlLogger(self.out_dir / "metrics.jsonl") as metrics_log:
+            for epoch in tqdm(range(cfg.trainer.max_epochs), desc="epochs", disable=not self.progress):
+                epoch_start = time.time()
+                negatives = self.mine(epoch, train_emb)
+                train_stats = self.train_epoch(epoch, negatives)
+                last = epoch == cfg.trainer.max_epochs - 1
+                names = SPLITS if (epoch + 1) % cfg.eval.every == 0 or last else ("train",)
+                metrics, hits, embs = self.evaluate_epoch(names)
+                train_emb = embs["train"]  # the next epoch mines with these
+                elapsed = time.time() - epoch_start
+                for name in names:
+                    row = {"epoch": epoch, "split": name, **base, **metrics[name]}
+                    if name == "train":
+                        row.update(train_stats, **negatives.stats(), epoch_time_s=elapsed)
+                    metrics_log.write(row)
+                log.info("epoch %d  loss %.4f  " % (epoch, train_stats["loss"]) + "  ".join(
+                    f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
+                if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
+                    # the val/test embeddings of this epoch serve the final 8-task evaluation as they are
+                    best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics, "embs": embs}
+                    best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+                    np.save(self.out_dir / "test_hits.npy", hits["test"])
+                    if cfg.trainer.save_checkpoint:
+                        torch.save({"state_dict": best_state, "epoch": epoch,
+                                    "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)},
+                                   self.out_dir / "best.pt")
 
         self.model.load_state_dict(best_state)
         final = {"status": "completed", **base, "data": cfg.data.name, "model": cfg.model.name,
@@ -190,7 +192,7 @@ class Runner:
             final["tasks"] = {"score": cfg.eval.score}
             for name in ("val", "test"):
                 final["tasks"][name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model,
-                                                      emb=self.embed(name), k=cfg.eval.k, device=self.device,
+                                                      emb=best["embs"][name], k=cfg.eval.k, device=self.device,
                                                       batch_size=cfg.eval.pair_batch_size)
         final["wall_time_s"] = round(time.time() - start, 2)
         write_json_atomic(self.out_dir / "final.json", final)
