@@ -84,8 +84,10 @@ def _bool(cfg: DictConfig, key: str) -> None:
 
 
 def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
+    """``key`` must be a number of ``kind`` (an int also passes as a float) and at least ``minimum``."""
     value = OmegaConf.select(cfg, key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)) or value < minimum:
+    allowed = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed) or value < minimum:
         raise ConfigError(f"{key}={value!r} is not valid: it must be a {kind.__name__} >= {minimum}")
 
 
