@@ -6,6 +6,7 @@ Reference: the ablation of Wachsmuth-style counter-argument retrieval with a BER
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -168,24 +169,33 @@ class TokenizedTexts:
         return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
 
 
-@torch.no_grad()
+@contextmanager
+def eval_mode(model: nn.Module):
+    """Eval mode (no dropout) and no gradients inside; the model's previous mode is restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        model.train(was_training)
+
+
 def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: str | torch.device = "cpu",
            autocast_dtype: torch.dtype | None = None, progress: bool = False, desc: str = "encode") -> Embeddings:
     """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order.
 
     Rows are processed longest-first so each batch pads little; the order is restored afterwards.
     """
-    was_training = model.training
-    model.eval()
     order = np.argsort(-texts.lengths, kind="stable")
     sims, pooled = [], []
-    for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
-        batch = {k: v.to(device) for k, v in texts.batch(order[start:start + batch_size]).items()}
-        with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-            emb = model.embed(**batch)
-        sims.append(emb.sim.float().cpu())
-        pooled.append(emb.pooled.float().cpu())
-    model.train(was_training)
+    with eval_mode(model):
+        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
+            batch = {k: v.to(device) for k, v in texts.batch(order[start:start + batch_size]).items()}
+            with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                emb = model.embed(**batch)
+            sims.append(emb.sim.float().cpu())
+            pooled.append(emb.pooled.float().cpu())
     inverse = torch.from_numpy(np.argsort(order))
     return Embeddings(torch.cat(sims)[inverse], torch.cat(pooled)[inverse])
 
@@ -208,7 +218,6 @@ def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, float]:
     return stats
 
 
-@torch.no_grad()
 def pair_probabilities(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 16384,
                        device: str | torch.device = "cpu") -> np.ndarray:
     """P(positive) [P] of the classifier for the pairs (emb[rows_a[i]], emb[rows_b[i]]), scored in blocks.
@@ -216,14 +225,12 @@ def pair_probabilities(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_si
     ``emb`` is precomputed (see :func:`encode`), so the encoder never runs here: one head call per block of
     ``batch_size`` pairs, never one per pair, and never more than a block of features in memory.
     """
-    was_training = model.training
-    model.eval()
     rows_a, rows_b = np.asarray(rows_a), np.asarray(rows_b)
     emb = emb.to(device)
     out = np.empty(len(rows_a), dtype=np.float32)
-    for start in range(0, len(rows_a), batch_size):
-        stop = start + batch_size
-        logits = model.classify_pair(emb.index(rows_a[start:stop]), emb.index(rows_b[start:stop]))
-        out[start:stop] = logits.float().softmax(-1)[:, 1].cpu().numpy()
-    model.train(was_training)
+    with eval_mode(model):
+        for start in range(0, len(rows_a), batch_size):
+            stop = start + batch_size
+            logits = model.classify_pair(emb.index(rows_a[start:stop]), emb.index(rows_b[start:stop]))
+            out[start:stop] = logits.float().softmax(-1)[:, 1].cpu().numpy()
     return out

@@ -116,7 +116,7 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
         dist = _cdist(emb.sim[q], emb.sim)
         shared = -dist
     elif score == "classifier":
-        shared = _probabilities(model, emb, np.ones_like(types, dtype=bool), device, batch_size)
+        shared = _probabilities(model, emb, q, np.ones_like(types, dtype=bool), device, batch_size)
     else:
         raise ValueError(f"unknown score '{score}'")
 
@@ -133,7 +133,7 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
             np.put_along_axis(top[task], nearest, True, axis=1)
             top[task] &= pool
         needed = np.logical_or.reduce(list(top.values()))
-        probs = _probabilities(model, emb, needed, device, batch_size)
+        probs = _probabilities(model, emb, q, needed, device, batch_size)
         for task in masks:
             per_task_scores[task] = np.where(top[task], 10.0 + probs, shared)  # shared = -distance <= 0
     results = {}
@@ -143,11 +143,11 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
     return results
 
 
-def _probabilities(model: BiModel, emb: Embeddings, needed: np.ndarray, device, batch_size: int) -> np.ndarray:
-    """[Q, 2Q] classifier P(positive) where ``needed`` (rows = queries), NaN elsewhere."""
+def _probabilities(model: BiModel, emb: Embeddings, query_rows: np.ndarray, needed: np.ndarray, device,
+                   batch_size: int) -> np.ndarray:
+    """[Q, 2Q] classifier P(positive) where ``needed`` (row i = the query at table row ``query_rows[i]``), NaN elsewhere."""
     out = np.full(needed.shape, np.nan, dtype=np.float32)
     qi, ci = np.nonzero(needed)
-    query_rows = np.arange(needed.shape[0])  # query i is table row i (PairedSplit layout)
     out[qi, ci] = pair_probabilities(model, emb, query_rows[qi], ci, batch_size, device)
     return out
 
