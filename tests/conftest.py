@@ -70,9 +70,9 @@ def compose_cfg(overrides=(), config_name="config"):
     """Compose the real configs of conf/ (as the CLI would, without a run folder)."""
     from hydra import compose, initialize_config_dir
 
-    from biencoder.config import register_resolvers
+    from biencoder.config import register
 
-    register_resolvers()
+    register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides))
 

@@ -10,9 +10,9 @@ from conftest import CONF, compose_cfg
 VARIANTS = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}
 
 
-def test_config_lists_self_first_and_no_variant():
+def test_config_builds_on_the_schema_and_lists_no_variant():
     defaults = yaml.safe_load((CONF / "config.yaml").read_text())["defaults"]
-    assert defaults[0] == "_self_"
+    assert defaults[:2] == ["biencoder_schema", "_self_"]
     assert not any(isinstance(d, dict) and "variant" in d or d == "variant" for d in defaults)
 
 
@@ -34,16 +34,56 @@ def test_unknown_variant_fails_at_composition():
 
 
 @pytest.mark.parametrize("override, key", [
-    ("model.head.use_layernorm=maybe", "model.head.use_layernorm"),
     ("model.pooling=max", "model.pooling"),
     ("eval.k=0", "eval.k"),
     ("trainer.device=tpu", "trainer.device"),
     ("eval.score=bm25", "eval.score"),
-    ("data.root=null", "data.root"),
+    ("trainer.lr=-1e-5", "trainer.lr"),
+    ("trainer.max_epochs=0", "trainer.max_epochs"),
+    ("negatives.random_rate.start=1.5", "negatives.random_rate.start"),
+    ("negatives.random_rate.decay=-0.1", "negatives.random_rate.decay"),
+    ("trainer.precision=fp16", "trainer.precision"),
+    ("negatives.index=faiss", "negatives.index"),
 ])
 def test_bad_values_are_named(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(compose_cfg([override]))
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.head.use_layernorm=maybe", "model.head.use_layernorm"),
+    ("trainer.lr=fast", "trainer.lr"),
+    ("eval.k=1.5", "eval.k"),
+    ("data.root=null", "data.root"),
+    ("trainer.lrr=1", "trainer.lrr"),
+])
+def test_wrong_types_and_unknown_keys_fail_at_composition(override, key):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match=key.replace(".", r"\.")):
+        compose_cfg([override])
+
+
+def test_typo_in_a_config_file_fails_at_composition(tmp_path):
+    """A variant file with a misspelt flag must not silently train the plain head."""
+    import shutil
+
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    conf = shutil.copytree(CONF, tmp_path / "conf")
+    (conf / "variant" / "typo.yaml").write_text("# @package _global_\nmodel:\n  head:\n    use_layrnorm: true\n")
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        with pytest.raises(ConfigCompositionException) as err:
+            compose(config_name="config", overrides=["+variant=typo"])
+    assert "use_layrnorm" in str(err.value.__cause__ or err.value)
+
+
+def test_max_length_above_the_encoder_limit_is_named():
+    from biencoder.model import build_model
+
+    with pytest.raises(ConfigError, match=r"model\.max_length=600 .* limit of 512"):
+        build_model(compose_cfg(["model=tiny", "model.max_length=600"]).model)
 
 
 def test_defaults_resolve_to_packaged_minilm():

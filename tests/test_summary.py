@@ -28,7 +28,7 @@ def write_run(folder: Path, variant: str, seed: int, val: list[float], test: lis
     if hits is not None:
         np.save(folder / "test_hits.npy", np.asarray(hits, dtype=bool))
     if complete:
-        final = {"status": "completed", "variant": variant, "seed": seed}
+        final = {"status": "done", "variant": variant, "seed": seed}
         if tasks:
             final["tasks"] = {"score": "rerank", "test": {k: {"accuracy_at_1": a} for k, a in tasks.items()}}
         (folder / "final.json").write_text(json.dumps(final))

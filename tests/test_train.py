@@ -45,7 +45,7 @@ def test_run_folder_contents(demo_run):
     assert train["random_rate"] == pytest.approx(0.8) and rows[3]["random_rate"] == pytest.approx(0.79)
     # LayerNorm is on: the head input is normalised per sample
     assert train["head_post_sample_var"] == pytest.approx(1.0, abs=0.01)
-    assert final["status"] == "completed" and json.loads((out / "final.json").read_text()) == final
+    assert final["status"] == "done" and json.loads((out / "final.json").read_text()) == final
     assert final["best_epoch"] in (0, 1) and set(final["tasks"]) == {"score", "val", "test"}
     assert final["tasks"]["test"]["epa"]["candidates"] == 1982
     hits = np.load(out / "test_hits.npy")
@@ -105,7 +105,7 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
 def test_batches_carry_the_mined_tokens(tmp_path):
     runner = Runner(compose_cfg(FAST), tmp_path)
     tokens, split = runner.tokens["train"], runner.splits["train"]
-    mined = runner.mine(0, runner.embed("train"))
+    mined = runner.mine(0, runner.embed("train").sim)
     rows = train_module.triplet_rows(split, mined)[:4]
     batch = train_module.TripletCollate(tokens)(list(rows))
     for i, (point, counter, negative) in enumerate(rows):  # layout: 4 points, 4 counters, 4 negatives
@@ -178,11 +178,11 @@ def test_real_corpus_slice(real_root, tmp_path):
     cfg = compose_cfg(FAST + ["data=arguana", f"data.root={real_root}", "data.max_debates=12", "+variant=ln_relu"])
     final = run(cfg, tmp_path)
     rows = read_rows(tmp_path / "metrics.jsonl")
-    assert len(rows) == 6 and final["status"] == "completed"
+    assert len(rows) == 6 and final["status"] == "done"
     assert rows[0]["queries"] > 50 and all(0.0 <= r["top1"] <= 1.0 for r in rows)
 
 
 def test_bf16_autocast_path_runs_on_cpu(tmp_path):
     final = run(compose_cfg(FAST + ["trainer.precision=bf16", "trainer.max_epochs=1", "eval.tasks=false"]), tmp_path)
     rows = read_rows(tmp_path / "metrics.jsonl")
-    assert final["status"] == "completed" and np.isfinite(rows[0]["loss"]) and rows[0]["loss"] > 0
+    assert final["status"] == "done" and np.isfinite(rows[0]["loss"]) and rows[0]["loss"] > 0

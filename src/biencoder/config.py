@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import random
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -17,12 +18,119 @@ from omegaconf import DictConfig, OmegaConf
 POOLINGS = ("pooler", "cls", "mean")
 FUSIONS = ("concat", "sim", "cls")
 DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16")
+SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
 
 
 class ConfigError(ValueError):
     """A config value that cannot work; the message names the key and a fix."""
+
+
+# -- the schema: registered with Hydra's ConfigStore as the base of conf/config.yaml, so composition rejects
+# unknown keys (a typo in a variant file would otherwise silently add a key nobody reads) and wrong types.
+# Ranges and choices are checked by :func:`validate`, which names the key in one line.
+@dataclass
+class EncoderSchema:
+    name_or_path: str = "${minilm_path:}"
+    random_init: Optional[Dict[str, Any]] = None
+    freeze: bool = False
+
+
+@dataclass
+class HeadSchema:
+    use_layernorm: bool = False
+    use_relu: bool = False
+
+
+@dataclass
+class ModelSchema:
+    name: str = "minilm"
+    encoder: EncoderSchema = field(default_factory=EncoderSchema)
+    pooling: str = "pooler"
+    max_length: int = 128
+    sim_dim: int = 128
+    fusion: str = "concat"
+    head: HeadSchema = field(default_factory=HeadSchema)
+
+
+@dataclass
+class DataSchema:
+    name: str = "demo"
+    root: str = "${demo_root:}"
+    max_debates: Optional[int] = None
+
+
+@dataclass
+class TrainerSchema:
+    max_epochs: int = 10
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    lr: float = 2e-5
+    head_lr: float = 1e-3
+    weight_decay: float = 0.01
+    scheduler: str = "constant"
+    warmup_ratio: float = 0.0
+    device: str = "auto"
+    precision: str = "auto"
+    compile: bool = False
+    num_workers: int = 0
+    progress: bool = True
+    save_checkpoint: bool = True
+    keep_last: bool = False
+    resume: Any = False
+    cache_dir: str = "~/.cache/biencoder"
+
+
+@dataclass
+class LossSchema:
+    margin: float = 1.0
+    triplet_weight: float = 1.0
+    ce_weight: float = 1.0
+
+
+@dataclass
+class RandomRateSchema:
+    start: float = 0.8
+    decay: float = 0.01
+
+
+@dataclass
+class NegativesSchema:
+    random_rate: RandomRateSchema = field(default_factory=RandomRateSchema)
+    n_neighbors: int = 10
+    index: str = "balltree"
+
+
+@dataclass
+class EvalSchema:
+    k: int = 10
+    every: int = 1
+    score: str = "rerank"
+    tasks: bool = True
+    pair_batch_size: int = 16384
+    index: str = "balltree"
+    checkpoint: Optional[str] = None
+    split: str = "test"
+    output: Optional[str] = None
+
+
+@dataclass
+class PathsSchema:
+    log_dir: str = "logs"
+
+
+@dataclass
+class Schema:
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    data: DataSchema = field(default_factory=DataSchema)
+    model: ModelSchema = field(default_factory=ModelSchema)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    loss: LossSchema = field(default_factory=LossSchema)
+    negatives: NegativesSchema = field(default_factory=NegativesSchema)
+    eval: EvalSchema = field(default_factory=EvalSchema)
+    task_name: str = "train"
+    seed: int = 0
 
 
 def packaged_minilm_path() -> str:
@@ -62,13 +170,25 @@ def variant_name(cfg: DictConfig) -> str:
     return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
 
 
-def register_resolvers() -> None:
-    """``${minilm_path:}``, ``${demo_root:}`` and ``${variant_name:}``; safe to call more than once."""
+def _resume_dir(resume: Any, default: str) -> str:
+    """Hydra's run dir: the folder named by ``trainer.resume=<run dir>``, else ``default``."""
+    if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):
+        return resume
+    return default
+
+
+def register() -> None:
+    """The schema (ConfigStore ``biencoder_schema``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``,
+    ``${variant_name:}``, ``${resume_dir:...}``; safe to call more than once."""
+    from hydra.core.config_store import ConfigStore
+
     from .corpus import demo_root
 
+    ConfigStore.instance().store(name="biencoder_schema", node=Schema)
     OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
     OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
     OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
+    OmegaConf.register_new_resolver("resume_dir", _resume_dir, replace=True)
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
@@ -88,19 +208,31 @@ def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
     value = OmegaConf.select(cfg, key)
     allowed = (int,) if kind is int else (int, float)
     if isinstance(value, bool) or not isinstance(value, allowed) or value < minimum:
-        raise ConfigError(f"{key}={value!r} is not valid: it must be a {kind.__name__} >= {minimum}")
+        raise ConfigError(f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}")
 
 
 def validate(cfg: DictConfig) -> None:
     """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one."""
     _bool(cfg, "model.head.use_layernorm")
     _bool(cfg, "model.head.use_relu")
+    _bool(cfg, "model.encoder.freeze")
     _choice(cfg, "model.pooling", POOLINGS)
     _choice(cfg, "model.fusion", FUSIONS)
     _positive(cfg, "model.sim_dim")
     _positive(cfg, "model.max_length", minimum=8)
+    from .search import INDEXES
+
     _choice(cfg, "trainer.device", DEVICES)
     _choice(cfg, "trainer.precision", PRECISIONS)
+    _choice(cfg, "trainer.scheduler", SCHEDULERS)
+    warmup = cfg.trainer.warmup_ratio
+    if not 0 <= warmup < 1:
+        raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
+    resume = cfg.trainer.resume
+    if not isinstance(resume, (bool, str)):
+        raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
+    _choice(cfg, "negatives.index", INDEXES)
+    _choice(cfg, "eval.index", INDEXES)
     _positive(cfg, "trainer.max_epochs")
     _positive(cfg, "trainer.batch_size")
     _positive(cfg, "trainer.eval_batch_size")
@@ -111,6 +243,8 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "negatives.n_neighbors")
     for key in ("negatives.random_rate.start", "negatives.random_rate.decay"):
         _positive(cfg, key, kind=float, minimum=0)
+        if OmegaConf.select(cfg, key) > 1:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid: it must be in [0, 1]")
     _positive(cfg, "eval.k")
     _positive(cfg, "eval.every")
     _choice(cfg, "eval.score", SCORES)
@@ -130,25 +264,66 @@ def set_seed_everywhere(seed: int) -> None:
     torch.cuda.manual_seed_all(seed)
 
 
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """``trainer.precision`` → the autocast dtype: ``auto`` is bf16 on CUDA and fp32 (no autocast) elsewhere."""
+    if precision == "auto":
+        precision = "bf16" if device.type == "cuda" else "fp32"
+    return torch.bfloat16 if precision == "bf16" else None
+
+
 def select_device(name: str) -> torch.device:
     """``auto`` picks CUDA when available; asking for ``cuda`` without one is a :class:`ConfigError`."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
+    if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError("trainer.device=cuda but no CUDA device is visible: use trainer.device=auto or cpu")
     return torch.device(name)
 
 
-def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON so that a reader never sees half a file (temp file + rename)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
-
-
-def fail(err: Exception, out_dir: Path | None = None) -> None:
-    """Bad input: one line on stderr, exit code 2, and no output folder left that could pass for a real one."""
+def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
+    """Bad input: one line on stderr, exit ``code``, and no output folder left that could pass for a real one
+    (a folder without ``metrics.jsonl`` is removed)."""
     print(f"error: {err}", file=sys.stderr)
     if out_dir is not None and out_dir.is_dir() and not (out_dir / "metrics.jsonl").exists():
         shutil.rmtree(out_dir, ignore_errors=True)
-    sys.exit(2)
+    sys.exit(code)
+
+
+def _one_line(err: BaseException) -> str:
+    """Hydra/OmegaConf composition errors span several lines; the first line of each, plus the options offered."""
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else type(err).__name__
+    if "Available options in" in text:
+        listed = text.split("Available options in", 1)[1].splitlines()[1:]
+        options = [line.strip() for line in listed[:next((i for i, line in enumerate(listed)
+                                                          if not line.startswith("\t")), len(listed))]]
+        first += f" (available: {', '.join(options)})"
+    cause = err.__cause__
+    if cause is not None and str(cause).strip():
+        cause_text = str(cause).strip().splitlines()
+        key = next((line.split(":", 1)[1].strip() for line in cause_text if line.strip().startswith("full_key:")), None)
+        first += f": {cause_text[0]}" + (f" (key {key})" if key and key not in cause_text[0] else "")
+    return first
+
+
+def hydra_cli(app) -> None:
+    """Run a ``@hydra.main`` app so that a bad override, config file or output folder costs one line and exit 2.
+
+    Hydra prints composition errors over several lines; here they are caught and shortened. With
+    ``HYDRA_FULL_ERROR=1`` set by the user every error propagates with its full traceback, as Hydra does.
+    """
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return app()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # make Hydra raise instead of printing, so the error can be shortened
+    try:
+        return app()
+    except (HydraException, OmegaConfBaseException) as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as err:  # e.g. an output folder that cannot be created, a full disk
+        print(f"error: {err.strerror or err}: '{err.filename}': check that paths.log_dir (or hydra.run.dir) "
+              "is a writable folder and that the disk has space", file=sys.stderr)
+        sys.exit(2)

@@ -18,25 +18,44 @@ import numpy as np
 import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
-from sklearn.neighbors import BallTree
 
-from .config import ConfigError, fail, register_resolvers, select_device, set_seed_everywhere, validate, write_json_atomic
+from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .config import (
+    ConfigError,
+    fail,
+    hydra_cli,
+    register,
+    select_device,
+    set_seed_everywhere,
+    validate,
+)
 from .corpus import CorpusError, PairedSplit, read_corpus
-from .model import BiModel, Embeddings, TokenizedTexts, build_model, encode, pair_probabilities
+from .model import (
+    BiModel,
+    Embeddings,
+    TokenizedTexts,
+    build_model,
+    embed_pooled,
+    encode_pooled,
+    pair_probabilities,
+)
+from .search import NeighbourIndex
+from .state import write_json_atomic
 from .tasks import evaluate_tasks, format_tasks
 
 log = logging.getLogger("biencoder")
 
 
-def retrieve(sim: np.ndarray, split: PairedSplit, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest candidates per query by sim distance (BallTree over all rows of ``split``).
+def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree",
+             device="cpu") -> tuple[np.ndarray, np.ndarray]:
+    """The k nearest candidates per query by sim distance (a BallTree, or exact search, over all rows of ``split``).
 
     Args: sim [2Q, D]. Returns (rows [Q, k'], distances [Q, k']) nearest first, k' = min(k, smallest pool).
     """
     extra = 1 + int(split.twins_of_true_counter().max())  # the query itself and its true counter's twins
     k = min(k, len(sim) - extra)
     sim = np.asarray(sim, dtype=np.float64)
-    dist, rows = BallTree(sim).query(sim[split.query], k=min(k + extra, len(sim)))
+    dist, rows = NeighbourIndex(sim, index, device).query(sim[split.query], k + extra)
     keep = split.is_candidate(rows)
     # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
     order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
@@ -44,7 +63,7 @@ def retrieve(sim: np.ndarray, split: PairedSplit, k: int) -> tuple[np.ndarray, n
 
 
 def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10,
-                    batch_size: int = 16384, device="cpu") -> tuple[dict[str, float], np.ndarray]:
+                    batch_size: int = 16384, device="cpu", index: str = "balltree") -> tuple[dict[str, float], np.ndarray]:
     """Per-epoch top-1 over every query of ``split``.
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch).
@@ -53,7 +72,7 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
     counter after reranking the k; 0 when it is not among them), ``queries``, ``k``; ``hits`` [Q] bool is the
     reranked top-1 outcome per query.
     """
-    rows, _ = retrieve(emb.sim.numpy(), split, k)
+    rows, _ = retrieve(emb.sim.numpy(), split, k, index, device)
     n_q, k_eff = rows.shape
     queries = np.repeat(split.query, k_eff)
     probs = pair_probabilities(model, emb, queries, rows.ravel(), batch_size, device).reshape(n_q, k_eff)
@@ -84,10 +103,19 @@ def load_checkpoint(path: str | Path, progress: bool = True) -> tuple[BiModel, o
     file = path / "best.pt" if path.is_dir() else path
     if not file.is_file():
         raise ConfigError(f"eval.checkpoint='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
-    ckpt = torch.load(file, map_location="cpu", weights_only=True)
-    model, tokenizer = build_model(ckpt["model_cfg"], progress)
-    model.load_state_dict(ckpt["state_dict"])
-    return model, tokenizer, ckpt["model_cfg"]
+    try:
+        ckpt = torch.load(file, map_location="cpu", weights_only=True)  # never unpickles arbitrary objects
+        model_cfg, state_dict = ckpt["model_cfg"], ckpt["state_dict"]
+    except Exception as err:  # noqa: BLE001 - truncated, not a checkpoint, or unsafe: the same advice
+        raise ConfigError(f"eval.checkpoint='{file}' is not a readable biencoder checkpoint ({type(err).__name__}): "
+                          "pass the best.pt of a finished run") from None
+    model, tokenizer = build_model(model_cfg, progress)
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as err:
+        raise ConfigError(f"eval.checkpoint='{file}' does not fit the model it names "
+                          f"({str(err).splitlines()[0]})") from None
+    return model, tokenizer, model_cfg
 
 
 def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
@@ -111,9 +139,14 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
         else:
             model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         model.to(device)
-        tokens = TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"])
-        emb = encode(model, tokens, cfg.trainer.eval_batch_size, device, progress=bool(cfg.trainer.progress),
-                     desc=f"encode {split_name}")
+        kwargs = dict(batch_size=cfg.trainer.eval_batch_size, device=device, progress=bool(cfg.trainer.progress),
+                      desc=f"encode {split_name}")
+        if model_cfg["encoder"].get("freeze"):  # a frozen encoder's outputs come from (and go to) the cache
+            pooled = cached_pooled(model, tokenizer, split.texts, model_cfg["max_length"], cfg.trainer.cache_dir,
+                                   encoder_fingerprint(model.encoder), **kwargs)
+        else:
+            pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"]), **kwargs)
+        emb = embed_pooled(model, pooled, cfg.eval.pair_batch_size, device)
     tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
                            batch_size=cfg.eval.pair_batch_size)
     result = {
@@ -135,7 +168,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     return result
 
 
-register_resolvers()
+register()
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
@@ -143,9 +176,9 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         run_evaluation(cfg, out_dir)
-    except (ConfigError, CorpusError) as err:
+    except (ConfigError, CorpusError, CacheError) as err:
         fail(err, out_dir)
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

@@ -50,5 +50,7 @@ class TripletCELoss(nn.Module):
         ce = F.cross_entropy(logits.float(), labels, reduction="none")
         ce_pos, ce_neg = ce[:batch].mean(), ce[batch:].mean()
         total = self.triplet_weight * triplet + self.ce_weight * (ce_pos + ce_neg)
-        parts = {"loss": total.item(), "triplet": triplet.item(), "ce_pos": ce_pos.item(), "ce_neg": ce_neg.item()}
+        # one device→host copy for the four numbers (one sync per step on a GPU, not four)
+        values = torch.stack([total, triplet, ce_pos, ce_neg]).detach().float().tolist()
+        parts = dict(zip(("loss", "triplet", "ce_pos", "ce_neg"), values))
         return LossOutput(total, parts, features, head_input)

@@ -67,17 +67,23 @@ class BiModel(nn.Module):
         self.act = nn.ReLU() if use_relu else nn.Identity()
         self.out = nn.Linear(n_features, 2)
 
-    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Embeddings:
-        """Token ids [B, L] and mask [B, L] → :class:`Embeddings` with sim [B, sim_dim], pooled [B, hidden]."""
+    def pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Token ids [B, L] and mask [B, L] → pooled encoder output [B, hidden]."""
         output = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
         if self.pooling == "pooler":
-            pooled = output.pooler_output
-        elif self.pooling == "cls":
-            pooled = output.last_hidden_state[:, 0]
-        else:
-            mask = attention_mask.unsqueeze(-1).to(output.last_hidden_state.dtype)
-            pooled = (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+            return output.pooler_output
+        if self.pooling == "cls":
+            return output.last_hidden_state[:, 0]
+        mask = attention_mask.unsqueeze(-1).to(output.last_hidden_state.dtype)
+        return (output.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+    def from_pooled(self, pooled: Tensor) -> Embeddings:
+        """Pooled vectors [B, hidden] → :class:`Embeddings` (the sim head applied)."""
         return Embeddings(self.sim_head(pooled), pooled)
+
+    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Embeddings:
+        """Token ids [B, L] and mask [B, L] → :class:`Embeddings` with sim [B, sim_dim], pooled [B, hidden]."""
+        return self.from_pooled(self.pool(input_ids, attention_mask))
 
     def pair_features(self, a: Embeddings, b: Embeddings) -> Tensor:
         """Fused features [B, n_features] of the pairs (a[i], b[i])."""
@@ -120,7 +126,7 @@ def load_encoder(name_or_path: str, random_init: dict | None = None, progress: b
             encoder = AutoModel.from_config(config)
         else:
             encoder = AutoModel.from_pretrained(name_or_path)
-    except OSError as err:
+    except (OSError, ValueError) as err:  # ValueError: a malformed hub id (HFValidationError)
         raise ConfigError(
             f"cannot load encoder '{name_or_path}' ({str(err).splitlines()[0]}): set model.encoder.name_or_path "
             "to a local HF folder, or to a hub id while online"
@@ -137,6 +143,10 @@ def build_model(model_cfg, progress: bool = True) -> tuple[BiModel, object]:
 
     model_cfg = OmegaConf.create(model_cfg) if isinstance(model_cfg, dict) else model_cfg
     encoder, tokenizer = load_encoder(model_cfg.encoder.name_or_path, model_cfg.encoder.get("random_init"), progress)
+    limit = getattr(encoder.config, "max_position_embeddings", None)
+    if limit is not None and model_cfg.max_length > limit:
+        raise ConfigError(f"model.max_length={model_cfg.max_length} is above the encoder's limit of {limit} "
+                          f"positions: use model.max_length={limit} or less")
     model = BiModel(encoder, sim_dim=model_cfg.sim_dim, pooling=model_cfg.pooling, fusion=model_cfg.fusion,
                     use_layernorm=model_cfg.head.use_layernorm, use_relu=model_cfg.head.use_relu)
     return model, tokenizer
@@ -181,23 +191,45 @@ def eval_mode(model: nn.Module):
         model.train(was_training)
 
 
-def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: str | torch.device = "cpu",
-           autocast_dtype: torch.dtype | None = None, progress: bool = False, desc: str = "encode") -> Embeddings:
-    """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order.
+def encode_pooled(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: str | torch.device = "cpu",
+                  autocast_dtype: torch.dtype | None = None, progress: bool = False, desc: str = "encode") -> Tensor:
+    """Pooled encoder output [N, hidden] (float32, CPU, row order) of every row of ``texts``, in eval mode.
 
-    Rows are processed longest-first so each batch pads little; the order is restored afterwards.
+    Rows are processed longest-first so each batch pads little; the order is restored afterwards. The
+    progress bar counts texts, so it shows texts/s.
     """
     order = np.argsort(-texts.lengths, kind="stable")
-    sims, pooled = [], []
+    device = torch.device(device)
+    pooled = []
+    with eval_mode(model), tqdm(total=len(order), desc=desc, unit="text", disable=not progress, leave=False) as bar:
+        for start in range(0, len(order), batch_size):
+            batch = texts.batch(order[start:start + batch_size])
+            if device.type == "cuda":
+                batch = {k: v.pin_memory() for k, v in batch.items()}
+            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                pooled.append(model.pool(**batch).float().cpu())
+            bar.update(len(batch["input_ids"]))
+    if not pooled:
+        return torch.zeros(0, model.encoder.config.hidden_size)
+    return torch.cat(pooled)[torch.from_numpy(np.argsort(order))]
+
+
+def embed_pooled(model: BiModel, pooled: Tensor, batch_size: int = 16384, device: str | torch.device = "cpu") -> Embeddings:
+    """:class:`Embeddings` (float32, CPU) from pooled vectors [N, hidden]: the sim head in eval mode, in blocks."""
+    sims = []
     with eval_mode(model):
-        for start in tqdm(range(0, len(order), batch_size), desc=desc, disable=not progress, leave=False):
-            batch = {k: v.to(device) for k, v in texts.batch(order[start:start + batch_size]).items()}
-            with torch.autocast(torch.device(device).type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                emb = model.embed(**batch)
-            sims.append(emb.sim.float().cpu())
-            pooled.append(emb.pooled.float().cpu())
-    inverse = torch.from_numpy(np.argsort(order))
-    return Embeddings(torch.cat(sims)[inverse], torch.cat(pooled)[inverse])
+        for block in pooled.split(batch_size):
+            sims.append(model.sim_head(block.to(device)).float().cpu())
+    sim = torch.cat(sims) if sims else torch.zeros(0, model.sim_head.out_features)
+    return Embeddings(sim, pooled.float().cpu())
+
+
+def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: str | torch.device = "cpu",
+           autocast_dtype: torch.dtype | None = None, progress: bool = False, desc: str = "encode") -> Embeddings:
+    """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order."""
+    pooled = encode_pooled(model, texts, batch_size, device, autocast_dtype, progress, desc)
+    return embed_pooled(model, pooled, device=device)
 
 
 def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, float]:

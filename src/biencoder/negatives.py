@@ -1,4 +1,4 @@
-"""Hard-negative mining over sim embeddings with scikit-learn BallTrees, mixed with random negatives.
+"""Hard-negative mining over sim embeddings with scikit-learn BallTrees (or exact search), mixed with random negatives.
 
 For every pair's point: the nearest point and the nearest counter of the split (by Euclidean distance of the
 sim embeddings) are looked up in two BallTrees; the point itself, its own counter and every argument whose text
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.neighbors import BallTree
 
 from .corpus import PairedSplit
+from .search import NeighbourIndex
 
 
 def random_rate(epoch: int, start: float = 0.8, decay: float = 0.01) -> float:
@@ -45,7 +45,7 @@ def forbidden_texts(split: PairedSplit) -> np.ndarray:
     return np.stack([split.text_id[split.query], split.text_id[split.counter]], axis=1)
 
 
-def _first_allowed(tree: BallTree, rows: np.ndarray, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
+def _first_allowed(tree: NeighbourIndex, rows: np.ndarray, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
                    text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Nearest row of ``rows`` (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none."""
     best = np.full(len(queries), -1)
@@ -53,7 +53,7 @@ def _first_allowed(tree: BallTree, rows: np.ndarray, sim: np.ndarray, queries: n
     todo = np.arange(len(queries))
     while len(todo):
         k = min(k, len(rows))
-        d, i = tree.query(sim[queries[todo]], k=k)
+        d, i = tree.query(sim[queries[todo]], k)
         cand = rows[i]  # [T, k] rows of the split table, nearest first
         ok = np.all(text_id[cand][:, :, None] != banned[todo][:, None, :], axis=2)
         found = ok.any(axis=1)
@@ -67,7 +67,7 @@ def _first_allowed(tree: BallTree, rows: np.ndarray, sim: np.ndarray, queries: n
 
 
 def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.random.Generator,
-                   n_neighbors: int = 10) -> MinedNegatives:
+                   n_neighbors: int = 10, index: str = "balltree", device="cpu") -> MinedNegatives:
     """One negative per pair of ``split``.
 
     Args:
@@ -75,6 +75,7 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
         rate: probability of a random instead of a hard negative.
         rng: the only source of randomness (seeded by the caller).
         n_neighbors: neighbours fetched per tree at first; more are fetched for the rare rows that need them.
+        index: ``balltree`` or ``exact`` (see :mod:`biencoder.search`); ``device`` is where ``exact`` runs.
     Returns:
         :class:`MinedNegatives`; a negative never has the text of the point or of its counter.
     """
@@ -84,7 +85,7 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
     queries = split.query
     hard_rows, hard_dist = [], []
     for rows in (split.query, split.counter):
-        tree = BallTree(sim[rows])
+        tree = NeighbourIndex(sim[rows], index, device)
         row, dist = _first_allowed(tree, rows, sim, queries, banned, text_id, n_neighbors)
         hard_rows.append(row)
         hard_dist.append(dist)

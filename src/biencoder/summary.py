@@ -49,7 +49,7 @@ class Run:
 
     @property
     def complete(self) -> bool:
-        return self.final is not None and self.final.get("status") == "completed"
+        return self.final is not None and self.final.get("status") == "done"
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

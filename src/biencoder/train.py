@@ -9,7 +9,6 @@ at the end, ``final.json`` (written atomically) with the 8 official tasks for th
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -19,17 +18,49 @@ import hydra
 import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from .config import (ConfigError, fail, register_resolvers, select_device, set_seed_everywhere, validate,
-                     variant_name, write_json_atomic)
+from . import distributed
+from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .config import (
+    ConfigError,
+    autocast_dtype,
+    fail,
+    hydra_cli,
+    register,
+    select_device,
+    set_seed_everywhere,
+    validate,
+    variant_name,
+)
 from .corpus import CorpusError, PairedSplit, read_corpus
 from .evaluate import retrieve_rerank
-from .loss import TripletCELoss
-from .model import Embeddings, TokenizedTexts, build_model, encode, head_statistics
+from .loss import LossOutput, TripletCELoss
+from .model import (
+    BiModel,
+    Embeddings,
+    TokenizedTexts,
+    build_model,
+    embed_pooled,
+    encode,
+    head_statistics,
+)
 from .negatives import MinedNegatives, mine_negatives, random_rate
+from .state import (
+    RunFolderError,
+    append_rows,
+    is_done,
+    read_final,
+    rng_states,
+    save_atomic,
+    save_npy_atomic,
+    set_rng_states,
+    truncate_metrics,
+    write_json_atomic,
+)
 from .tasks import evaluate_tasks, format_tasks
 
 log = logging.getLogger("biencoder")
@@ -37,14 +68,18 @@ SPLITS = ("train", "val", "test")
 
 
 class TripletCollate:
-    """Rows [B, 3] of (point, counter, negative) → one padded encoder batch of 3B texts, plus the rows."""
+    """Rows [B, 3] of (point, counter, negative) → one padded encoder batch of 3B texts, plus the rows.
 
-    def __init__(self, tokens: TokenizedTexts):
+    Without ``tokens`` (frozen encoder: the pooled vectors are cached) the batch holds the rows only.
+    """
+
+    def __init__(self, tokens: TokenizedTexts | None):
         self.tokens = tokens
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows = np.stack(rows)
-        batch = self.tokens.batch(rows.T.ravel())  # all points, then all counters, then all negatives
+        # all points, then all counters, then all negatives
+        batch = self.tokens.batch(rows.T.ravel()) if self.tokens is not None else {}
         batch["rows"] = torch.from_numpy(rows)
         return batch
 
@@ -60,142 +95,307 @@ def _grad_norm(params) -> float:
     return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
 
 
-class JsonlLogger:
-    """Appends one JSON object per line and flushes it, so a crashed run keeps every finished epoch."""
+class Diverged(RuntimeError):
+    """A non-finite loss or embedding: the run stops at once (``final.json`` status ``diverged``)."""
 
-    def __init__(self, path: Path):
-        self.file = open(path, "a", encoding="utf-8")
+    def __init__(self, epoch: int, what: str, parts: dict[str, float] | None = None):
+        self.epoch, self.what, self.parts = epoch, what, dict(parts or {})
+        detail = ", ".join(f"{k}={v:.4g}" for k, v in self.parts.items())
+        super().__init__(f"training diverged in epoch {epoch}: non-finite {what}" + (f" ({detail})" if detail else "")
+                         + "; lower trainer.lr / trainer.head_lr or use trainer.precision=fp32")
 
-    def write(self, row: dict) -> None:
-        self.file.write(json.dumps(row) + "\n")
-        self.file.flush()
 
-    def __enter__(self) -> "JsonlLogger":
-        return self
+class TripletStep(nn.Module):
+    """The whole training forward (triplet batch → :class:`LossOutput`) as one module, so DDP wraps all of it.
 
-    def __exit__(self, *exc) -> None:
-        self.file.close()
+    Takes token ids (encoder trained) or the cached pooled vectors [3B, hidden] (encoder frozen), ordered
+    points, counters, negatives.
+    """
+
+    def __init__(self, model: BiModel, loss_fn: TripletCELoss):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, pooled: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None) -> LossOutput:
+        emb = self.model.from_pooled(pooled) if pooled is not None else self.model.embed(input_ids, attention_mask)
+        point, counter, negative = emb.chunk(3)
+        return self.loss_fn(self.model, point, counter, negative)
+
+
+def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
+    warmup = int(warmup_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if kind == "constant":
+            return 1.0
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+    return factor
+
+
+#: config keys a resumed run may change (they do not change what is computed)
+RESUME_FREE_KEYS = ("trainer.resume", "trainer.progress", "trainer.num_workers", "trainer.cache_dir",
+                    "trainer.keep_last", "paths.")
 
 
 class Runner:
-    """Holds one run's model, data and state; :meth:`fit` runs it end to end."""
+    """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``)."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
         corpus = read_corpus(cfg.data.root)
-        self.device = select_device(cfg.trainer.device)
+        self.device = select_device(distributed.setup(cfg.trainer.device))
+        self.main = distributed.is_main()
         self.variant = variant_name(cfg)
         set_seed_everywhere(cfg.seed)
         self.model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         self.model.to(self.device)
         self.splits = {name: corpus.paired(name, cfg.data.max_debates) for name in SPLITS}
-        self.tokens = {name: TokenizedTexts(s.texts, tokenizer, cfg.model.max_length) for name, s in self.splits.items()}
+        self.progress = bool(cfg.trainer.progress) and self.main
+        self.amp_dtype = autocast_dtype(cfg.trainer.precision, self.device)
+        self.frozen = bool(cfg.model.encoder.freeze)
+        groups = [{"params": self.model.head_parameters(), "lr": cfg.trainer.head_lr}]
+        self.fingerprint = None
+        if self.frozen:
+            # the encoder never changes: every text's pooled vector is computed once (or read from the cache)
+            self.model.encoder.requires_grad_(False)
+            self.fingerprint = encoder_fingerprint(self.model.encoder)
+            if not self.main:
+                distributed.barrier()  # rank 0 fills the cache first, the others read it
+            self.pooled = {name: cached_pooled(self.model, tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
+                                               self.fingerprint, cfg.trainer.eval_batch_size, self.device,
+                                               self.amp_dtype, self.progress, desc=f"encode {name}")
+                           for name, s in self.splits.items()}
+            if self.main:
+                distributed.barrier()
+            self.tokens = {name: None for name in SPLITS}
+        else:
+            self.tokens = {name: TokenizedTexts(s.texts, tokenizer, cfg.model.max_length) for name, s in self.splits.items()}
+            groups.insert(0, {"params": self.model.encoder.parameters(), "lr": cfg.trainer.lr})
         self.loss_fn = TripletCELoss(cfg.loss.margin, cfg.loss.triplet_weight, cfg.loss.ce_weight)
-        self.optimizer = torch.optim.AdamW(
-            [{"params": self.model.encoder.parameters(), "lr": cfg.trainer.lr},
-             {"params": self.model.head_parameters(), "lr": cfg.trainer.head_lr}],
-            weight_decay=cfg.trainer.weight_decay,
-        )
+        step = TripletStep(self.model, self.loss_fn)
+        if distributed.world_size() > 1:
+            step = nn.parallel.DistributedDataParallel(
+                step, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                # with cls/mean pooling the encoder's pooler computes an output no loss uses
+                find_unused_parameters=not self.frozen and cfg.model.pooling != "pooler")
+        self.step = torch.compile(step) if cfg.trainer.compile else step
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay)
+        self.steps_per_epoch = math.ceil(math.ceil(self.splits["train"].n_pairs / distributed.world_size())
+                                         / cfg.trainer.batch_size)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
+            cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio))
         self.rng = np.random.default_rng(cfg.seed)
         self.loader_generator = torch.Generator().manual_seed(cfg.seed)
-        self.progress = bool(cfg.trainer.progress)
-        self.amp_dtype = torch.bfloat16 if str(cfg.trainer.precision) == "bf16" else None
 
     # -- pieces -----------------------------------------------------------------------------------------------
     def embed(self, name: str) -> Embeddings:
-        return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
-                      self.amp_dtype, progress=self.progress, desc=f"encode {name}")
+        if self.frozen:
+            emb = embed_pooled(self.model, self.pooled[name], self.cfg.eval.pair_batch_size, self.device)
+        else:
+            emb = encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
+                         self.amp_dtype, progress=self.progress, desc=f"encode {name}")
+        return emb
 
-    def mine(self, epoch: int, train_emb: Embeddings) -> MinedNegatives:
+    def step_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The :class:`TripletStep` inputs of a collated batch, on the device (cached vectors when frozen)."""
+        rows = batch.pop("rows")
+        if self.frozen:
+            return {"pooled": self.pooled["train"][rows.T.ravel()].to(self.device, non_blocking=True)}
+        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+
+    def mine(self, epoch: int, train_sim: torch.Tensor | None) -> MinedNegatives:
+        """This epoch's negatives, mined on rank 0 and shared with the other ranks."""
         rate = random_rate(epoch, self.cfg.negatives.random_rate.start, self.cfg.negatives.random_rate.decay)
-        return mine_negatives(train_emb.sim.numpy(), self.splits["train"], rate, self.rng, self.cfg.negatives.n_neighbors)
+        negatives = None
+        if self.main:
+            negatives = mine_negatives(train_sim.numpy(), self.splits["train"], rate, self.rng,
+                                       self.cfg.negatives.n_neighbors, index=self.cfg.negatives.index, device=self.device)
+        if distributed.world_size() > 1:
+            n = self.splits["train"].n_pairs
+            rows = distributed.broadcast_rows(None if negatives is None else negatives.row, n)
+            if negatives is None:
+                negatives = MinedNegatives(row=rows, is_random=np.zeros(n, bool), distance=np.zeros(n), rate=rate)
+        return negatives
+
+    def loader(self, epoch: int, negatives: MinedNegatives) -> DataLoader:
+        cfg = self.cfg.trainer
+        rows = list(triplet_rows(self.splits["train"], negatives))
+        if distributed.world_size() > 1:
+            sampler = DistributedSampler(rows, num_replicas=distributed.world_size(), rank=distributed.rank(),
+                                         shuffle=True, seed=int(self.cfg.seed))
+            sampler.set_epoch(epoch)
+            shuffle, generator = None, None
+        else:
+            sampler, shuffle, generator = None, True, self.loader_generator
+        return DataLoader(rows, batch_size=cfg.batch_size, shuffle=shuffle, sampler=sampler, generator=generator,
+                          num_workers=cfg.num_workers, collate_fn=TripletCollate(self.tokens["train"]),
+                          pin_memory=self.device.type == "cuda")
 
     def train_epoch(self, epoch: int, negatives: MinedNegatives) -> dict[str, float]:
-        """One pass over the training pairs with this epoch's negatives; returns mean loss parts and internals."""
-        cfg = self.cfg.trainer
-        loader = DataLoader(list(triplet_rows(self.splits["train"], negatives)), batch_size=cfg.batch_size,
-                            shuffle=True, generator=self.loader_generator, num_workers=cfg.num_workers,
-                            collate_fn=TripletCollate(self.tokens["train"]))
+        """One pass over the training pairs with this epoch's negatives; returns mean loss parts and internals.
+
+        Raises :class:`Diverged` at the first non-finite loss.
+        """
+        loader = self.loader(epoch, negatives)
         encoder_params = list(self.model.encoder.parameters())
         head_params = self.model.head_parameters()
         sums: dict[str, float] = {}
         self.model.train()
+        self.model.encoder.train(not self.frozen)
         bar = tqdm(loader, desc=f"epoch {epoch} train", disable=not self.progress, leave=False)
         for batch in bar:
-            batch.pop("rows")  # kept in the batch for inspection (tests check them against the mined negatives)
-            batch = {k: v.to(self.device) for k, v in batch.items()}
+            inputs = self.step_inputs(batch)
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                point, counter, negative = self.model.embed(**batch).chunk(3)  # collate order: P, C, N
-                out = self.loss_fn(self.model, point, counter, negative)
+                out = self.step(**inputs)
+            if not all(map(math.isfinite, out.parts.values())):
+                raise Diverged(epoch, "loss", out.parts)
             self.optimizer.zero_grad(set_to_none=True)
             out.total.backward()
             stats = {**out.parts, **head_statistics(out.features, out.head_input),
                      "grad_norm_encoder": _grad_norm(encoder_params), "grad_norm_head": _grad_norm(head_params)}
             self.optimizer.step()
+            self.scheduler.step()
             for key, value in stats.items():
                 sums[key] = sums.get(key, 0.0) + value
             bar.set_postfix(loss=f"{out.parts['loss']:.3f}")
-        return {key: value / len(loader) for key, value in sums.items()}
+        return distributed.mean_over_ranks({key: value / len(loader) for key, value in sums.items()})
 
-    def evaluate_epoch(self, names) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
+    def evaluate_epoch(self, names, epoch: int = -1) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
         metrics, hits, embs = {}, {}, {}
         for name in names:
             embs[name] = self.embed(name)
+            if not (torch.isfinite(embs[name].sim).all() and torch.isfinite(embs[name].pooled).all()):
+                raise Diverged(epoch, f"{name} embeddings")
             metrics[name], hits[name] = retrieve_rerank(self.model, embs[name], self.splits[name], self.cfg.eval.k,
-                                                        self.cfg.eval.pair_batch_size, self.device)
+                                                        self.cfg.eval.pair_batch_size, self.device,
+                                                        index=self.cfg.eval.index)
         return metrics, hits, embs
 
+    # -- checkpointing ----------------------------------------------------------------------------------------
+    def _weights(self, state_dict: dict) -> dict:
+        """What a checkpoint must hold of a state dict: all of it, or the heads only when the encoder is frozen
+        (its weights are the pretrained ones, checked by fingerprint on resume)."""
+        return {k: v for k, v in state_dict.items() if not (self.frozen and k.startswith("encoder."))}
+
+    def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor) -> None:
+        """The full training state after ``epoch``, atomically: resuming from it continues bit for bit."""
+        save_atomic({
+            "epoch": epoch,
+            "model": self._weights(self.model.state_dict()),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_states(),
+            "mining_rng": self.rng.bit_generator.state,
+            "loader_rng": self.loader_generator.get_state(),
+            "train_sim": train_sim,  # the embeddings the next epoch mines with
+            "best": {**{k: v for k, v in best.items() if k not in ("state", "hits")},
+                     "state": self._weights(best["state"]) if best["state"] else None,
+                     "hits": None if best["hits"] is None else torch.from_numpy(best["hits"])},
+            "encoder_fingerprint": self.fingerprint,
+        }, self.out_dir / "last.pt")
+
+    def load_last(self) -> tuple[int, dict, torch.Tensor]:
+        """Restore ``last.pt``; returns (next epoch, best so far, train embeddings to mine with)."""
+        path = self.out_dir / "last.pt"
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
+            raise RunFolderError(f"cannot resume from {path} ({type(err).__name__}): the checkpoint is corrupt; "
+                                 "delete it to start the run again") from None
+        if state["encoder_fingerprint"] != self.fingerprint:
+            raise RunFolderError(f"{path} was trained on another encoder than model.encoder.name_or_path loads now")
+        self.model.load_state_dict(state["model"], strict=not self.frozen)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        set_rng_states(state["rng"])
+        self.rng.bit_generator.state = state["mining_rng"]
+        self.loader_generator.set_state(state["loader_rng"])
+        best = dict(state["best"])
+        if best["state"] is not None:
+            full = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
+            best["state"] = {**full, **best["state"]}
+        best["hits"] = None if best["hits"] is None else best["hits"].numpy()
+        return state["epoch"] + 1, best, state["train_sim"]
+
     # -- the run ----------------------------------------------------------------------------------------------
-    def fit(self) -> dict:
+    def fit(self) -> dict | None:
+        """Train (from ``last.pt`` when it exists) and return what ``final.json`` holds; None on ranks > 0."""
         with logging_redirect_tqdm():  # log lines go above the progress bars instead of through them
             return self._fit()
 
-    def _fit(self) -> dict:
+    def _start(self) -> tuple[int, dict, torch.Tensor | None]:
+        last = self.out_dir / "last.pt"
+        if last.exists():
+            epoch, best, train_sim = self.load_last()
+            dropped = truncate_metrics(self.out_dir / "metrics.jsonl", epoch - 1) if self.main else 0
+            log.info("resuming %s after epoch %d (%d rows of an unfinished epoch dropped)", self.out_dir, epoch - 1, dropped)
+            return epoch, best, train_sim
+        if self.main:
+            truncate_metrics(self.out_dir / "metrics.jsonl", -1)
+        best = {"epoch": -1, "val_top1": -math.inf, "metrics": None, "state": None, "hits": None}
+        return 0, best, self.embed("train").sim if self.main else None
+
+    def _fit(self) -> dict | None:
         cfg, start = self.cfg, time.time()
         base = {"variant": self.variant, "seed": int(cfg.seed)}
-        log.info("variant %s seed %d on %s | %s | pairs train/val/test %s", self.variant, cfg.seed, self.device,
-                 cfg.data.name, "/".join(str(s.n_pairs) for s in self.splits.values()))
-        best = {"epoch": -1, "val_top1": -math.inf}
-        train_emb = self.embed("train")
-        with JsonlLogger(self.out_dir / "metrics.jsonl") as metrics_log:
-            for epoch in tqdm(range(cfg.trainer.max_epochs), desc="epochs", disable=not self.progress):
-                epoch_start = time.time()
-                negatives = self.mine(epoch, train_emb)
-                train_stats = self.train_epoch(epoch, negatives)
+        log.info("variant %s seed %d on %s (%d process%s) | %s | pairs train/val/test %s", self.variant, cfg.seed,
+                 self.device, distributed.world_size(), "es" if distributed.world_size() > 1 else "", cfg.data.name,
+                 "/".join(str(s.n_pairs) for s in self.splits.values()))
+        first_epoch, best, train_sim = self._start()
+        for epoch in tqdm(range(first_epoch, cfg.trainer.max_epochs), desc="epochs", disable=not self.progress,
+                          initial=first_epoch, total=cfg.trainer.max_epochs):
+            epoch_start = time.time()
+            negatives = self.mine(epoch, train_sim)
+            train_stats = self.train_epoch(epoch, negatives)
+            if self.main:
                 last = epoch == cfg.trainer.max_epochs - 1
                 names = SPLITS if (epoch + 1) % cfg.eval.every == 0 or last else ("train",)
-                metrics, hits, embs = self.evaluate_epoch(names)
-                train_emb = embs["train"]  # the next epoch mines with these
+                metrics, hits, embs = self.evaluate_epoch(names, epoch)
+                train_sim = embs["train"].sim  # the next epoch mines with these
                 elapsed = time.time() - epoch_start
+                rows = []
                 for name in names:
                     row = {"epoch": epoch, "split": name, **base, **metrics[name]}
                     if name == "train":
                         row.update(train_stats, **negatives.stats(), epoch_time_s=elapsed)
-                    metrics_log.write(row)
+                    rows.append(row)
                 log.info("epoch %d  loss %.4f  " % (epoch, train_stats["loss"]) + "  ".join(
                     f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
                 if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
-                    # the val/test embeddings of this epoch serve the final 8-task evaluation as they are
-                    best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics, "embs": embs}
-                    best_state = {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
-                    np.save(self.out_dir / "test_hits.npy", hits["test"])
-                    if cfg.trainer.save_checkpoint:
-                        torch.save({"state_dict": best_state, "epoch": epoch,
-                                    "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)},
-                                   self.out_dir / "best.pt")
+                    best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics,
+                            "state": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+                            "hits": hits["test"]}
+                append_rows(self.out_dir / "metrics.jsonl", rows)  # the epoch is on disk...
+                self.save_last(epoch, best, train_sim)  # ...before the state that says it is done
+            distributed.barrier()
+        if not self.main:
+            return None
+        return self._finish(best, base, start)
 
-        self.model.load_state_dict(best_state)
-        final = {"status": "completed", **base, "data": cfg.data.name, "model": cfg.model.name,
+    def _finish(self, best: dict, base: dict, start: float) -> dict:
+        """8 tasks with the best-by-val weights; best.pt, test_hits.npy, then final.json (status done)."""
+        cfg = self.cfg
+        self.model.load_state_dict(best["state"])
+        final = {"status": "done", **base, "data": cfg.data.name, "model": cfg.model.name,
                  "best_epoch": best["epoch"], "best": best["metrics"], "epochs": cfg.trainer.max_epochs}
         if cfg.eval.tasks:
             final["tasks"] = {"score": cfg.eval.score}
             for name in ("val", "test"):
                 final["tasks"][name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model,
-                                                      emb=best["embs"][name], k=cfg.eval.k, device=self.device,
+                                                      emb=self.embed(name), k=cfg.eval.k, device=self.device,
                                                       batch_size=cfg.eval.pair_batch_size)
+        save_npy_atomic(self.out_dir / "test_hits.npy", best["hits"])
+        if cfg.trainer.save_checkpoint:
+            save_atomic({"state_dict": best["state"], "epoch": best["epoch"],
+                         "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)}, self.out_dir / "best.pt")
         final["wall_time_s"] = round(time.time() - start, 2)
         write_json_atomic(self.out_dir / "final.json", final)
+        if not cfg.trainer.keep_last:
+            (self.out_dir / "last.pt").unlink(missing_ok=True)
         log.info("\n%s", summary_text(final, self.out_dir))
         return final
 
@@ -224,30 +424,97 @@ def _attach_file_log(out_dir: Path) -> None:
         log.setLevel(logging.INFO)
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict:
-    """Train one cell into ``out_dir`` and return what ``final.json`` holds."""
+def _resuming(cfg: DictConfig) -> bool:
+    resume = cfg.trainer.resume
+    return resume is True or (isinstance(resume, str) and resume.lower() not in ("", "false"))
+
+
+def _check_same_config(cfg: DictConfig, out_dir: Path) -> None:
+    """A resumed run must be the same run: every setting but :data:`RESUME_FREE_KEYS` as saved."""
+    saved_file = out_dir / "config_resolved.yaml"
+    if not saved_file.exists():
+        return
+    flat = lambda c: {k: v for k, v in _flatten(OmegaConf.to_container(c, resolve=True)).items()
+                      if not k.startswith(RESUME_FREE_KEYS)}
+    saved, now = flat(OmegaConf.load(saved_file)), flat(cfg)
+    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+    if changed:
+        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
+        raise ConfigError(f"cannot resume {out_dir}: it was started with other settings ({shown}); "
+                          "resume with the original overrides")
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run(cfg: DictConfig, out_dir: Path) -> dict | None:
+    """Train one cell into ``out_dir`` (or continue it, with ``trainer.resume``); returns what ``final.json`` holds.
+
+    A finished folder (status ``done``) is left as it is when resuming, so a re-run sweep skips its done jobs.
+    On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, and the exception propagates.
+    """
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _attach_file_log(out_dir)
+    resuming = _resuming(cfg)
+    if resuming and is_done(out_dir):
+        log.info("%s is already done (final.json status done): skipping it", out_dir)
+        return read_final(out_dir)
+    if not resuming and (out_dir / "metrics.jsonl").exists():
+        raise ConfigError(f"{out_dir} already holds a run: pass trainer.resume=true to continue it, "
+                          "or choose another output folder")
+    if resuming:
+        _check_same_config(cfg, out_dir)
     runner = Runner(cfg, out_dir)  # validates the config and reads the corpus first
-    # .hydra/config.yaml keeps interpolations (${minilm_path:}, ${oc.env:...}); this copy says what was used
-    OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
-    return runner.fit()
+    if runner.main:
+        (out_dir / "final.json").unlink(missing_ok=True)  # a failed attempt's verdict no longer holds
+        # .hydra/config.yaml keeps interpolations (${minilm_path:}, ${oc.env:...}); this copy says what was used
+        OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
+    try:
+        return runner.fit()
+    except Diverged as err:
+        if runner.main:
+            write_json_atomic(out_dir / "final.json", {"status": "diverged", "variant": runner.variant,
+                                                       "seed": int(cfg.seed), "epoch": err.epoch, "what": err.what,
+                                                       "loss_parts": err.parts, "error": str(err)})
+        raise
+    except BaseException as err:
+        if runner.main:
+            write_json_atomic(out_dir / "final.json", {"status": "failed", "variant": runner.variant,
+                                                       "seed": int(cfg.seed), "error": f"{type(err).__name__}: {err}"})
+        raise
 
 
-register_resolvers()
+register()
 
 
 @hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
-def main(cfg: DictConfig) -> float:
+def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_cfg = HydraConfig.get()
+    out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         final = run(cfg, out_dir)
-    except (ConfigError, CorpusError) as err:
+    except (ConfigError, CorpusError, CacheError, RunFolderError) as err:
         fail(err, out_dir)
-    return final["best"]["val"]["top1"]
+    except Diverged as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN:  # one diverged cell must not end the sweep; final.json says it
+            log.error("%s: %s", out_dir, err)
+            return None
+        fail(err, None, code=3)
+    finally:
+        distributed.teardown()
+    return None if final is None else final["best"]["val"]["top1"]
 
 
 if __name__ == "__main__":
-    main()
+    hydra_cli(main)

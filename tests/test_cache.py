@@ -1,0 +1,181 @@
+"""The frozen-encoder embedding cache: keying, corruption, staleness, and frozen training that never runs the encoder."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from biencoder.cache import EmbeddingCache, cached_pooled, encoder_fingerprint
+from biencoder.evaluate import run_evaluation
+from biencoder.model import TokenizedTexts, build_model, encode_pooled
+from biencoder.train import Runner
+from conftest import FAST, compose_cfg
+
+TEXTS = ["a point about schools", "a counter about schools", "a point about taxes", "a counter about taxes"]
+
+
+class CountingCompute:
+    """compute(rows) for EmbeddingCache.get: a deterministic vector per text, and a record of what was asked."""
+
+    def __init__(self, texts):
+        self.texts, self.calls = texts, []
+
+    def __call__(self, rows):
+        self.calls.append(list(rows))
+        return np.array([[len(self.texts[r]), sum(map(ord, self.texts[r])) % 97, r] for r in rows], dtype=np.float32)
+
+
+def lookup(tmp_path, texts=TEXTS, fingerprint="f" * 64, pooling="mean", max_length=128, precision="fp32"):
+    cache = EmbeddingCache(tmp_path, fingerprint, pooling, max_length, precision)
+    compute = CountingCompute(texts)
+    return cache, compute, cache.get(texts, compute)
+
+
+def test_second_lookup_is_served_from_disk(tmp_path):
+    cache, compute, first = lookup(tmp_path)
+    assert compute.calls == [[0, 1, 2, 3]] and (cache.hits, cache.misses) == (0, 4)
+    cache, compute, second = lookup(tmp_path)
+    assert compute.calls == [] and (cache.hits, cache.misses) == (4, 0)
+    np.testing.assert_array_equal(first, second)
+    # a subset, in another order, is served too
+    cache, compute, part = lookup(tmp_path, texts=[TEXTS[3], TEXTS[0]])
+    assert compute.calls == [] and part[0][0] == len(TEXTS[3])
+
+
+@pytest.mark.parametrize("change", [{"fingerprint": "e" * 64}, {"max_length": 64}, {"pooling": "cls"},
+                                    {"precision": "bf16"}])
+def test_changed_model_max_length_pooling_or_precision_misses(tmp_path, change):
+    lookup(tmp_path)
+    cache, compute, _ = lookup(tmp_path, **change)
+    assert compute.calls == [[0, 1, 2, 3]], change
+
+
+def test_changed_text_misses_only_that_text(tmp_path):
+    lookup(tmp_path)
+    edited = TEXTS[:2] + [TEXTS[2] + "!"] + TEXTS[3:]
+    cache, compute, vectors = lookup(tmp_path, texts=edited)
+    assert compute.calls == [[2]] and vectors[2][0] == len(edited[2])
+
+
+def test_duplicate_texts_are_computed_once(tmp_path):
+    cache, compute, vectors = lookup(tmp_path, texts=["same", "other", "same"])
+    assert compute.calls == [[0, 1]]
+    np.testing.assert_array_equal(vectors[0], vectors[2])
+
+
+def test_corrupt_shard_is_deleted_and_recomputed(tmp_path, caplog):
+    cache, _, first = lookup(tmp_path)
+    (shard,) = cache.folder.glob("*.npz")
+    shard.write_bytes(shard.read_bytes()[:100])  # torn file
+    with caplog.at_level(logging.WARNING, logger="biencoder"):
+        cache, compute, again = lookup(tmp_path)
+    assert compute.calls == [[0, 1, 2, 3]] and "cannot be read" in caplog.text
+    np.testing.assert_array_equal(first, again)
+    assert len(list(cache.folder.glob("*.npz"))) == 1  # the torn one is gone, the new one is there
+
+
+def test_tampered_vectors_fail_the_checksum(tmp_path, caplog):
+    cache, _, first = lookup(tmp_path)
+    (shard,) = cache.folder.glob("*.npz")
+    with np.load(shard) as data:
+        parts = dict(data)
+    parts["vectors"] = parts["vectors"] + 1.0  # readable, plausible, wrong
+    with open(shard, "wb") as file:
+        np.savez(file, **parts)
+    with caplog.at_level(logging.WARNING, logger="biencoder"):
+        cache, compute, again = lookup(tmp_path)
+    assert compute.calls == [[0, 1, 2, 3]] and "checksum" in caplog.text
+    np.testing.assert_array_equal(first, again)
+
+
+def test_stale_shard_is_not_used(tmp_path, caplog):
+    """A shard whose recorded key differs from its folder's (e.g. copied in by hand) is stale."""
+    cache, _, _ = lookup(tmp_path)
+    other, _, _ = lookup(tmp_path / "other", max_length=64)
+    (shard,) = other.folder.glob("*.npz")
+    for old in cache.folder.glob("*.npz"):
+        old.unlink()
+    shard.rename(cache.folder / shard.name)
+    with caplog.at_level(logging.WARNING, logger="biencoder"):
+        _, compute, _ = lookup(tmp_path)
+    assert compute.calls == [[0, 1, 2, 3]] and "stale" in caplog.text
+
+
+def test_unwritable_cache_dir_is_a_clear_error(tmp_path):
+    from biencoder.cache import CacheError
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(CacheError, match="trainer.cache_dir"):
+        lookup(blocker)
+
+
+def test_fingerprint_tells_weights_apart():
+    cfg = compose_cfg(["model=tiny"]).model
+    torch.manual_seed(0)
+    a, _ = build_model(cfg, progress=False)
+    torch.manual_seed(0)
+    b, _ = build_model(cfg, progress=False)
+    assert encoder_fingerprint(a.encoder) == encoder_fingerprint(b.encoder)
+    with torch.no_grad():
+        b.encoder.embeddings.word_embeddings.weight[0, 0] += 1e-6
+    assert encoder_fingerprint(a.encoder) != encoder_fingerprint(b.encoder)
+
+
+def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_tokenizer, demo_corpus):
+    model, tokenizer = tiny_model_and_tokenizer
+    texts = demo_corpus.paired("val").texts
+    pooled = cached_pooled(model, tokenizer, texts, 64, tmp_path, encoder_fingerprint(model.encoder))
+    fresh = encode_pooled(model, TokenizedTexts(texts, tokenizer, 64))
+    torch.testing.assert_close(pooled, fresh, rtol=0, atol=1e-6)
+
+
+# -- frozen training ------------------------------------------------------------------------------------------
+FROZEN = FAST + ["model.encoder.freeze=true", "+variant=ln_relu"]
+
+
+def count_encoder_calls(runner_or_model, monkeypatch):
+    model = getattr(runner_or_model, "model", runner_or_model)
+    calls = []
+    original = model.encoder.forward
+    monkeypatch.setattr(model.encoder, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+def test_frozen_epoch_trains_heads_only(tmp_path, monkeypatch):
+    runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]), tmp_path)
+    encoder_before = {k: v.clone() for k, v in runner.model.encoder.state_dict().items()}
+    heads_before = [p.detach().clone() for p in runner.model.head_parameters()]
+    assert not any(p.requires_grad for p in runner.model.encoder.parameters())
+    calls = count_encoder_calls(runner, monkeypatch)
+    train_emb = runner.embed("train")
+    runner.train_epoch(0, runner.mine(0, train_emb.sim))
+    runner.evaluate_epoch(("train", "val"))
+    assert calls == []  # training, mining and evaluation all work on the cached vectors
+    for key, value in runner.model.encoder.state_dict().items():
+        assert torch.equal(value, encoder_before[key]), key
+    assert all(not torch.equal(p, q) for p, q in zip(runner.model.head_parameters(), heads_before))
+
+
+def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, monkeypatch):
+    from biencoder import train as train_module
+
+    overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]
+    first = train_module.run(compose_cfg(overrides), tmp_path / "first")
+    calls = []
+    original = torch.nn.Module.__call__
+
+    def spy(module, *args, **kwargs):
+        if type(module).__name__ == "BertModel":
+            calls.append(1)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", spy)
+    second = train_module.run(compose_cfg(overrides), tmp_path / "second")
+    assert calls == [] and second["best"] == first["best"]
+    evaluated = run_evaluation(compose_cfg(
+        [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.progress=false", f"eval.checkpoint={tmp_path / 'first'}",
+         "eval.split=test"], "evaluate"), tmp_path / "eval")
+    assert calls == []
+    assert evaluated["tasks"] == first["tasks"]["test"]
