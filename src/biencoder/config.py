@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import random
 import shutil
@@ -207,7 +208,7 @@ def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
     """``key`` must be a number of ``kind`` (an int also passes as a float) and at least ``minimum``."""
     value = OmegaConf.select(cfg, key)
     allowed = (int,) if kind is int else (int, float)
-    if isinstance(value, bool) or not isinstance(value, allowed) or value < minimum:
+    if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value) or value < minimum:
         raise ConfigError(f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}")
 
 

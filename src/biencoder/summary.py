@@ -9,7 +9,6 @@ bootstrap CI, epochs to best, the 8-task test accuracies, and a paired bootstrap
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+
+from .state import RunFolderError, read_final, read_metrics
 
 SPLITS = ("train", "val", "test")
 METRICS = ("top1", "retrieval_top1", "mrr", "recall_at_k")
@@ -51,6 +52,11 @@ class Run:
     def complete(self) -> bool:
         return self.final is not None and self.final.get("status") == "done"
 
+    @property
+    def status(self) -> str:
+        """``done``, ``failed``, ``diverged`` (from final.json) or ``unfinished`` (running, or killed)."""
+        return "unfinished" if self.final is None else str(self.final.get("status", "unfinished"))
+
 
 def _flatten(d: dict, prefix: str = "") -> dict:
     out = {}
@@ -78,15 +84,17 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
                                 if f.is_file()), None)
             if config_file is None:
                 continue
-            lines = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+            try:
+                lines, _ = read_metrics(metrics_file)  # a torn last line (killed run) is skipped with a warning
+            except RunFolderError as err:
+                raise SummaryError(str(err)) from None
             if not lines:
                 continue
-            final_file = folder / "final.json"
             hits_file = folder / "test_hits.npy"
             config = yaml.safe_load(config_file.read_text())
             metrics = pd.DataFrame(lines)
             runs.append(Run(path=folder, config=config, metrics=metrics,
-                            final=json.loads(final_file.read_text()) if final_file.is_file() else None,
+                            final=read_final(folder),
                             hits=np.load(hits_file) if hits_file.is_file() else None,
                             variant=str(metrics["variant"].iloc[0]), seed=int(metrics["seed"].iloc[0]),
                             flat=_flatten(config)))
@@ -346,9 +354,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
     parser.add_argument("--reference", default="plain", help="variant the others are compared against")
     parser.add_argument("--n-boot", type=int, default=10000)
+    parser.add_argument("--allow-unfinished", action="store_true",
+                        help="draw the curves even when no run has finished (e.g. during the first sweep)")
     args = parser.parse_args(argv)
     try:
         runs = find_runs(args.paths)
+        statuses = pd.Series([r.status for r in runs]).value_counts().to_dict()
+        if not any(r.complete for r in runs) and not args.allow_unfinished:
+            raise SummaryError(f"no finished run under {', '.join(args.paths)} "
+                               f"({', '.join(f'{n} {s}' for s, n in statuses.items())}): wait for the runs, resume "
+                               "them with trainer.resume=true, or pass --allow-unfinished to draw them anyway")
     except SummaryError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -362,8 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(out.with_suffix(".csv"), index=False)
     if len(comparisons):
         comparisons.to_csv(out.with_name(out.stem + "_paired.csv"), index=False)
-    n_done = sum(r.complete for r in runs)
-    print(f"{len(runs)} runs ({n_done} complete) in {table.shape[0]} cells"
+    print(f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in statuses.items())}) in {table.shape[0]} cells"
           + (f"; cells also differ in: {', '.join(varying)}" if varying else ""))
     print(markdown)
     print(f"\nfigure: {out}\ntables: {out.with_suffix('.md')}, {out.with_suffix('.csv')}")

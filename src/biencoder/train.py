@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from pathlib import Path
 
@@ -462,12 +463,16 @@ def run(cfg: DictConfig, out_dir: Path) -> dict | None:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    _attach_file_log(out_dir)
+    main_process = distributed.is_main()
+    if main_process:
+        _attach_file_log(out_dir)
+    else:
+        log.setLevel(logging.WARNING)  # rank 0 speaks for the run
     resuming = _resuming(cfg)
     if resuming and is_done(out_dir):
         log.info("%s is already done (final.json status done): skipping it", out_dir)
         return read_final(out_dir)
-    if not resuming and (out_dir / "metrics.jsonl").exists():
+    if main_process and not resuming and (out_dir / "metrics.jsonl").exists():
         raise ConfigError(f"{out_dir} already holds a run: pass trainer.resume=true to continue it, "
                           "or choose another output folder")
     if resuming:
@@ -503,6 +508,12 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
+        final = None
+        distributed.setup(cfg.trainer.device)  # a no-op unless launched by torchrun with several processes
+        shared = Path(distributed.broadcast_object(str(out_dir)))  # every rank works in rank 0's folder
+        if shared != out_dir:
+            shutil.rmtree(out_dir, ignore_errors=True)
+            out_dir = shared
         final = run(cfg, out_dir)
     except (ConfigError, CorpusError, CacheError, RunFolderError) as err:
         fail(err, out_dir)

@@ -1,0 +1,162 @@
+"""The bad-input matrix: every CLI entry point, run as a user would, against inputs that must be refused.
+
+For each case: a non-zero exit, exactly one ``error:`` line on stderr naming the problem, no Python traceback
+(unless HYDRA_FULL_ERROR=1), and no run folder left behind that claims to be finished.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, grid_layout, write_corpus
+
+FAST = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "trainer.batch_size=8", "eval.tasks=false"]
+PLOT = [str(REPO / "scripts" / "plot_top1.py")]
+
+
+def module(name):
+    return ["-m", f"biencoder.{name}"]
+
+
+def no_pairs(tmp):
+    layout = grid_layout()
+    for theme in layout["test"].values():
+        for sides in theme.values():
+            for stance in sides:
+                sides[stance] = [(point, None) for point, _ in sides[stance]]
+    return str(write_corpus(tmp / "nopairs", layout))
+
+
+def non_utf8(tmp):
+    root = write_corpus(tmp / "latin1", grid_layout())
+    (root / "test/theme0/debate00/pro/pro01a-point.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    return str(root)
+
+
+def empty_dir(tmp):
+    (tmp / "empty").mkdir()
+    return str(tmp / "empty")
+
+
+def a_file(tmp):
+    (tmp / "file").write_text("not a folder\n")
+    return str(tmp / "file")
+
+
+def corrupt_checkpoint(tmp):
+    (tmp / "run").mkdir()
+    (tmp / "run" / "best.pt").write_bytes(b"PK\x03\x04 this is not a checkpoint")
+    return str(tmp / "run")
+
+
+def corrupt_last(tmp):
+    """A folder that looks like an interrupted run whose last.pt is garbage."""
+    folder = tmp / "logs" / "interrupted"
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text('{"epoch": 0, "split": "train", "variant": "plain", "seed": 0}\n')
+    (folder / "last.pt").write_bytes(b"\x00" * 64)
+    return str(folder)
+
+
+def logs_with(tmp, metrics_text):
+    folder = tmp / "logs" / "runs" / "x_plain_s0"
+    folder.mkdir(parents=True)
+    (folder / "config_resolved.yaml").write_text("seed: 0\n")
+    (folder / "metrics.jsonl").write_text(metrics_text)
+    return str(tmp / "logs")
+
+
+ROW = '{"epoch": 0, "split": "val", "variant": "plain", "seed": 0, "top1": 0.5}\n'
+
+# (id, argv builder(tmp) -> list, env builder(tmp) -> dict, substring the error line must contain)
+CASES = [
+    ("missing corpus", lambda t: [*module("train"), *FAST, "data=arguana"],
+     lambda t: {"ARGUANA_ROOT": str(t / "nowhere")}, "does not exist"),
+    ("empty corpus", lambda t: [*module("train"), *FAST, f"data.root={empty_dir(t)}"], None, "no split folder"),
+    ("split without pairs", lambda t: [*module("corpus"), "stats", no_pairs(t)], None, "has no pairs"),
+    ("non-UTF-8 file", lambda t: [*module("tasks"), non_utf8(t), "--split", "test"], None, "is not UTF-8"),
+    ("unknown variant", lambda t: [*module("train"), *FAST, "+variant=layernorm"], None, "variant/layernorm"),
+    ("bad flag value", lambda t: [*module("train"), *FAST, "trainer.lr=fast"], None, "trainer.lr"),
+    ("negative lr", lambda t: [*module("train"), *FAST, "trainer.lr=-0.1"], None, "trainer.lr=-0.1"),
+    ("random rate above 1", lambda t: [*module("train"), *FAST, "negatives.random_rate.start=1.5"], None,
+     "negatives.random_rate.start"),
+    ("unknown key", lambda t: [*module("train"), *FAST, "trainer.epochs=3"], None, "trainer.epochs"),
+    ("zero epochs", lambda t: [*module("train"), *FAST, "trainer.max_epochs=0"], None, "trainer.max_epochs=0"),
+    ("max_length above the encoder's", lambda t: [*module("train"), *FAST, "model.max_length=4096"], None,
+     "model.max_length=4096"),
+    ("unknown model path", lambda t: [*module("train"), *FAST, "model.encoder.name_or_path=/no/such/model"],
+     None, "/no/such/model"),
+    ("corrupt checkpoint", lambda t: [*module("evaluate"), "trainer.progress=false",
+                                      f"eval.checkpoint={corrupt_checkpoint(t)}"], None, "not a readable"),
+    ("missing checkpoint", lambda t: [*module("evaluate"), "eval.checkpoint=/no/run"], None, "has no best.pt"),
+    ("corrupt last.pt on resume", lambda t: [*module("train"), *FAST, f"trainer.resume={corrupt_last(t)}"], None,
+     "corrupt"),
+    ("unwritable cache dir", lambda t: [*module("train"), *FAST, "model.encoder.freeze=true",
+                                        f"trainer.cache_dir={a_file(t)}"], None, "trainer.cache_dir"),
+    ("unwritable log dir", lambda t: [*module("train"), *FAST, f"paths.log_dir={a_file(t)}/logs"], None,
+     "paths.log_dir"),
+    ("empty logs dir for the plot", lambda t: [*PLOT, empty_dir(t)], None, "no run folders"),
+    ("only a torn metrics.jsonl for the plot", lambda t: [*PLOT, logs_with(t, ROW + '{"epoch": 1, "spl')], None,
+     "no finished run"),
+    ("corrupt metrics.jsonl for the plot", lambda t: [*PLOT, logs_with(t, ROW + "garbage\n" + ROW)], None,
+     "line 2 is not JSON"),
+]
+
+
+def finished_folders(root: Path) -> list[Path]:
+    out = []
+    for final in root.rglob("final.json"):
+        try:
+            if json.loads(final.read_text()).get("status") == "done":
+                out.append(final.parent)
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("argv, env, expect", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect):
+    logs = tmp_path / "logs"
+    args = argv(tmp_path)
+    if args[:2] == ["-m", "biencoder.train"] or args[:2] == ["-m", "biencoder.evaluate"]:
+        if not any(a.startswith("paths.log_dir=") for a in args):
+            args.append(f"paths.log_dir={logs}")
+    environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    environ.update(env(tmp_path) if env else {})
+    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=environ, cwd=tmp_path,
+                          timeout=300)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and expect in errors[0], proc.stderr
+    assert finished_folders(tmp_path) == []
+    runs = logs / "runs"
+    leftovers = [p for p in runs.iterdir()] if runs.is_dir() else []
+    assert all((p / "metrics.jsonl").exists() for p in leftovers), f"empty run folders left: {leftovers}"
+
+
+def test_full_error_still_shows_the_traceback(tmp_path):
+    env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
+    proc = subprocess.run([sys.executable, "-m", "biencoder.train", *FAST, "trainer.lr=fast",
+                           f"paths.log_dir={tmp_path}"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_a_corrupt_cache_entry_is_recomputed_not_fatal(tmp_path):
+    """Not an error: the damaged shard is named in a warning, deleted, recomputed; the numbers do not change."""
+    cache = tmp_path / "cache"
+    base = [sys.executable, "-m", "biencoder.train", *FAST, "model.encoder.freeze=true", f"trainer.cache_dir={cache}"]
+    first = subprocess.run([*base, f"hydra.run.dir={tmp_path / 'a'}"], capture_output=True, text=True, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    for shard in cache.rglob("*.npz"):
+        shard.write_bytes(shard.read_bytes()[: len(shard.read_bytes()) // 2])
+    second = subprocess.run([*base, f"hydra.run.dir={tmp_path / 'b'}"], capture_output=True, text=True, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr
+    assert "cannot be read" in second.stderr + (tmp_path / "b" / "train.log").read_text()
+    rows = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in "ab"]
+    strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k != "epoch_time_s"} for x in lines]
+    assert strip(rows[0]) == strip(rows[1])

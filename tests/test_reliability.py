@@ -1,0 +1,193 @@
+"""Resume after SIGKILL, logs that cannot lie, the NaN guard, safe checkpoint loading, offline model loading."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from biencoder.config import ConfigError
+from biencoder.state import RunFolderError, append_rows, read_metrics, truncate_metrics
+from biencoder.train import Diverged, run
+from conftest import FAST, REPO, compose_cfg
+
+RUN = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "+variant=ln_relu", "seed=3"]
+VOLATILE = {"epoch_time_s", "wall_time_s"}
+
+
+def train_cli(*args, env=None):
+    return [sys.executable, "-m", "biencoder.train", *args], {**os.environ, **(env or {})}
+
+
+def stable(rows):
+    return [{k: v for k, v in row.items() if k not in VOLATILE} for row in rows]
+
+
+def rows_of(folder: Path):
+    rows, torn = read_metrics(folder / "metrics.jsonl")
+    assert not torn
+    return rows
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
+    epochs = "trainer.max_epochs=40"
+    cmd, env = train_cli(*RUN, epochs, f"hydra.run.dir={tmp_path / 'whole'}")
+    subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=REPO)
+
+    killed = tmp_path / "killed"
+    cmd, env = train_cli(*RUN, epochs, f"hydra.run.dir={killed}")
+    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.exists() and any(r["epoch"] >= 1 for r in read_metrics(metrics)[0]):
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    assert not (killed / "final.json").exists() and (killed / "last.pt").exists()
+    logged = {r["epoch"] for r in read_metrics(metrics)[0]}
+    assert 1 <= max(logged) < 39
+
+    cmd, env = train_cli(*RUN, epochs, f"trainer.resume={killed}")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    resumed, whole = rows_of(killed), rows_of(tmp_path / "whole")
+    keys = [(r["epoch"], r["split"]) for r in resumed]
+    assert len(keys) == len(set(keys)) == 40 * 3  # no epoch logged twice, none missing
+    assert stable(resumed) == stable(whole)  # bit-identical numbers on the CPU
+    final, reference = (json.loads((d / "final.json").read_text()) for d in (killed, tmp_path / "whole"))
+    assert final["status"] == "done" and stable([final]) == stable([reference])
+    assert not (killed / "last.pt").exists()  # removed once the run is done (trainer.keep_last=false)
+    assert "resuming" in (killed / "train.log").read_text()
+
+
+def test_resume_drops_the_rows_of_an_unfinished_epoch(tmp_path):
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["trainer.max_epochs=2", "trainer.keep_last=true", "eval.tasks=false"]), out)
+    reference = rows_of(out)
+    state = torch.load(out / "last.pt", weights_only=True)
+    # pretend the kill came after epoch 0's state was saved but while epoch 1 was being logged
+    state["epoch"] = 0
+    torch.save(state, out / "last.pt")
+    (out / "final.json").unlink()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 1, "split": "tr')  # torn line
+    final = run(compose_cfg(FAST + ["trainer.max_epochs=2", "trainer.keep_last=true", "eval.tasks=false",
+                                    "trainer.resume=true"]), out)
+    assert final["status"] == "done"
+    rows = rows_of(out)
+    assert [(r["epoch"], r["split"]) for r in rows] == [(r["epoch"], r["split"]) for r in reference]
+
+
+def test_a_sweep_rerun_with_resume_skips_finished_jobs(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", *FAST, "trainer.max_epochs=1", "eval.tasks=false", "+variant=ln,plain", f"hydra.sweep.dir={sweep}"]
+    cmd, env = train_cli(*args)
+    subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=REPO)
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir() and (p / "final.json").exists())
+    assert [p.name for p in jobs] == ["0_ln_s0", "1_plain_s0"]
+    before = {p: (p / "metrics.jsonl").read_text() for p in jobs}
+    (jobs[1] / "final.json").unlink()  # the second job "crashed" before finishing
+    (jobs[1] / "metrics.jsonl").unlink()
+    cmd, env = train_cli(*args, "trainer.resume=true")
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    assert again.returncode == 0, again.stderr
+    assert "already done" in (jobs[0] / "train.log").read_text()
+    assert (jobs[0] / "metrics.jsonl").read_text() == before[jobs[0]]  # untouched
+    assert json.loads((jobs[1] / "final.json").read_text())["status"] == "done"  # redone
+
+
+def test_resume_with_other_settings_is_refused(tmp_path):
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
+    (out / "final.json").unlink()
+    with pytest.raises(ConfigError, match=r"trainer\.lr"):
+        run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false", "trainer.lr=1e-4",
+                                "trainer.resume=true"]), out)
+
+
+def test_a_used_folder_is_not_overwritten_without_resume(tmp_path):
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
+    with pytest.raises(ConfigError, match="trainer.resume=true"):
+        run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
+
+
+# -- logs -----------------------------------------------------------------------------------------------------
+def test_metrics_survive_a_torn_last_line_but_not_a_corrupt_middle(tmp_path, caplog):
+    path = tmp_path / "metrics.jsonl"
+    append_rows(path, [{"epoch": 0, "split": "train"}, {"epoch": 0, "split": "val"}])
+    with open(path, "a") as f:
+        f.write('{"epoch": 1, "spl')
+    rows, torn = read_metrics(path)
+    assert torn and rows == [{"epoch": 0, "split": "train"}, {"epoch": 0, "split": "val"}]
+    assert "torn last line 3" in caplog.text
+    assert truncate_metrics(path, 0) == 0 and read_metrics(path) == (rows, False)  # the torn line is cut off
+    path.write_text('{"epoch": 0}\nnot json\n{"epoch": 1}\n')
+    with pytest.raises(RunFolderError, match="line 2"):
+        read_metrics(path)
+
+
+def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
+    from biencoder import train as train_module
+
+    def boom(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(train_module.Runner, "save_last", boom)
+    out = tmp_path / "run"
+    with pytest.raises(OSError):
+        run(compose_cfg(FAST + ["trainer.max_epochs=1"]), out)
+    final = json.loads((out / "final.json").read_text())
+    assert final["status"] == "failed" and "No space left" in final["error"]
+
+
+# -- guards ---------------------------------------------------------------------------------------------------
+def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
+    from biencoder import train as train_module
+
+    original = train_module.Runner.train_epoch
+
+    def poisoned(self, epoch, negatives):
+        if epoch == 1:
+            with torch.no_grad():
+                self.model.out.weight.fill_(float("nan"))
+        return original(self, epoch, negatives)
+
+    monkeypatch.setattr(train_module.Runner, "train_epoch", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(Diverged, match="epoch 1: non-finite loss"):
+        run(compose_cfg(FAST + ["trainer.max_epochs=3"]), out)
+    final = json.loads((out / "final.json").read_text())
+    assert final["status"] == "diverged" and final["epoch"] == 1 and final["what"] == "loss"
+    assert set(final["loss_parts"]) == {"loss", "triplet", "ce_pos", "ce_neg"}
+    assert {r["epoch"] for r in rows_of(out)} == {0}  # epoch 1 never logged
+
+
+def test_checkpoints_are_loaded_weights_only(tmp_path):
+    """A best.pt carrying an arbitrary pickled object is refused, not executed."""
+    from biencoder.evaluate import load_checkpoint
+
+    torch.save({"state_dict": {}, "model_cfg": {}, "payload": Path("x")}, tmp_path / "best.pt")
+    with pytest.raises(ConfigError, match="not a readable biencoder checkpoint"):
+        load_checkpoint(tmp_path / "best.pt")
+
+
+def test_no_remote_code_anywhere():
+    sources = "".join(p.read_text() for p in (REPO / "src" / "biencoder").glob("*.py"))
+    assert "trust_remote_code" not in sources
+
+
+def test_local_model_runs_with_the_hub_offline(tmp_path):
+    cmd, env = train_cli(*FAST, "trainer.max_epochs=1", "eval.tasks=false", f"hydra.run.dir={tmp_path / 'run'}",
+                         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "run" / "final.json").read_text())["status"] == "done"

@@ -1,0 +1,43 @@
+"""Exact search agrees with the BallTree: same neighbours on random data, a planted nearest neighbour, and the
+same mined negatives and retrieved candidates."""
+
+import numpy as np
+import pytest
+
+from biencoder.evaluate import retrieve
+from biencoder.negatives import mine_negatives
+from biencoder.search import NeighbourIndex
+
+
+@pytest.mark.parametrize("kind", ["balltree", "exact"])
+def test_planted_nearest_neighbour(kind):
+    rng = np.random.default_rng(0)
+    data = rng.normal(size=(300, 16))
+    queries = data[[7, 42, 299]] + 1e-3
+    dist, rows = NeighbourIndex(data, kind).query(queries, 3)
+    assert rows[:, 0].tolist() == [7, 42, 299]
+    np.testing.assert_allclose(dist[:, 0], np.full(3, 1e-3 * 4), rtol=1e-6)  # ||(1e-3,)*16|| = 4e-3
+
+
+def test_exact_equals_balltree_on_random_data():
+    rng = np.random.default_rng(1)
+    data, queries = rng.normal(size=(2000, 32)), rng.normal(size=(500, 32))
+    d_tree, r_tree = NeighbourIndex(data, "balltree").query(queries, 10)
+    d_exact, r_exact = NeighbourIndex(data, "exact", block=128).query(queries, 10)  # several blocks
+    np.testing.assert_array_equal(r_exact, r_tree)
+    np.testing.assert_allclose(d_exact, d_tree, rtol=1e-9)
+
+
+def test_k_larger_than_the_data_is_clipped():
+    d, r = NeighbourIndex(np.eye(3), "exact").query(np.eye(3), 10)
+    assert r.shape == (3, 3) and r[:, 0].tolist() == [0, 1, 2]
+
+
+def test_mining_and_retrieval_agree_across_indexes(demo_corpus):
+    split = demo_corpus.paired("train")
+    sim = np.random.default_rng(2).normal(size=(len(split.texts), 8))
+    mined = [mine_negatives(sim, split, 0.3, np.random.default_rng(5), index=kind) for kind in ("balltree", "exact")]
+    np.testing.assert_array_equal(mined[0].row, mined[1].row)
+    np.testing.assert_array_equal(mined[0].is_random, mined[1].is_random)
+    got = [retrieve(sim, split, 5, index=kind)[0] for kind in ("balltree", "exact")]
+    np.testing.assert_array_equal(got[0], got[1])
