@@ -3,8 +3,11 @@
 Each epoch: mine negatives with the current weights (the training split's embeddings from the previous
 epoch's evaluation are reused, so the split is embedded once per epoch), train on (point, counter, negative)
 triplets, then evaluate retrieve-k-then-rerank top-1 on train, val and test. The run folder gets
-``metrics.jsonl`` (one row per epoch and split, flushed), ``train.log``, ``best.pt``, ``test_hits.npy`` and,
-at the end, ``final.json`` (written atomically) with the 8 official tasks for the best-by-val weights.
+``metrics.jsonl`` (one row per epoch and split, fsynced per epoch), ``train.log``, ``last.pt`` (the full
+training state after every epoch, for ``trainer.resume``) and, at the end, ``best.pt``, ``test_hits.npy`` and
+``final.json`` (atomically; ``status`` done, or failed / diverged with the error) with the 8 official tasks for
+the best-by-val weights. With ``model.encoder.freeze=true`` the encoder's outputs come from the embedding cache.
+Under ``torchrun`` rank 0 mines, evaluates and writes; every rank trains on its shard (DDP).
 """
 
 from __future__ import annotations
