@@ -98,7 +98,7 @@ def test_pair_probabilities_batched_equals_direct(tiny_model_and_tokenizer):
 def test_head_statistics_by_hand():
     pre = torch.tensor([[1.0, 3.0], [-2.0, 2.0]])
     post = pre.clamp(min=0)
-    stats = head_statistics(pre, post)
+    stats = {k: v.item() for k, v in head_statistics(pre, post).items()}
     assert stats["head_pre_sample_mean"] == pytest.approx(1.0)  # means 2 and 0
     assert stats["head_pre_sample_var"] == pytest.approx(2.5)  # variances 1 and 4
     assert stats["head_post_zero_share"] == pytest.approx(0.25)

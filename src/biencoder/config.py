@@ -257,6 +257,17 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"seed={cfg.seed!r} is not an integer")
 
 
+def flatten(d: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: nested config dicts as dotted keys."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def set_seed_everywhere(seed: int) -> None:
     """Seed python, numpy and torch (CPU and CUDA); generators made later derive from ``seed`` too."""
     random.seed(seed)

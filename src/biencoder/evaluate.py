@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from .cache import CacheError, cached_pooled, encoder_fingerprint
 from .config import (
     ConfigError,
+    autocast_dtype,
     fail,
     hydra_cli,
     register,
@@ -140,7 +141,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
             model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         model.to(device)
         kwargs = dict(batch_size=cfg.trainer.eval_batch_size, device=device, progress=bool(cfg.trainer.progress),
-                      desc=f"encode {split_name}")
+                      autocast_dtype=autocast_dtype(cfg.trainer.precision, device), desc=f"encode {split_name}")
         if model_cfg["encoder"].get("freeze"):  # a frozen encoder's outputs come from (and go to) the cache
             pooled = cached_pooled(model, tokenizer, split.texts, model_cfg["max_length"], cfg.trainer.cache_dir,
                                    encoder_fingerprint(model.encoder), **kwargs)

@@ -232,21 +232,22 @@ def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: 
     return embed_pooled(model, pooled, device=device)
 
 
-def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, float]:
+def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
     """Statistics of the classifier input before (``pre``) and after (``post``) the optional LayerNorm/ReLU.
 
     Both tensors are [B, F]. Per-sample mean/variance (averaged over samples, and their std across samples),
-    the spread (std) of per-feature variances, and the share of exact zeros.
+    the spread (std) of per-feature variances, and the share of exact zeros. Values are 0-d tensors on the
+    input's device, so a training step does not wait for them (the runner sums them and reads them once an epoch).
     """
     stats = {}
     for tag, x in (("pre", features.detach().float()), ("post", head_input.detach().float())):
         mean, var = x.mean(dim=1), x.var(dim=1, unbiased=False)
-        stats[f"head_{tag}_sample_mean"] = mean.mean().item()
-        stats[f"head_{tag}_sample_mean_std"] = mean.std(unbiased=False).item()
-        stats[f"head_{tag}_sample_var"] = var.mean().item()
-        stats[f"head_{tag}_sample_var_std"] = var.std(unbiased=False).item()
-        stats[f"head_{tag}_feature_var_std"] = x.var(dim=0, unbiased=False).std(unbiased=False).item()
-        stats[f"head_{tag}_zero_share"] = (x == 0).float().mean().item()
+        stats[f"head_{tag}_sample_mean"] = mean.mean()
+        stats[f"head_{tag}_sample_mean_std"] = mean.std(unbiased=False)
+        stats[f"head_{tag}_sample_var"] = var.mean()
+        stats[f"head_{tag}_sample_var_std"] = var.std(unbiased=False)
+        stats[f"head_{tag}_feature_var_std"] = x.var(dim=0, unbiased=False).std(unbiased=False)
+        stats[f"head_{tag}_zero_share"] = (x == 0).float().mean()
     return stats
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from .config import flatten
 from .state import RunFolderError, read_final, read_metrics
 
 SPLITS = ("train", "val", "test")
@@ -58,16 +59,6 @@ class Run:
         return "unfinished" if self.final is None else str(self.final.get("status", "unfinished"))
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def find_runs(paths: list[str | Path]) -> list[Run]:
     """Every run folder (``metrics.jsonl`` beside its config) under ``paths``, recursively.
 
@@ -97,7 +88,7 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
                             final=read_final(folder),
                             hits=np.load(hits_file) if hits_file.is_file() else None,
                             variant=str(metrics["variant"].iloc[0]), seed=int(metrics["seed"].iloc[0]),
-                            flat=_flatten(config)))
+                            flat=flatten(config)))
     if not runs:
         raise SummaryError(f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
                            "train some with python -m biencoder.train")

@@ -33,6 +33,7 @@ from .config import (
     ConfigError,
     autocast_dtype,
     fail,
+    flatten,
     hydra_cli,
     register,
     select_device,
@@ -93,10 +94,10 @@ def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
     return np.stack([split.query, split.counter, negatives.row], axis=1)
 
 
-def _grad_norm(params) -> float:
-    """L2 norm over the gradients of ``params`` (after backward, before the step)."""
+def _grad_norm(params, device) -> torch.Tensor:
+    """L2 norm (0-d tensor, on ``device``) over the gradients of ``params`` (after backward, before the step)."""
     norms = [p.grad.detach().norm() for p in params if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
+    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros((), device=device)
 
 
 class Diverged(RuntimeError):
@@ -247,7 +248,8 @@ class Runner:
         loader = self.loader(epoch, negatives)
         encoder_params = list(self.model.encoder.parameters())
         head_params = self.model.head_parameters()
-        sums: dict[str, float] = {}
+        part_sums: dict[str, float] = {}
+        stat_sums: dict[str, torch.Tensor] = {}  # stay on the device: one host sync per step (the loss), not 15
         self.model.train()
         self.model.encoder.train(not self.frozen)
         bar = tqdm(loader, desc=f"epoch {epoch} train", disable=not self.progress, leave=False)
@@ -259,14 +261,18 @@ class Runner:
                 raise Diverged(epoch, "loss", out.parts)
             self.optimizer.zero_grad(set_to_none=True)
             out.total.backward()
-            stats = {**out.parts, **head_statistics(out.features, out.head_input),
-                     "grad_norm_encoder": _grad_norm(encoder_params), "grad_norm_head": _grad_norm(head_params)}
+            stats = {**head_statistics(out.features, out.head_input),
+                     "grad_norm_encoder": _grad_norm(encoder_params, self.device),
+                     "grad_norm_head": _grad_norm(head_params, self.device)}
             self.optimizer.step()
             self.scheduler.step()
+            for key, value in out.parts.items():
+                part_sums[key] = part_sums.get(key, 0.0) + value
             for key, value in stats.items():
-                sums[key] = sums.get(key, 0.0) + value
+                stat_sums[key] = stat_sums[key] + value if key in stat_sums else value
             bar.set_postfix(loss=f"{out.parts['loss']:.3f}")
-        return distributed.mean_over_ranks({key: value / len(loader) for key, value in sums.items()})
+        means = {**part_sums, **{k: v.item() for k, v in stat_sums.items()}}
+        return distributed.mean_over_ranks({key: value / len(loader) for key, value in means.items()})
 
     def evaluate_epoch(self, names, epoch: int = -1) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
         metrics, hits, embs = {}, {}, {}
@@ -438,7 +444,7 @@ def _check_same_config(cfg: DictConfig, out_dir: Path) -> None:
     saved_file = out_dir / "config_resolved.yaml"
     if not saved_file.exists():
         return
-    flat = lambda c: {k: v for k, v in _flatten(OmegaConf.to_container(c, resolve=True)).items()
+    flat = lambda c: {k: v for k, v in flatten(OmegaConf.to_container(c, resolve=True)).items()
                       if not k.startswith(RESUME_FREE_KEYS)}
     saved, now = flat(OmegaConf.load(saved_file)), flat(cfg)
     changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
@@ -446,16 +452,6 @@ def _check_same_config(cfg: DictConfig, out_dir: Path) -> None:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
         raise ConfigError(f"cannot resume {out_dir}: it was started with other settings ({shown}); "
                           "resume with the original overrides")
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def run(cfg: DictConfig, out_dir: Path) -> dict | None:
