@@ -109,7 +109,7 @@ class EvalSchema:
     every: int = 1
     score: str = "rerank"
     tasks: bool = True
-    pair_batch_size: int = 16384
+    pair_batch_size: int = 4096
     index: str = "balltree"
     checkpoint: Optional[str] = None
     split: str = "test"

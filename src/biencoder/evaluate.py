@@ -64,7 +64,7 @@ def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree
 
 
 def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10,
-                    batch_size: int = 16384, device="cpu", index: str = "balltree") -> tuple[dict[str, float], np.ndarray]:
+                    batch_size: int = 4096, device="cpu", index: str = "balltree") -> tuple[dict[str, float], np.ndarray]:
     """Per-epoch top-1 over every query of ``split``.
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch).

@@ -215,7 +215,7 @@ def encode_pooled(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, d
     return torch.cat(pooled)[torch.from_numpy(np.argsort(order))]
 
 
-def embed_pooled(model: BiModel, pooled: Tensor, batch_size: int = 16384, device: str | torch.device = "cpu") -> Embeddings:
+def embed_pooled(model: BiModel, pooled: Tensor, batch_size: int = 4096, device: str | torch.device = "cpu") -> Embeddings:
     """:class:`Embeddings` (float32, CPU) from pooled vectors [N, hidden]: the sim head in eval mode, in blocks."""
     sims = []
     with eval_mode(model):
@@ -251,7 +251,7 @@ def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
     return stats
 
 
-def pair_probabilities(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 16384,
+def pair_probabilities(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 4096,
                        device: str | torch.device = "cpu") -> np.ndarray:
     """P(positive) [P] of the classifier for the pairs (emb[rows_a[i]], emb[rows_b[i]]), scored in blocks.
 

@@ -322,7 +322,8 @@ def plot_internals(runs: list[Run], out: Path) -> Path:
                     ax.plot(g.mean().index, g.mean(), color=colors[cell], linestyle=style, linewidth=2)
                     ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.15, linewidth=0)
         _style(ax, title, "")
-        if "variance" in title or "gradient" in title:
+        has_positive = any((line.get_ydata() > 0).any() for line in ax.get_lines())
+        if ("variance" in title or "gradient" in title) and has_positive:  # a frozen encoder's gradient is 0
             ax.set_yscale("log")
     handles = [Line2D([], [], color=colors[c], linewidth=2, label=c) for c in cells]
     handles += [Line2D([], [], color="grey", linestyle=":", label="before LN/ReLU"),

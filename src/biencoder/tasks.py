@@ -91,7 +91,7 @@ def tfidf_scores(split: PairedSplit) -> np.ndarray:
 
 
 def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None, emb: Embeddings | None = None,
-                   k: int = 10, device="cpu", batch_size: int = 16384) -> dict[str, dict]:
+                   k: int = 10, device="cpu", batch_size: int = 4096) -> dict[str, dict]:
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
 
     Args:
