@@ -93,3 +93,20 @@ def demo_corpus():
     from biencoder.corpus import demo_root, read_corpus
 
     return read_corpus(demo_root())
+
+
+@pytest.fixture
+def encoder_calls(monkeypatch):
+    """A list that grows by one for every forward call of a HF BertModel (the encoder) from now on."""
+    import torch
+
+    calls = []
+    original = torch.nn.Module.__call__
+
+    def spy(module, *args, **kwargs):
+        if type(module).__name__ == "BertModel":
+            calls.append(1)
+        return original(module, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "__call__", spy)
+    return calls

@@ -135,20 +135,13 @@ def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_toke
 FROZEN = FAST + ["model.encoder.freeze=true", "+variant=ln_relu"]
 
 
-def count_encoder_calls(runner_or_model, monkeypatch):
-    model = getattr(runner_or_model, "model", runner_or_model)
-    calls = []
-    original = model.encoder.forward
-    monkeypatch.setattr(model.encoder, "forward", lambda *a, **k: calls.append(1) or original(*a, **k))
-    return calls
-
-
-def test_frozen_epoch_trains_heads_only(tmp_path, monkeypatch):
+def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]), tmp_path)
     encoder_before = {k: v.clone() for k, v in runner.model.encoder.state_dict().items()}
     heads_before = [p.detach().clone() for p in runner.model.head_parameters()]
     assert not any(p.requires_grad for p in runner.model.encoder.parameters())
-    calls = count_encoder_calls(runner, monkeypatch)
+    calls = encoder_calls
+    calls.clear()  # building the runner filled the cache; from here on nothing may encode
     train_emb = runner.embed("train")
     runner.train_epoch(0, runner.mine(0, train_emb.sim))
     runner.evaluate_epoch(("train", "val"))
@@ -158,20 +151,13 @@ def test_frozen_epoch_trains_heads_only(tmp_path, monkeypatch):
     assert all(not torch.equal(p, q) for p, q in zip(runner.model.head_parameters(), heads_before))
 
 
-def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, monkeypatch):
+def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls):
     from biencoder import train as train_module
 
     overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]
     first = train_module.run(compose_cfg(overrides), tmp_path / "first")
-    calls = []
-    original = torch.nn.Module.__call__
-
-    def spy(module, *args, **kwargs):
-        if type(module).__name__ == "BertModel":
-            calls.append(1)
-        return original(module, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.Module, "__call__", spy)
+    calls = encoder_calls
+    calls.clear()  # the first run encoded; from here on nothing may
     second = train_module.run(compose_cfg(overrides), tmp_path / "second")
     assert calls == [] and second["best"] == first["best"]
     evaluated = run_evaluation(compose_cfg(

@@ -4,7 +4,6 @@ The first cell encodes the slice once; the other three read every vector from th
 """
 
 import pytest
-import torch
 
 from biencoder.train import run
 from conftest import compose_cfg
@@ -13,17 +12,9 @@ pytestmark = pytest.mark.slow
 CELLS = ("plain", "ln", "relu", "ln_relu")
 
 
-def test_four_cells_on_a_real_slice_encode_once(real_root, tmp_path, monkeypatch):
+def test_four_cells_on_a_real_slice_encode_once(real_root, tmp_path, monkeypatch, encoder_calls):
     monkeypatch.setenv("ARGUANA_ROOT", str(real_root))
-    calls = []
-    original = torch.nn.Module.__call__
-
-    def spy(module, *args, **kwargs):
-        if type(module).__name__ == "BertModel":
-            calls.append(1)
-        return original(module, *args, **kwargs)
-
-    monkeypatch.setattr(torch.nn.Module, "__call__", spy)
+    calls = encoder_calls
     finals = {}
     for i, cell in enumerate(CELLS):
         cfg = compose_cfg(["+experiment=frozen_arguana", f"+variant={cell}", "data.max_debates=8",

@@ -171,11 +171,21 @@ def variant_name(cfg: DictConfig) -> str:
     return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
 
 
-def _resume_dir(resume: Any, default: str) -> str:
-    """Hydra's run dir: the folder named by ``trainer.resume=<run dir>``, else ``default``."""
+def resume_folder(resume: Any) -> str | None:
+    """The run folder named by ``trainer.resume=<run dir>``, or None (``true``/``false``/empty)."""
     if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):
         return resume
-    return default
+    return None
+
+
+def resume_requested(resume: Any) -> bool:
+    """``trainer.resume`` asks to continue a run: ``true`` or a run folder."""
+    return resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
+
+
+def _resume_dir(resume: Any, default: str) -> str:
+    """Hydra's run dir: the folder named by ``trainer.resume=<run dir>``, else ``default``."""
+    return resume_folder(resume) or default
 
 
 def register() -> None:

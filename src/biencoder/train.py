@@ -36,6 +36,7 @@ from .config import (
     flatten,
     hydra_cli,
     register,
+    resume_requested,
     select_device,
     set_seed_everywhere,
     validate,
@@ -199,11 +200,9 @@ class Runner:
     # -- pieces -----------------------------------------------------------------------------------------------
     def embed(self, name: str) -> Embeddings:
         if self.frozen:
-            emb = embed_pooled(self.model, self.pooled[name], self.cfg.eval.pair_batch_size, self.device)
-        else:
-            emb = encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
-                         self.amp_dtype, progress=self.progress, desc=f"encode {name}")
-        return emb
+            return embed_pooled(self.model, self.pooled[name], self.cfg.eval.pair_batch_size, self.device)
+        return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
+                      self.amp_dtype, progress=self.progress, desc=f"encode {name}")
 
     def step_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The :class:`TripletStep` inputs of a collated batch, on the device (cached vectors when frozen)."""
@@ -302,7 +301,7 @@ class Runner:
             "mining_rng": self.rng.bit_generator.state,
             "loader_rng": self.loader_generator.get_state(),
             "train_sim": train_sim,  # the embeddings the next epoch mines with
-            "best": {**{k: v for k, v in best.items() if k not in ("state", "hits")},
+            "best": {**{k: v for k, v in best.items() if k not in ("state", "hits", "embs")},
                      "state": self._weights(best["state"]) if best["state"] else None,
                      "hits": None if best["hits"] is None else torch.from_numpy(best["hits"])},
             "encoder_fingerprint": self.fingerprint,
@@ -378,7 +377,9 @@ class Runner:
                 if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
                     best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics,
                             "state": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
-                            "hits": hits["test"]}
+                            "hits": hits["test"],
+                            # kept in memory for the 8 tasks at the end (recomputed there after a resume)
+                            "embs": {n: embs[n] for n in ("val", "test")}}
                 append_rows(self.out_dir / "metrics.jsonl", rows)  # the epoch is on disk...
                 self.save_last(epoch, best, train_sim)  # ...before the state that says it is done
             distributed.barrier()
@@ -394,9 +395,11 @@ class Runner:
                  "best_epoch": best["epoch"], "best": best["metrics"], "epochs": cfg.trainer.max_epochs}
         if cfg.eval.tasks:
             final["tasks"] = {"score": cfg.eval.score}
+            embs = best.get("embs", {})
             for name in ("val", "test"):
+                emb = embs[name] if name in embs else self.embed(name)
                 final["tasks"][name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model,
-                                                      emb=self.embed(name), k=cfg.eval.k, device=self.device,
+                                                      emb=emb, k=cfg.eval.k, device=self.device,
                                                       batch_size=cfg.eval.pair_batch_size)
         save_npy_atomic(self.out_dir / "test_hits.npy", best["hits"])
         if cfg.trainer.save_checkpoint:
@@ -434,11 +437,6 @@ def _attach_file_log(out_dir: Path) -> None:
         log.setLevel(logging.INFO)
 
 
-def _resuming(cfg: DictConfig) -> bool:
-    resume = cfg.trainer.resume
-    return resume is True or (isinstance(resume, str) and resume.lower() not in ("", "false"))
-
-
 def _check_same_config(cfg: DictConfig, out_dir: Path) -> None:
     """A resumed run must be the same run: every setting but :data:`RESUME_FREE_KEYS` as saved."""
     saved_file = out_dir / "config_resolved.yaml"
@@ -467,7 +465,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict | None:
         _attach_file_log(out_dir)
     else:
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
-    resuming = _resuming(cfg)
+    resuming = resume_requested(cfg.trainer.resume)
     if resuming and is_done(out_dir):
         log.info("%s is already done (final.json status done): skipping it", out_dir)
         return read_final(out_dir)
