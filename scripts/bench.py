@@ -98,7 +98,8 @@ def seed_style_top1(model: BiModel, emb: Embeddings, split, k: int, device: torc
                 a = Embeddings(torch.from_numpy(sim[q:q + 1]).to(device), torch.from_numpy(pooled[q:q + 1]).to(device))
                 b = Embeddings(torch.from_numpy(sim[row:row + 1]).to(device),
                                torch.from_numpy(pooled[row:row + 1]).to(device))
-                scores.append(model.classify_pair(a, b).softmax(-1)[0, 1].item())
+                logits = model.classify_pair(a, b)[0]
+                scores.append((logits[1] - logits[0]).item())  # ranked by logit margin, as ours
             scores = np.array(scores)
             is_true = rows == true_counter
             hits += bool(is_true.any() and (scores[~is_true] < scores[is_true][0]).all())

@@ -26,8 +26,9 @@ class CountingCompute:
         return np.array([[len(self.texts[r]), sum(map(ord, self.texts[r])) % 97, r] for r in rows], dtype=np.float32)
 
 
-def lookup(tmp_path, texts=TEXTS, fingerprint="f" * 64, pooling="mean", max_length=128, precision="fp32"):
-    cache = EmbeddingCache(tmp_path, fingerprint, pooling, max_length, precision)
+def lookup(tmp_path, texts=TEXTS, fingerprint="f" * 64, pooling="mean", max_length=128, precision="fp32",
+           tokenizer="t" * 64):
+    cache = EmbeddingCache(tmp_path, fingerprint, tokenizer, pooling, max_length, precision)
     compute = CountingCompute(texts)
     return cache, compute, cache.get(texts, compute)
 
@@ -44,8 +45,8 @@ def test_second_lookup_is_served_from_disk(tmp_path):
 
 
 @pytest.mark.parametrize("change", [{"fingerprint": "e" * 64}, {"max_length": 64}, {"pooling": "cls"},
-                                    {"precision": "bf16"}])
-def test_changed_model_max_length_pooling_or_precision_misses(tmp_path, change):
+                                    {"precision": "bf16"}, {"tokenizer": "u" * 64}])
+def test_changed_model_tokenizer_max_length_pooling_or_precision_misses(tmp_path, change):
     lookup(tmp_path)
     cache, compute, _ = lookup(tmp_path, **change)
     assert compute.calls == [[0, 1, 2, 3]], change
@@ -121,6 +122,24 @@ def test_fingerprint_tells_weights_apart():
     with torch.no_grad():
         b.encoder.embeddings.word_embeddings.weight[0, 0] += 1e-6
     assert encoder_fingerprint(a.encoder) != encoder_fingerprint(b.encoder)
+
+
+def test_tokenizer_fingerprint_tells_vocabularies_apart_not_paths(tmp_path, tiny_model_and_tokenizer):
+    """Equal encoder weights with another vocabulary must not share cached vectors; a copied folder must."""
+    from transformers import AutoTokenizer
+
+    from biencoder.cache import tokenizer_fingerprint
+
+    _, tokenizer = tiny_model_and_tokenizer
+    tokenizer.save_pretrained(tmp_path / "copy")
+    copy = AutoTokenizer.from_pretrained(tmp_path / "copy")
+    assert tokenizer_fingerprint(copy) == tokenizer_fingerprint(tokenizer)
+    copy(["a text"], truncation=True, max_length=7)  # per-call truncation state is not part of the key
+    assert tokenizer_fingerprint(copy) == tokenizer_fingerprint(tokenizer)
+    copy.add_tokens(["counterargumentation"])
+    assert tokenizer_fingerprint(copy) != tokenizer_fingerprint(tokenizer)
+    lower = AutoTokenizer.from_pretrained(tmp_path / "copy", do_lower_case=False)
+    assert tokenizer_fingerprint(lower) != tokenizer_fingerprint(tokenizer)
 
 
 def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_tokenizer, demo_corpus):

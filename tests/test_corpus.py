@@ -16,7 +16,7 @@ def test_fixture_counts_and_tables(make_corpus):
     layout["training"]["theme1"]["debate10"]["con"][0] = ("dup point", "training t0 d0 pro0 counter")
     root = make_corpus(layout)
     corpus = read_corpus(root)
-    tr = corpus.counts["training"]
+    tr = corpus.counts["train"]
     assert tr == {"themes": 2, "debates": 4, "points": 17, "counters": 16, "pairs": 16,
                   "points_without_counter": 1, "counters_without_point": 0, "duplicated_texts": 1}
     assert corpus.counts["test"]["pairs"] == 16
@@ -62,7 +62,7 @@ def test_stray_files(make_corpus):
         corpus = read_corpus(root)
     messages = [str(w.message) for w in caught if issubclass(w.category, CorpusWarning)]
     assert len(messages) == 2 and any("notes.txt" in m for m in messages) and any("pro09c" in m for m in messages)
-    assert corpus.counts["training"]["points"] == 16
+    assert corpus.counts["train"]["points"] == 16
 
 
 @pytest.mark.parametrize("case", ["missing", "no_splits", "no_pairs", "not_utf8", "empty"])
@@ -104,7 +104,7 @@ def test_demo_corpus_edge_cases():
 def test_cli_json(capsys):
     assert main(["stats", "demo", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"training", "validation", "test"} and out["test"]["pairs"] == 32
+    assert set(out) == {"train", "val", "test"} and out["test"]["pairs"] == 32
 
 
 def test_real_corpus_counts(real_root, capsys):
@@ -114,7 +114,19 @@ def test_real_corpus_counts(real_root, capsys):
     expected = {"themes": (15, 15, 15), "debates": (644, 211, 214), "points": (4083, 1290, 1406),
                 "counters": (4065, 1287, 1401), "pairs": (4065, 1287, 1401)}
     for key, values in expected.items():
-        assert tuple(corpus.counts[s][key] for s in ("training", "validation", "test")) == values, key
+        assert tuple(corpus.counts[s][key] for s in ("train", "val", "test")) == values, key
     capsys.readouterr()
     assert main(["stats", str(real_root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["test"]["pairs"] == 1401
+
+
+@pytest.mark.parametrize("spelling, short", [("validation", "val"), ("val", "val"), ("training", "train"),
+                                             ("train", "train"), ("test", "test")])
+def test_both_split_spellings_are_accepted_and_one_is_printed(spelling, short):
+    from biencoder.corpus import split_name
+
+    assert split_name(spelling) == short
+    corpus = read_corpus(demo_root())
+    assert corpus.paired(spelling).name == short and set(corpus.counts) == {"train", "val", "test"}
+    with pytest.raises(CorpusError, match=r"val \(or validation\)"):
+        split_name("valid")

@@ -9,7 +9,8 @@ import sys
 from biencoder.state import read_metrics
 from conftest import REPO
 
-ARGS = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8", "+variant=ln"]
+ARGS = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8", "+variant=ln",
+        "trainer.keep_last=true"]
 
 
 def free_port() -> int:
@@ -36,3 +37,7 @@ def test_two_gloo_processes_write_one_run(tmp_path):
     assert final["status"] == "done" and final["best_epoch"] in (0, 1)
     assert "(2 processes)" in (out / "train.log").read_text()
     assert (out / "train.log").read_text().count("epoch 1  loss") == 1  # one rank logs
+    import torch
+
+    state = torch.load(out / "last.pt", weights_only=True)
+    assert isinstance(state["rng"], list) and len(state["rng"]) == 2  # each rank resumes its own RNG streams

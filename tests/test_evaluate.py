@@ -60,6 +60,20 @@ def test_ties_count_against_the_true_counter(planted):
     assert not hits[0] and metrics["mrr"] == pytest.approx((1 / 2 + 0 + 1 / 2) / 3)
 
 
+def test_saturated_probabilities_do_not_tie(planted):
+    """Margins 30 and 20 both give P(positive) = 1.0 in float32, a tie that counts against the true counter;
+    ranked by the logit margin, the true counter (margin 30) wins. Checked in the per-epoch rerank and the 8 tasks."""
+    split, emb, model = planted
+    emb.pooled[3, 0], emb.pooled[1, 0] = 30.0, 20.0  # query 0 retrieves P1 and C0 (its counter)
+    p = torch.tensor([30.0, 20.0]).sigmoid()
+    assert p[0] == p[1] == 1.0  # the float32 tie the old ranking lost
+    _, hits = retrieve_rerank(model, emb, split, k=2)
+    assert hits[0]
+    tasks = evaluate_tasks(split, "rerank", model=model, emb=emb, k=2)
+    classifier = evaluate_tasks(split, "classifier", model=model, emb=emb)
+    assert tasks["epa"]["accuracy_at_1"] >= 1 / 3 and classifier["epa"]["accuracy_at_1"] >= 1 / 3
+
+
 def test_query_embedding_is_the_points(planted):
     """The seed fed the counter's embedding where the point's belonged; moving the point must move the result."""
     split, emb, model = planted

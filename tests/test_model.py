@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.model import BiModel, Embeddings, TokenizedTexts, encode, head_statistics, pair_probabilities
+from biencoder.model import BiModel, Embeddings, TokenizedTexts, encode, head_statistics, pair_margins
 from conftest import compose_cfg
 
 
@@ -85,14 +85,14 @@ def test_encode_is_batch_size_and_order_independent(tiny_model_and_tokenizer):
     assert torch.allclose(direct.sim[0], many.sim[5], atol=1e-5)
 
 
-def test_pair_probabilities_batched_equals_direct(tiny_model_and_tokenizer):
+def test_pair_margins_batched_equals_direct(tiny_model_and_tokenizer):
     model, _ = tiny_model_and_tokenizer
     torch.manual_seed(2)
     emb = Embeddings(torch.randn(10, 128), torch.randn(10, 32))
     a, b = np.array([0, 1, 2, 3, 9]), np.array([5, 5, 6, 7, 0])
-    probs = pair_probabilities(model, emb, a, b, batch_size=2)
-    direct = model.eval().classify_pair(emb.index(a), emb.index(b)).softmax(-1)[:, 1].detach().numpy()
-    assert np.allclose(probs, direct, atol=1e-6)
+    margins = pair_margins(model, emb, a, b, batch_size=2)
+    logits = model.eval().classify_pair(emb.index(a), emb.index(b)).detach()
+    assert np.allclose(margins, (logits[:, 1] - logits[:, 0]).numpy(), atol=1e-6)
 
 
 def test_head_statistics_by_hand():

@@ -103,6 +103,9 @@ def test_cli_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert set(out) == set(TASKS) and out["epa"]["queries"] == 32
     assert main(["/does/not/exist"]) == 2
+    capsys.readouterr()
+    assert main(["demo", "--split", "validation", "--json"]) == 0  # the corpus's folder name works too
+    assert json.loads(capsys.readouterr().out)["epa"]["queries"] == 32
 
 
 def test_real_test_pools(real_corpus):

@@ -1,12 +1,14 @@
 """On-disk cache of frozen-encoder outputs: the pooled vector of every text, computed once.
 
 With ``model.encoder.freeze=true`` the encoder never changes, so the pooled vector of a text depends only on
-the encoder's weights, the pooling, ``max_length`` and the text. Those four make the key:
+the encoder's weights, the tokenizer, the pooling, ``max_length`` and the text. Those make the key:
 
 * the **encoder** is identified by a SHA-256 over its parameters and buffers (names, shapes, dtypes, bytes), so a
   hub id, a local folder, a copied folder or a seeded random init are all told apart by what they compute;
-* pooling, ``max_length`` and the precision of the encoder pass name the cache folder together with the encoder
-  hash: ``<cache_dir>/<encoder hash[:16]>-<pooling>-L<max_length>-<precision>/``;
+* the **tokenizer** by a SHA-256 over what turns text into ids (vocabulary, normalizer, pre-tokenizer, special
+  tokens), not over where it was loaded from: equal weights with another vocabulary are another key;
+* pooling, ``max_length`` and the precision of the encoder pass name the cache folder together with the hash of
+  encoder and tokenizer: ``<cache_dir>/<hash[:16]>-<pooling>-L<max_length>-<precision>/``;
 * every text is keyed by the SHA-256 of its UTF-8 bytes.
 
 A folder holds *shards* (``*.npz``: text hashes [N, 32] uint8, vectors [N, H] float32, the folder's meta and a
@@ -31,7 +33,7 @@ import torch
 from torch import nn
 
 log = logging.getLogger("biencoder")
-FORMAT = 1
+FORMAT = 2  # 2: the tokenizer is part of the key
 
 
 class CacheError(RuntimeError):
@@ -46,6 +48,24 @@ def encoder_fingerprint(encoder: nn.Module) -> str:
         digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
         digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
     return digest.hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """SHA-256 (hex) of what a tokenizer maps text to ids with: class, vocabulary, normalisation, special tokens.
+
+    Fast tokenizers are hashed through their serialised pipeline minus the per-call truncation/padding state; slow
+    ones through their vocabulary and special tokens. Paths are never part of it, so a copied folder keeps its key.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        spec.pop("truncation", None)
+        spec.pop("padding", None)
+    else:
+        spec = {"vocab": sorted(tokenizer.get_vocab().items())}
+    spec["class"] = type(tokenizer).__name__
+    spec["special"] = sorted(map(str, tokenizer.all_special_tokens))
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
 def text_hashes(texts: list[str]) -> np.ndarray:
@@ -67,14 +87,17 @@ class EmbeddingCache:
     Args:
         cache_dir: root of the cache (``trainer.cache_dir``, default ``~/.cache/biencoder``).
         fingerprint: :func:`encoder_fingerprint` of the encoder.
+        tokenizer: :func:`tokenizer_fingerprint` of its tokenizer.
         pooling, max_length: as in the model config.
         precision: ``fp32`` or ``bf16``, the dtype the encoder ran in.
     """
 
-    def __init__(self, cache_dir: str | Path, fingerprint: str, pooling: str, max_length: int, precision: str = "fp32"):
-        self.meta = json.dumps({"format": FORMAT, "encoder": fingerprint, "pooling": pooling,
+    def __init__(self, cache_dir: str | Path, fingerprint: str, tokenizer: str, pooling: str, max_length: int,
+                 precision: str = "fp32"):
+        self.meta = json.dumps({"format": FORMAT, "encoder": fingerprint, "tokenizer": tokenizer, "pooling": pooling,
                                 "max_length": int(max_length), "precision": precision}, sort_keys=True)
-        self.folder = Path(cache_dir).expanduser() / f"{fingerprint[:16]}-{pooling}-L{int(max_length)}-{precision}"
+        key = hashlib.sha256(f"{fingerprint}|{tokenizer}".encode()).hexdigest()
+        self.folder = Path(cache_dir).expanduser() / f"{key[:16]}-{pooling}-L{int(max_length)}-{precision}"
         self.hits = self.misses = 0
 
     def _load_shards(self) -> dict[bytes, np.ndarray]:
@@ -87,7 +110,7 @@ class EmbeddingCache:
                     meta, checksum = str(data["meta"]), str(data["checksum"])
                 problem = None
                 if meta != self.meta:
-                    problem = "was written for another encoder/pooling/max_length (stale)"
+                    problem = "was written for another encoder/tokenizer/pooling/max_length (stale)"
                 elif hashes.ndim != 2 or hashes.shape[1] != 32 or len(hashes) != len(vectors):
                     problem = "has inconsistent shapes"
                 elif checksum != _checksum(hashes, vectors, meta):
@@ -147,7 +170,7 @@ def cached_pooled(model, tokenizer, texts: list[str], max_length: int, cache_dir
     from .model import TokenizedTexts, encode_pooled
 
     precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
-    cache = EmbeddingCache(cache_dir, fingerprint, model.pooling, max_length, precision)
+    cache = EmbeddingCache(cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision)
 
     def compute(rows: np.ndarray) -> np.ndarray:
         start = time.time()

@@ -6,7 +6,7 @@ import importlib.util
 import math
 import os
 import random
-import shutil
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +22,21 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
+
+
+#: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
+#: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
+#: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
+#: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`).
+NON_RESULT_KEYS = ("paths.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
+                   "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
+                   "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
+                   "eval.output", "eval.split")
+
+
+def is_non_result_key(key: str) -> bool:
+    """True for a dotted key covered by :data:`NON_RESULT_KEYS`."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
 
 
 class ConfigError(ValueError):
@@ -79,6 +94,7 @@ class TrainerSchema:
     progress: bool = True
     save_checkpoint: bool = True
     keep_last: bool = False
+    checkpoint_every: int = 1
     resume: Any = False
     cache_dir: str = "~/.cache/biencoder"
 
@@ -183,23 +199,22 @@ def resume_requested(resume: Any) -> bool:
     return resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
 
 
-def _resume_dir(resume: Any, default: str) -> str:
-    """Hydra's run dir: the folder named by ``trainer.resume=<run dir>``, else ``default``."""
-    return resume_folder(resume) or default
-
-
 def register() -> None:
     """The schema (ConfigStore ``biencoder_schema``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``,
-    ``${variant_name:}``, ``${resume_dir:...}``; safe to call more than once."""
+    ``${variant_name:}``, ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
     from hydra.core.config_store import ConfigStore
 
     from .corpus import demo_root
+    from .rundir import hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
 
     ConfigStore.instance().store(name="biencoder_schema", node=Schema)
     OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
     OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
     OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
-    OmegaConf.register_new_resolver("resume_dir", _resume_dir, replace=True)
+    OmegaConf.register_new_resolver("run_dir", run_dir_resolver, replace=True)
+    OmegaConf.register_new_resolver("job_dir", job_dir_resolver, replace=True)
+    OmegaConf.register_new_resolver("new_dir", new_dir_resolver, replace=True)
+    OmegaConf.register_new_resolver("hydra_subdir", hydra_subdir_resolver, replace=True)
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
@@ -222,8 +237,30 @@ def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
         raise ConfigError(f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}")
 
 
+#: subtrees whose keys are free-form (passed on to another library)
+FREE_FORM = ("model.encoder.random_init.",)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse any key the schema does not know, including ones added with ``+key=...`` (which Hydra lets past the
+    schema); name the closest known key when there is one."""
+    import difflib
+
+    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False)))
+    given = flatten(OmegaConf.to_container(cfg, resolve=False))
+    for key in sorted(given):
+        if key in known or key.startswith(FREE_FORM) or key == "model.encoder.random_init":
+            continue
+        parent, _, leaf = key.rpartition(".")
+        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown config key {key}{hint}: fix its spelling, or see every key with --cfg job")
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one."""
+    check_known_keys(cfg)
     _bool(cfg, "model.head.use_layernorm")
     _bool(cfg, "model.head.use_relu")
     _bool(cfg, "model.encoder.freeze")
@@ -248,6 +285,7 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "trainer.batch_size")
     _positive(cfg, "trainer.eval_batch_size")
     _positive(cfg, "trainer.num_workers", minimum=0)
+    _positive(cfg, "trainer.checkpoint_every", minimum=0)
     _positive(cfg, "trainer.lr", kind=float, minimum=0)
     _positive(cfg, "trainer.head_lr", kind=float, minimum=0)
     _positive(cfg, "loss.margin", kind=float, minimum=0)
@@ -303,18 +341,43 @@ def select_device(name: str) -> torch.device:
 
 
 def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
-    """Bad input: one line on stderr, exit ``code``, and no output folder left that could pass for a real one
-    (a folder without ``metrics.jsonl`` is removed)."""
+    """Bad input: one line on stderr, exit ``code``. ``out_dir`` is removed only when this process created it and
+    wrote everything in it (:func:`biencoder.rundir.discard_if_ours`); anything else is left exactly as it was."""
+    from .rundir import discard_if_ours
+
     print(f"error: {err}", file=sys.stderr)
-    if out_dir is not None and out_dir.is_dir() and not (out_dir / "metrics.jsonl").exists():
-        shutil.rmtree(out_dir, ignore_errors=True)
+    if out_dir is not None:
+        discard_if_ours(out_dir)
     sys.exit(code)
 
 
+#: lines of Hydra's multi-line messages that tell the user what to type instead: kept in the one line
+_HINT = re.compile(r"^(\d\.\s*)?(To append|To use it|To sweep|To override|add --multirun|Use \+|use \+)", re.I)
+
+
+def _ours(err: BaseException) -> BaseException | None:
+    """The biencoder error (ConfigError, RunFolderError, ...) in ``err``'s cause chain, e.g. raised by a resolver."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if type(err).__module__.startswith("biencoder."):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def _one_line(err: BaseException) -> str:
-    """Hydra/OmegaConf composition errors span several lines; the first line of each, plus the options offered."""
+    """Hydra/OmegaConf composition errors span several lines; the first line of each, Hydra's hints (``use
+    +variant=ln``, ``add --multirun``) and the options offered."""
+    ours = _ours(err)
+    if ours is not None:
+        return str(ours)
     text = str(err).strip()
-    first = text.splitlines()[0] if text else type(err).__name__
+    lines = text.splitlines()
+    first = lines[0] if text else type(err).__name__
+    hints = [_HINT.sub(lambda m: m.group(2), line.strip()) for line in lines[1:] if _HINT.match(line.strip())]
+    if hints:
+        first += " (" + "; ".join(h[0].lower() + h[1:] for h in hints) + ")"
     if "Available options in" in text:
         listed = text.split("Available options in", 1)[1].splitlines()[1:]
         options = [line.strip() for line in listed[:next((i for i, line in enumerate(listed)
@@ -344,6 +407,12 @@ def hydra_cli(app) -> None:
         return app()
     except (HydraException, OmegaConfBaseException) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    except ValueError as err:
+        if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
+            raise
+        print(f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "
+              "(e.g. +variant=ln seed=0 --cfg job)", file=sys.stderr)
         sys.exit(2)
     except OSError as err:  # e.g. an output folder that cannot be created, a full disk
         print(f"error: {err.strerror or err}: '{err.filename}': check that paths.log_dir (or hydra.run.dir) "

@@ -27,8 +27,17 @@ import numpy as np
 import pandas as pd
 
 SPLITS = ("training", "validation", "test")
-#: short names used in configs and logs -> folder names
+#: the names printed everywhere (logs, metrics, tables, JSON) -> the corpus's folder names; either is accepted
 SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
+
+
+def split_name(name: str) -> str:
+    """The printed name (``train``/``val``/``test``) of a split given in either spelling (``validation`` too)."""
+    for short, folder in SPLIT_NAMES.items():
+        if name in (short, folder):
+            return short
+    raise CorpusError(f"unknown split '{name}': use one of "
+                      + ", ".join(f"{short} (or {folder})" if short != folder else short for short, folder in SPLIT_NAMES.items()))
 EXTRACTED = "02-extracted-arguments"
 STANCES = ("pro", "con")
 DEBATE_FILES = {"thesis.txt", "metadata.txt"}
@@ -203,7 +212,7 @@ class PairedSplit:
 
 @dataclass(frozen=True)
 class Corpus:
-    """Everything read from one corpus root.
+    """Everything read from one corpus root (``counts`` is keyed by the printed split names: train, val, test).
 
     ``arguments``: one row per argument file (columns :data:`ARGUMENT_COLUMNS`).
     ``pairs``: one row per point that has a counter (columns :data:`PAIR_COLUMNS`, plus ``point_row`` and
@@ -221,10 +230,8 @@ class Corpus:
         ``max_debates`` keeps only the pairs of the first N debates (by theme/debate name): a quick slice whose
         pools are still whole debates.
         """
-        name = SPLIT_NAMES.get(split, split)
-        if name not in SPLITS:
-            raise CorpusError(f"unknown split '{split}': use one of {', '.join(SPLIT_NAMES)}")
-        pairs = self.pairs[self.pairs["split"] == name]
+        split = split_name(split)
+        pairs = self.pairs[self.pairs["split"] == SPLIT_NAMES[split]]
         if max_debates is not None:
             debate = pairs["theme"] + "/" + pairs["debate"]
             pairs = pairs[debate.isin(sorted(debate.unique())[:max_debates])]
@@ -275,7 +282,7 @@ def read_corpus(root: str | Path) -> Corpus:
                 "check that it holds <theme>/<debate>/pro|con/proNNa-point.txt and proNNb-counter.txt files"
             )
         texts = arguments.loc[arguments["split"] == split, "text"]
-        counts[split] = {
+        counts[split_name(split)] = {
             "themes": shape[split][0],
             "debates": shape[split][1],
             "points": int(((points["split"] == split)).sum()),

@@ -72,6 +72,15 @@ def broadcast_object(obj):
     return box[0]
 
 
+def all_gather_object(obj) -> list:
+    """Every rank's picklable ``obj``, in rank order, on every rank (``[obj]`` without DDP)."""
+    if world_size() == 1:
+        return [obj]
+    out = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
     """The mean of each value over all ranks (the same keys on every rank)."""
     if world_size() == 1 or not values:

@@ -3,7 +3,8 @@
 Per-epoch protocol (``../shared/docs/protocol.md``): for every query point of a split the candidate pool is
 every argument of the split that belongs to a pair, except the query itself and the counters whose text equals
 its true counter's (textual duplicates of the true counter count as that counter). The k nearest candidates by
-Euclidean distance of the sim embeddings (BallTree) are rescored by the classifier's P(positive).
+Euclidean distance of the sim embeddings (BallTree) are rescored by the classifier (its logit margin l1 − l0,
+which orders them as P(positive) does, without float32 ties).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from .config import (
     validate,
 )
 from .corpus import CorpusError, PairedSplit, read_corpus
+from .corpus import split_name as canonical_split
 from .model import (
     BiModel,
     Embeddings,
@@ -38,7 +40,7 @@ from .model import (
     build_model,
     embed_pooled,
     encode_pooled,
-    pair_probabilities,
+    pair_margins,
 )
 from .search import NeighbourIndex
 from .state import write_json_atomic
@@ -76,12 +78,12 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
     rows, _ = retrieve(emb.sim.numpy(), split, k, index, device)
     n_q, k_eff = rows.shape
     queries = np.repeat(split.query, k_eff)
-    probs = pair_probabilities(model, emb, queries, rows.ravel(), batch_size, device).reshape(n_q, k_eff)
+    margins = pair_margins(model, emb, queries, rows.ravel(), batch_size, device).reshape(n_q, k_eff)
     is_true = rows == split.counter[:, None]
     in_k = is_true.any(axis=1)
-    true_prob = np.where(in_k, (probs * is_true).sum(axis=1), -np.inf)
-    # rank 1 only if every other retrieved candidate scores strictly lower
-    rank = 1 + ((probs >= true_prob[:, None]) & ~is_true).sum(axis=1)
+    true_margin = np.where(in_k, (margins * is_true).sum(axis=1), -np.inf)
+    # rank 1 only if every other retrieved candidate scores strictly lower (by logit margin, see pair_margins)
+    rank = 1 + ((margins >= true_margin[:, None]) & ~is_true).sum(axis=1)
     hits = in_k & (rank == 1)
     metrics = {
         "top1": float(hits.mean()),
@@ -123,9 +125,12 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     """The 8 tasks on ``eval.split`` with ``eval.score``; writes JSON to ``eval.output`` (default in out_dir)."""
     start = time.time()
     validate(cfg)
-    score, split_name = cfg.eval.score, cfg.eval.split
-    if split_name not in ("train", "val", "test"):
-        raise ConfigError(f"eval.split={split_name!r} is not valid: use val or test (or train)")
+    score = cfg.eval.score
+    try:
+        split_name = canonical_split(str(cfg.eval.split))
+    except CorpusError:
+        raise ConfigError(f"eval.split={cfg.eval.split!r} is not valid: use val or test (or train; the folder "
+                          "names validation/training work too)") from None
     if cfg.eval.checkpoint is None and score in NEEDS_TRAINED:
         raise ConfigError(f"eval.score={score} needs trained weights: pass eval.checkpoint=<run folder or best.pt>, "
                           "or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")

@@ -17,14 +17,14 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import flatten
+from .config import flatten, is_non_result_key
 from .state import RunFolderError, read_final, read_metrics
 
 SPLITS = ("train", "val", "test")
 METRICS = ("top1", "retrieval_top1", "mrr", "recall_at_k")
-#: config keys that never separate cells: the seed is aggregated over, the rest do not change results
-IGNORED_KEYS = ("seed", "paths.", "trainer.progress", "trainer.num_workers", "trainer.save_checkpoint",
-                "eval.checkpoint", "eval.output", "eval.split", "model.head.", "data.root")
+#: config keys that never separate cells beyond the settings that change no result (NON_RESULT_KEYS, shared with
+#: the resume check): the seed is aggregated over, and the head flags are what the variant label already says
+GROUPED_OVER = ("seed", "model.head.")
 INTERNALS = (("head_pre_sample_var", "head_post_sample_var", "per-sample variance of the head input"),
              ("head_pre_sample_mean", "head_post_sample_mean", "per-sample mean of the head input"),
              ("head_pre_feature_var_std", "head_post_feature_var_std", "spread (std) of per-feature variances"),
@@ -101,7 +101,8 @@ def assign_cells(runs: list[Run]) -> list[str]:
     Runs whose corpus, model or any other setting differs therefore never share a cell. Returns the keys used.
     """
     keys = sorted({k for r in runs for k in r.flat})
-    varying = [k for k in keys if not k.startswith(IGNORED_KEYS) and len({repr(r.flat.get(k)) for r in runs}) > 1]
+    varying = [k for k in keys if not k.startswith(GROUPED_OVER) and not is_non_result_key(k)
+               and len({repr(r.flat.get(k)) for r in runs}) > 1]
     for run in runs:
         run.cell = " ".join([run.variant] + [f"{k.split('.')[-1] if _unique_leaf(k, varying) else k}={run.flat.get(k)}"
                                               for k in varying])

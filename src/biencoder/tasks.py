@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .corpus import CorpusError, PairedSplit, demo_root, read_corpus
-from .model import BiModel, Embeddings, pair_probabilities
+from .corpus import CorpusError, PairedSplit, demo_root, read_corpus, split_name
+from .model import BiModel, Embeddings, pair_margins
 
 TYPES = ("debate-same-counter", "debate-oppo-counter", "debate-oppo-point", "debate-same-point",
          "theme-counter", "theme-point", "portal-counter", "portal-point")
@@ -95,8 +95,8 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
 
     Args:
-        score: ``rerank`` (per task pool: k nearest by sim distance, reordered by classifier P(positive),
-            the rest after them by distance), ``classifier`` (P(positive) for every candidate), ``sim``
+        score: ``rerank`` (per task pool: k nearest by sim distance, reordered by the classifier's logit margin,
+            the rest after them by distance), ``classifier`` (logit margin for every candidate), ``sim``
             (negative sim distance), ``encoder_cosine`` (cosine of pooled embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;
             ``encoder_cosine`` needs only ``emb``).
@@ -116,7 +116,7 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
         dist = _cdist(emb.sim[q], emb.sim)
         shared = -dist
     elif score == "classifier":
-        shared = _probabilities(model, emb, q, np.ones_like(types, dtype=bool), device, batch_size)
+        shared = _margins(model, emb, q, np.ones_like(types, dtype=bool), device, batch_size)
     else:
         raise ValueError(f"unknown score '{score}'")
 
@@ -133,9 +133,12 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
             np.put_along_axis(top[task], nearest, True, axis=1)
             top[task] &= pool
         needed = np.logical_or.reduce(list(top.values()))
-        probs = _probabilities(model, emb, q, needed, device, batch_size)
+        margins = _margins(model, emb, q, needed, device, batch_size).astype(np.float64)
+        # the k retrieved rank above the rest: shift their margins above every -distance; float64 keeps every
+        # distinct float32 margin distinct after the shift
+        lift = float(np.abs(margins[needed]).max(initial=0.0) + np.abs(shared).max(initial=0.0) + 1.0)
         for task in masks:
-            per_task_scores[task] = np.where(top[task], 10.0 + probs, shared)  # shared = -distance <= 0
+            per_task_scores[task] = np.where(top[task], lift + margins, shared)
     results = {}
     for task, mask in masks.items():
         metrics = rank_metrics(per_task_scores.get(task, shared), mask, true_col)
@@ -143,12 +146,12 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
     return results
 
 
-def _probabilities(model: BiModel, emb: Embeddings, query_rows: np.ndarray, needed: np.ndarray, device,
-                   batch_size: int) -> np.ndarray:
-    """[Q, 2Q] classifier P(positive) where ``needed`` (row i = the query at table row ``query_rows[i]``), NaN elsewhere."""
+def _margins(model: BiModel, emb: Embeddings, query_rows: np.ndarray, needed: np.ndarray, device,
+             batch_size: int) -> np.ndarray:
+    """[Q, 2Q] classifier logit margins where ``needed`` (row i = the query at table row ``query_rows[i]``), NaN elsewhere."""
     out = np.full(needed.shape, np.nan, dtype=np.float32)
     qi, ci = np.nonzero(needed)
-    out[qi, ci] = pair_probabilities(model, emb, query_rows[qi], ci, batch_size, device)
+    out[qi, ci] = pair_margins(model, emb, query_rows[qi], ci, batch_size, device)
     return out
 
 
@@ -174,11 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m biencoder.tasks",
                                      description="Pool sizes of the 8 official tasks (queries, false candidates).")
     parser.add_argument("root", help="corpus root (holding 02-extracted-arguments/) or 'demo'")
-    parser.add_argument("--split", default="test", choices=["train", "val", "test"])
+    parser.add_argument("--split", default="test", metavar="{train,val,test}",
+                        help="the split (the corpus's folder names training/validation work too)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     try:
-        split = read_corpus(demo_root() if args.root == "demo" else args.root).paired(args.split)
+        name = split_name(args.split)
+        split = read_corpus(demo_root() if args.root == "demo" else args.root).paired(name)
     except CorpusError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

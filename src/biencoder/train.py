@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -33,10 +32,8 @@ from .config import (
     ConfigError,
     autocast_dtype,
     fail,
-    flatten,
     hydra_cli,
     register,
-    resume_requested,
     select_device,
     set_seed_everywhere,
     validate,
@@ -55,18 +52,8 @@ from .model import (
     head_statistics,
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
-from .state import (
-    RunFolderError,
-    append_rows,
-    is_done,
-    read_final,
-    rng_states,
-    save_atomic,
-    save_npy_atomic,
-    set_rng_states,
-    truncate_metrics,
-    write_json_atomic,
-)
+from .rundir import RunFolder, discard_if_ours
+from .state import RunFolderError, rng_states, set_rng_states
 from .tasks import evaluate_tasks, format_tasks
 
 log = logging.getLogger("biencoder")
@@ -141,17 +128,13 @@ def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
     return factor
 
 
-#: config keys a resumed run may change (they do not change what is computed)
-RESUME_FREE_KEYS = ("trainer.resume", "trainer.progress", "trainer.num_workers", "trainer.cache_dir",
-                    "trainer.keep_last", "paths.")
-
-
 class Runner:
     """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``)."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
+        self.folder = RunFolder(out_dir)
         corpus = read_corpus(cfg.data.root)
         self.device = select_device(distributed.setup(cfg.trainer.device))
         self.main = distributed.is_main()
@@ -290,14 +273,17 @@ class Runner:
         (its weights are the pretrained ones, checked by fingerprint on resume)."""
         return {k: v for k, v in state_dict.items() if not (self.frozen and k.startswith("encoder."))}
 
-    def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor) -> None:
-        """The full training state after ``epoch``, atomically: resuming from it continues bit for bit."""
-        save_atomic({
+    def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor, rngs: list[dict]) -> None:
+        """The full training state after ``epoch``, atomically: resuming from it continues bit for bit.
+
+        ``rngs`` holds every rank's RNG states (index = rank), so each rank resumes its own dropout stream.
+        """
+        self.folder.save_state({
             "epoch": epoch,
             "model": self._weights(self.model.state_dict()),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng_states(),
+            "rng": rngs,
             "mining_rng": self.rng.bit_generator.state,
             "loader_rng": self.loader_generator.get_state(),
             "train_sim": train_sim,  # the embeddings the next epoch mines with
@@ -305,22 +291,21 @@ class Runner:
                      "state": self._weights(best["state"]) if best["state"] else None,
                      "hits": None if best["hits"] is None else torch.from_numpy(best["hits"])},
             "encoder_fingerprint": self.fingerprint,
-        }, self.out_dir / "last.pt")
+        })
 
-    def load_last(self) -> tuple[int, dict, torch.Tensor]:
-        """Restore ``last.pt``; returns (next epoch, best so far, train embeddings to mine with)."""
-        path = self.out_dir / "last.pt"
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
-            raise RunFolderError(f"cannot resume from {path} ({type(err).__name__}): the checkpoint is corrupt; "
-                                 "delete it to start the run again") from None
+    def load_last(self, state: dict) -> tuple[int, dict, torch.Tensor]:
+        """Restore the state of ``last.pt``; returns (next epoch, best so far, train embeddings to mine with)."""
         if state["encoder_fingerprint"] != self.fingerprint:
-            raise RunFolderError(f"{path} was trained on another encoder than model.encoder.name_or_path loads now")
+            raise RunFolderError(f"{self.folder.last} was trained on another encoder than "
+                                 "model.encoder.name_or_path loads now")
         self.model.load_state_dict(state["model"], strict=not self.frozen)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-        set_rng_states(state["rng"])
+        rngs = state["rng"]
+        if len(rngs) != distributed.world_size():
+            raise RunFolderError(f"{self.folder.last} was saved by {len(rngs)} process(es), not "
+                                 f"{distributed.world_size()}: resume with the same number of processes")
+        set_rng_states(rngs[distributed.rank()])
         self.rng.bit_generator.state = state["mining_rng"]
         self.loader_generator.set_state(state["loader_rng"])
         best = dict(state["best"])
@@ -337,14 +322,15 @@ class Runner:
             return self._fit()
 
     def _start(self) -> tuple[int, dict, torch.Tensor | None]:
-        last = self.out_dir / "last.pt"
-        if last.exists():
-            epoch, best, train_sim = self.load_last()
-            dropped = truncate_metrics(self.out_dir / "metrics.jsonl", epoch - 1) if self.main else 0
-            log.info("resuming %s after epoch %d (%d rows of an unfinished epoch dropped)", self.out_dir, epoch - 1, dropped)
+        state = self.folder.load_state()
+        if state is not None:
+            epoch, best, train_sim = self.load_last(state)
+            dropped = self.folder.truncate(epoch - 1) if self.main else 0
+            log.info("resuming %s after epoch %d (%d rows of epochs after the last checkpoint dropped)",
+                     self.out_dir, epoch - 1, dropped)
             return epoch, best, train_sim
         if self.main:
-            truncate_metrics(self.out_dir / "metrics.jsonl", -1)
+            self.folder.truncate(-1)
         best = {"epoch": -1, "val_top1": -math.inf, "metrics": None, "state": None, "hits": None}
         return 0, best, self.embed("train").sim if self.main else None
 
@@ -380,8 +366,12 @@ class Runner:
                             "hits": hits["test"],
                             # kept in memory for the 8 tasks at the end (recomputed there after a resume)
                             "embs": {n: embs[n] for n in ("val", "test")}}
-                append_rows(self.out_dir / "metrics.jsonl", rows)  # the epoch is on disk...
-                self.save_last(epoch, best, train_sim)  # ...before the state that says it is done
+                self.folder.append(rows)  # the epoch is on disk before the state that says it is done
+            every = cfg.trainer.checkpoint_every
+            if every and ((epoch + 1) % every == 0 or epoch == cfg.trainer.max_epochs - 1):
+                rngs = distributed.all_gather_object(rng_states())  # every rank's own RNG streams
+                if self.main:
+                    self.save_last(epoch, best, train_sim, rngs)
             distributed.barrier()
         if not self.main:
             return None
@@ -401,14 +391,12 @@ class Runner:
                 final["tasks"][name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model,
                                                       emb=emb, k=cfg.eval.k, device=self.device,
                                                       batch_size=cfg.eval.pair_batch_size)
-        save_npy_atomic(self.out_dir / "test_hits.npy", best["hits"])
+        checkpoint = None
         if cfg.trainer.save_checkpoint:
-            save_atomic({"state_dict": best["state"], "epoch": best["epoch"],
-                         "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)}, self.out_dir / "best.pt")
+            checkpoint = {"state_dict": best["state"], "epoch": best["epoch"],
+                          "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)}
         final["wall_time_s"] = round(time.time() - start, 2)
-        write_json_atomic(self.out_dir / "final.json", final)
-        if not cfg.trainer.keep_last:
-            (self.out_dir / "last.pt").unlink(missing_ok=True)
+        self.folder.finish(final, best["hits"], checkpoint, keep_last=cfg.trainer.keep_last)
         log.info("\n%s", summary_text(final, self.out_dir))
         return final
 
@@ -427,70 +415,32 @@ def summary_text(final: dict, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def _attach_file_log(out_dir: Path) -> None:
-    target = (out_dir / "train.log").resolve()
-    handlers = logging.getLogger().handlers + log.handlers
-    if not any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == target for h in handlers):
-        handler = logging.FileHandler(target)
-        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-
-
-def _check_same_config(cfg: DictConfig, out_dir: Path) -> None:
-    """A resumed run must be the same run: every setting but :data:`RESUME_FREE_KEYS` as saved."""
-    saved_file = out_dir / "config_resolved.yaml"
-    if not saved_file.exists():
-        return
-    flat = lambda c: {k: v for k, v in flatten(OmegaConf.to_container(c, resolve=True)).items()
-                      if not k.startswith(RESUME_FREE_KEYS)}
-    saved, now = flat(OmegaConf.load(saved_file)), flat(cfg)
-    changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
-    if changed:
-        shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
-        raise ConfigError(f"cannot resume {out_dir}: it was started with other settings ({shown}); "
-                          "resume with the original overrides")
-
-
 def run(cfg: DictConfig, out_dir: Path) -> dict | None:
     """Train one cell into ``out_dir`` (or continue it, with ``trainer.resume``); returns what ``final.json`` holds.
 
     A finished folder (status ``done``) is left as it is when resuming, so a re-run sweep skips its done jobs.
     On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, and the exception propagates.
     """
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    main_process = distributed.is_main()
-    if main_process:
-        _attach_file_log(out_dir)
-    else:
+    validate(cfg)  # before the folder is touched
+    folder = RunFolder(out_dir)
+    if not distributed.is_main():
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
-    resuming = resume_requested(cfg.trainer.resume)
-    if resuming and is_done(out_dir):
-        log.info("%s is already done (final.json status done): skipping it", out_dir)
-        return read_final(out_dir)
-    if main_process and not resuming and (out_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"{out_dir} already holds a run: pass trainer.resume=true to continue it, "
-                          "or choose another output folder")
-    if resuming:
-        _check_same_config(cfg, out_dir)
-    runner = Runner(cfg, out_dir)  # validates the config and reads the corpus first
+    done = folder.open(cfg, main=distributed.is_main())
+    if done is not None:
+        return done
+    runner = Runner(cfg, folder.path)  # validates the config and reads the corpus first
     if runner.main:
-        (out_dir / "final.json").unlink(missing_ok=True)  # a failed attempt's verdict no longer holds
-        # .hydra/config.yaml keeps interpolations (${minilm_path:}, ${oc.env:...}); this copy says what was used
-        OmegaConf.save(cfg, out_dir / "config_resolved.yaml", resolve=True)
+        folder.start(cfg)
     try:
         return runner.fit()
     except Diverged as err:
         if runner.main:
-            write_json_atomic(out_dir / "final.json", {"status": "diverged", "variant": runner.variant,
-                                                       "seed": int(cfg.seed), "epoch": err.epoch, "what": err.what,
-                                                       "loss_parts": err.parts, "error": str(err)})
+            folder.record("diverged", variant=runner.variant, seed=int(cfg.seed), epoch=err.epoch, what=err.what,
+                          loss_parts=err.parts, error=str(err))
         raise
     except BaseException as err:
         if runner.main:
-            write_json_atomic(out_dir / "final.json", {"status": "failed", "variant": runner.variant,
-                                                       "seed": int(cfg.seed), "error": f"{type(err).__name__}: {err}"})
+            folder.record("failed", variant=runner.variant, seed=int(cfg.seed), error=f"{type(err).__name__}: {err}")
         raise
 
 
@@ -509,7 +459,7 @@ def main(cfg: DictConfig) -> float | None:
         distributed.setup(cfg.trainer.device)  # a no-op unless launched by torchrun with several processes
         shared = Path(distributed.broadcast_object(str(out_dir)))  # every rank works in rank 0's folder
         if shared != out_dir:
-            shutil.rmtree(out_dir, ignore_errors=True)
+            discard_if_ours(out_dir)  # this rank's own (empty) Hydra folder
             out_dir = shared
         final = run(cfg, out_dir)
     except (ConfigError, CorpusError, CacheError, RunFolderError) as err:

@@ -1,0 +1,218 @@
+"""The life of a run folder: create or resume it, checkpoint into it, finish it, and clean up after an error.
+
+Rules this module enforces (each has a test in ``tests/test_rundir.py``):
+
+* **Nothing this process did not create is ever deleted.** Hydra makes the output folder before the app runs, so
+  the run-dir resolvers (``${run_dir:...}`` for ``hydra.run.dir``, ``${job_dir:...}`` for a sweep job,
+  ``${new_dir:...}`` for other apps' folders) note whether
+  the folder already existed when Hydra resolved its path, which is before Hydra creates it. On a bad-input
+  error a folder is removed only if it did not exist then, every file in it was written after this process
+  started, and it holds no metrics (a run that trained is never removed).
+* **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
+  ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
+* **A resumed run is the same run**: every setting but :data:`~biencoder.config.NON_RESULT_KEYS` must equal the
+  saved one, checked before anything else (a finished run with other settings is refused, not skipped).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .config import ConfigError, flatten, is_non_result_key, resume_folder, resume_requested
+from .state import (
+    RunFolderError,
+    append_rows,
+    is_done,
+    read_final,
+    save_atomic,
+    save_npy_atomic,
+    truncate_metrics,
+    write_json_atomic,
+)
+
+log = logging.getLogger("biencoder")
+
+#: wall-clock time this module was imported: every file this process writes is newer (less a little slack for
+#: file systems that store coarse times)
+PROCESS_START = time.time() - 2.0
+#: absolute folder path -> whether it existed when its path was first resolved (before Hydra created it)
+_EXISTED: dict[str, bool] = {}
+#: what makes a folder a run folder of this tool
+RUN_MARKERS = ("config_resolved.yaml", "last.pt", "final.json")
+
+
+def new_dir_resolver(path: str | Path) -> str:
+    """``${new_dir:<path>}``: ``path`` unchanged; notes whether it existed before this process resolved it."""
+    key = os.path.abspath(str(path))
+    _EXISTED.setdefault(key, os.path.exists(key))
+    return str(path)
+
+
+def created_by_this_process(path: str | Path) -> bool:
+    """True only for a folder whose path was resolved by this process while it did not exist yet."""
+    return _EXISTED.get(os.path.abspath(str(path))) is False
+
+
+def is_run_folder(path: str | Path) -> bool:
+    return Path(path).is_dir() and any((Path(path) / name).is_file() for name in RUN_MARKERS)
+
+
+def check_resume_target(path: str | Path) -> Path:
+    """The folder of ``trainer.resume=<path>``, or :class:`RunFolderError` if it is not a run folder of this tool."""
+    folder = Path(path).expanduser()
+    if not is_run_folder(folder):
+        what = "does not exist" if not folder.exists() else "is not a run folder of biencoder.train"
+        raise RunFolderError(f"trainer.resume='{path}' {what}: pass a folder that holds {' or '.join(RUN_MARKERS)} "
+                             "(logs/runs/<time>_<variant>_s<seed>), or trainer.resume=true to continue a sweep's jobs")
+    return folder
+
+
+def run_dir_resolver(resume: Any, default: str) -> str:
+    """``hydra.run.dir``: the folder named by ``trainer.resume=<run dir>`` (checked), else ``default`` (new)."""
+    folder = resume_folder(resume)
+    if folder is not None:
+        check_resume_target(folder)
+        return new_dir_resolver(folder)
+    return new_dir_resolver(default)
+
+
+def job_dir_resolver(subdir: str, *, _root_: DictConfig) -> str:
+    """``hydra.sweep.subdir``: returned unchanged; notes whether ``<sweep dir>/<subdir>`` existed before the job."""
+    new_dir_resolver(os.path.join(str(OmegaConf.select(_root_, "hydra.sweep.dir")), subdir))
+    return subdir
+
+
+def hydra_subdir_resolver(*, _root_: DictConfig) -> str | None:
+    """``hydra.output_subdir``: ``.hydra``, or None (Hydra writes nothing) when the job's folder already holds one:
+    a resumed run keeps the record of how it was started, and a refused resume leaves its folder as it was."""
+    output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir", default=None)
+    if output_dir and (Path(output_dir) / ".hydra").is_dir():
+        return None
+    return ".hydra"
+
+
+def discard_if_ours(path: str | Path) -> bool:
+    """Remove ``path`` after a bad-input error, only if this process created it, wrote every file in it and
+    trained nothing into it. Returns whether it was removed; anything else is left exactly as it was."""
+    folder = Path(path)
+    if not folder.is_dir() or not created_by_this_process(folder) or (folder / "metrics.jsonl").exists():
+        return False
+    files = [p for p in folder.rglob("*") if not p.is_dir()]
+    if any(p.is_symlink() or p.lstat().st_mtime < PROCESS_START for p in files):
+        return False
+    for handler in logging.getLogger().handlers + log.handlers:  # close our log file before removing it
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder.resolve():
+            handler.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
+
+
+class RunFolder:
+    """One run's folder and the files in it (see the README's "Where results go").
+
+    ``metrics.jsonl`` (appended, fsynced per epoch), ``config_resolved.yaml``, ``last.pt`` (full training state),
+    ``best.pt`` (best-by-val weights + what is needed to use them), ``test_hits.npy``, ``final.json``, ``train.log``.
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.metrics = self.path / "metrics.jsonl"
+        self.last = self.path / "last.pt"
+        self.final = self.path / "final.json"
+        self.config = self.path / "config_resolved.yaml"
+
+    # -- opening ------------------------------------------------------------------------------------------------
+    def open(self, cfg: DictConfig, main: bool = True) -> dict | None:
+        """Make the folder ready for ``cfg``. Returns the saved ``final.json`` when the run is done already and
+        ``trainer.resume`` asks to continue it (a re-run sweep skips it); None when training should go on.
+
+        Raises :class:`ConfigError` when a resume changes a setting that changes results (checked first, so a
+        finished run is never silently "resumed" with other settings), or when the folder holds a run and
+        ``trainer.resume`` is off.
+        """
+        self.path.mkdir(parents=True, exist_ok=True)
+        if main:
+            self.attach_log()
+        resuming = resume_requested(cfg.trainer.resume)
+        if resuming:
+            self.check_same_config(cfg)
+            if is_done(self.path):
+                log.info("%s is already done (final.json status done): skipping it", self.path)
+                return read_final(self.path)
+        elif main and self.metrics.exists():
+            raise ConfigError(f"{self.path} already holds a run: pass trainer.resume=true to continue it, "
+                              "or choose another output folder")
+        return None
+
+    def start(self, cfg: DictConfig) -> None:
+        """A (re)started attempt: the old verdict no longer holds; save the config with every value resolved."""
+        self.final.unlink(missing_ok=True)
+        # .hydra/config.yaml keeps interpolations (${minilm_path:}, ${oc.env:...}); this copy says what was used
+        OmegaConf.save(cfg, self.config, resolve=True)
+
+    def check_same_config(self, cfg: DictConfig) -> None:
+        """A resumed run must be the same run: every setting but the non-result ones as saved."""
+        if not self.config.exists():
+            return
+        def flat(c):
+            return {k: v for k, v in flatten(OmegaConf.to_container(c, resolve=True)).items()
+                    if not is_non_result_key(k)}
+        saved, now = flat(OmegaConf.load(self.config)), flat(cfg)
+        changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+        if changed:
+            shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
+            raise ConfigError(f"cannot resume {self.path}: it was started with other settings ({shown}); "
+                              "resume with the original overrides, or start a new run without trainer.resume")
+
+    def attach_log(self) -> None:
+        target = (self.path / "train.log").resolve()
+        handlers = logging.getLogger().handlers + log.handlers
+        if not any(isinstance(h, logging.FileHandler) and Path(h.baseFilename) == target for h in handlers):
+            handler = logging.FileHandler(target)
+            handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+            log.addHandler(handler)
+            log.setLevel(logging.INFO)
+
+    # -- during the run -----------------------------------------------------------------------------------------
+    def append(self, rows: list[dict]) -> None:
+        append_rows(self.metrics, rows)
+
+    def truncate(self, last_epoch: int) -> int:
+        """Drop metric rows after ``last_epoch`` (an epoch logged but not checkpointed); returns how many."""
+        return truncate_metrics(self.metrics, last_epoch)
+
+    def save_state(self, state: dict) -> None:
+        save_atomic(state, self.last)
+
+    def load_state(self) -> dict | None:
+        """``last.pt``, or None when there is none; :class:`RunFolderError` when it cannot be read."""
+        if not self.last.exists():
+            return None
+        try:
+            return torch.load(self.last, map_location="cpu", weights_only=True)
+        except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
+            raise RunFolderError(f"cannot resume from {self.last} ({type(err).__name__}): the checkpoint is corrupt; "
+                                 "delete it to start the run again") from None
+
+    # -- ending -------------------------------------------------------------------------------------------------
+    def finish(self, final: dict, hits: np.ndarray, checkpoint: dict | None, keep_last: bool) -> None:
+        """``test_hits.npy`` and ``best.pt``, then ``final.json`` (status done) last, so it vouches for the rest."""
+        save_npy_atomic(self.path / "test_hits.npy", hits)
+        if checkpoint is not None:
+            save_atomic(checkpoint, self.path / "best.pt")
+        write_json_atomic(self.final, final)
+        if not keep_last:
+            self.last.unlink(missing_ok=True)
+
+    def record(self, status: str, **fields) -> None:
+        """``final.json`` for a run that ended without finishing: status ``failed`` or ``diverged``."""
+        write_json_atomic(self.final, {"status": status, **fields})

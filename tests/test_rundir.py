@@ -1,0 +1,138 @@
+"""Run-folder safety through the real CLI: an error never deletes or changes what this process did not create,
+``trainer.resume`` takes only run folders, resumed runs stay in their cell, and a finished run is not "resumed"
+with other settings."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from biencoder.config import ConfigError
+from biencoder.summary import assign_cells, find_runs, paired_comparisons, summary_table
+from biencoder.train import run
+from conftest import FAST, REPO, compose_cfg
+
+TINY = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer.max_epochs=1", "eval.tasks=false"]
+
+
+def train(*args, cwd=REPO):
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    return subprocess.run([sys.executable, "-m", "biencoder.train", *args], capture_output=True, text=True,
+                           cwd=cwd, env=env, timeout=600)
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    """Every file below ``root`` (relative path -> SHA-256), folders included as entries."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        rel = str(path.relative_to(root))
+        out[rel] = "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+def one_error_line(proc) -> str:
+    assert proc.returncode == 2, proc.stdout[-1000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def finished_sweep(tmp_path_factory):
+    """A real sweep folder holding four finished runs (2 cells x 2 seeds)."""
+    sweep = tmp_path_factory.mktemp("logs") / "sweep"
+    proc = train("-m", *TINY, "+variant=ln,plain", "seed=0,1", f"hydra.sweep.dir={sweep}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return sweep
+
+
+def test_resume_at_a_sweep_folder_with_a_bad_value_touches_nothing(finished_sweep):
+    before = snapshot(finished_sweep)
+    error = one_error_line(train("+variant=ln", *TINY, f"trainer.resume={finished_sweep}", "trainer.lr=-1"))
+    assert str(finished_sweep) in error and "not a run folder" in error and "config_resolved.yaml" in error
+    assert snapshot(finished_sweep) == before  # every file still there, byte for byte; nothing added
+
+
+def test_resume_at_a_finished_run_with_a_bad_value_touches_nothing(finished_sweep):
+    job = next(p for p in finished_sweep.iterdir() if p.name.endswith("_ln_s0"))
+    before = snapshot(job)
+    error = one_error_line(train("+variant=ln", *TINY, f"trainer.resume={job}", "trainer.lr=-1"))
+    assert "trainer.lr=-1" in error
+    assert snapshot(job) == before  # not even Hydra's .hydra/ is rewritten
+
+
+def test_resume_dot_in_a_folder_of_files_removes_nothing(tmp_path):
+    (tmp_path / "notes.txt").write_text("my notes\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "code.py").write_text("print(1)\n")
+    before = snapshot(tmp_path)
+    error = one_error_line(train("+variant=ln", *TINY, "trainer.resume=.", "trainer.lr=-1", cwd=tmp_path))
+    assert "trainer.resume='.'" in error and "not a run folder" in error
+    assert snapshot(tmp_path) == before
+
+
+def test_a_fresh_run_with_a_bad_value_leaves_no_folder(tmp_path):
+    error = one_error_line(train(*TINY, "trainer.lr=-1", f"paths.log_dir={tmp_path / 'logs'}"))
+    assert "trainer.lr=-1" in error
+    runs = tmp_path / "logs" / "runs"
+    assert not runs.exists() or list(runs.iterdir()) == []
+
+
+def test_an_existing_output_folder_is_never_removed(tmp_path):
+    """hydra.run.dir pointing at a folder the user made: the error leaves the folder and the user's file there."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("precious\n")
+    one_error_line(train(*TINY, "trainer.lr=-1", f"hydra.run.dir={folder}"))
+    assert (folder / "keep.txt").read_text() == "precious\n"
+
+
+def test_resumed_jobs_stay_in_their_cell(finished_sweep, tmp_path):
+    """One job of a 2x2 sweep dies; the sweep is resubmitted with trainer.resume=true (and other settings that
+    change no result): the table and the paired test still see 2 cells x 2 seeds."""
+    import shutil
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(finished_sweep, sweep)
+    killed = next(p for p in sweep.iterdir() if p.name.endswith("_plain_s1"))
+    for name in ("final.json", "best.pt", "test_hits.npy"):  # as a kill before the end leaves it
+        (killed / name).unlink()
+    proc = train("-m", *TINY, "+variant=ln,plain", "seed=0,1", f"hydra.sweep.dir={sweep}", "trainer.resume=true",
+                 "trainer.keep_last=true", "trainer.num_workers=0", "trainer.device=cpu")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trainer" in (killed / "config_resolved.yaml").read_text()
+    runs = find_runs([sweep])
+    assert assign_cells(runs) == []  # nothing but the variant separates the cells
+    table = summary_table(runs, n_boot=200).set_index("cell")
+    assert sorted(table.index) == ["ln", "plain"] and table["seeds"].tolist() == [2, 2]
+    paired = paired_comparisons(runs, n_boot=200)
+    assert paired["seeds"].tolist() == [2] and paired["pairing"].tolist() == ["matched"]
+
+
+def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
+    final = (out / "final.json").read_text()
+    with pytest.raises(ConfigError, match=r"trainer\.lr.*trainer\.max_epochs|trainer\.max_epochs"):
+        run(compose_cfg(FAST + ["trainer.max_epochs=12", "trainer.lr=0.5", "eval.tasks=false",
+                                "trainer.resume=true"]), out)
+    assert (out / "final.json").read_text() == final
+    # the same settings: skipped, as before
+    again = run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false", "trainer.resume=true",
+                                    "trainer.progress=true"]), out)
+    assert again == json.loads(final)
+
+
+def test_unknown_keys_are_refused_even_with_plus():
+    from biencoder.config import validate
+
+    with pytest.raises(ConfigError, match=r"trainer\.max_epoch \(did you mean trainer\.max_epochs\?\)"):
+        validate(compose_cfg(["+trainer.max_epoch=2"]))
+    with pytest.raises(ConfigError, match=r"unknown config key trainer\.foo:"):
+        validate(compose_cfg(["+trainer.foo=1"]))
+    validate(compose_cfg(["model=tiny", "+model.encoder.random_init.hidden_dropout_prob=0.2"]))  # free-form
