@@ -22,7 +22,7 @@ def write_corpus(root: Path, layout: dict) -> Path:
                 folder = root / split / theme / debate
                 folder.mkdir(parents=True)
                 (folder / "thesis.txt").write_text(f"thesis of {debate}\n")
-                (folder / "metadata.txt").write_text("url\thttps://example.org\n")
+                (folder / "metadata.txt").write_text(f"url\thttps://example.org/{split}/{theme}/{debate}\n")
                 for stance, pairs in sides.items():
                     (folder / stance).mkdir()
                     for i, (point, counter) in enumerate(pairs, 1):

@@ -104,7 +104,8 @@ def test_demo_corpus_edge_cases():
 def test_cli_json(capsys):
     assert main(["stats", "demo", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"train", "val", "test"} and out["test"]["pairs"] == 32
+    assert set(out["splits"]) == {"train", "val", "test"} and out["splits"]["test"]["pairs"] == 32
+    assert out["dedup_dropped"] == {"train": 2, "val": 2, "test": 0} and out["overlap"]["test->train"]["texts"] == 1
 
 
 def test_real_corpus_counts(real_root, capsys):
@@ -117,7 +118,8 @@ def test_real_corpus_counts(real_root, capsys):
         assert tuple(corpus.counts[s][key] for s in ("train", "val", "test")) == values, key
     capsys.readouterr()
     assert main(["stats", str(real_root), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["test"]["pairs"] == 1401
+    out = json.loads(capsys.readouterr().out)
+    assert out["splits"]["test"]["pairs"] == 1401 and out["overlap"]["test->train"]["pairs"] == 616
 
 
 @pytest.mark.parametrize("spelling, short", [("validation", "val"), ("val", "val"), ("training", "train"),
@@ -130,3 +132,61 @@ def test_both_split_spellings_are_accepted_and_one_is_printed(spelling, short):
     assert corpus.paired(spelling).name == short and set(corpus.counts) == {"train", "val", "test"}
     with pytest.raises(CorpusError, match=r"val \(or validation\)"):
         split_name("valid")
+
+
+def test_planted_cross_split_duplicates(make_corpus):
+    """A debate filed twice (another theme, another split): exact overlap counts, exactly the planted pairs dropped
+    (test untouched), and the seen/unseen split of the test queries."""
+    from biencoder.corpus import seen_queries
+    from biencoder.train import seen_unseen
+
+    layout = grid_layout()
+    test_pro = layout["test"]["theme0"]["debate00"]["pro"]
+    # training files test's pair pro01 verbatim under another theme (a whole pair seen in training)
+    layout["training"]["theme1"]["debate10"]["pro"][0] = test_pro[0]
+    # validation holds test's pro02 counter as a counter of another point (a text shared, not the pair)
+    val_con = layout["validation"]["theme0"]["debate01"]["con"]
+    val_con[1] = (val_con[1][0], test_pro[1][1])
+    # training repeats a validation pair (val -> train overlap, dropped from train only)
+    layout["training"]["theme0"]["debate00"]["con"][0] = layout["validation"]["theme1"]["debate11"]["pro"][0]
+    root = make_corpus(layout)
+    # the same debate URL in training and test
+    (root / "training/theme1/debate10/metadata.txt").write_text("url\thttps://example.org/shared\n")
+    (root / "test/theme0/debate00/metadata.txt").write_text("url\thttps://example.org/shared\n")
+    for name in ("training/theme0/debate00", "validation/theme1/debate11"):
+        (root / name / "metadata.txt").write_text(f"url\thttps://example.org/{name.split('/')[0]}\n")
+    corpus = read_corpus(root)
+    o = corpus.overlap()
+    assert o["test->train"]["pairs"] == 1 and o["test->val"]["pairs"] == 0 and o["val->train"]["pairs"] == 1
+    assert o["test->train+val"]["pairs"] == 1 and o["test->train+val"]["texts"] == 3  # pro01 point+counter, pro02 counter
+    assert o["test->train"]["debates"] == 1 and o["val->test"]["debates"] == 0
+    dedup = corpus.deduplicated()
+    assert dedup.dropped == {"train": 2, "val": 1, "test": 0}
+    dropped_train = set(corpus.split_pairs("train")["pair_id"]) - set(dedup.split_pairs("train")["pair_id"])
+    assert dropped_train == {"theme1/debate10/pro01", "theme0/debate00/con01"}
+    assert set(corpus.split_pairs("val")["pair_id"]) - set(dedup.split_pairs("val")["pair_id"]) == {"theme0/debate01/con02"}
+    assert dedup.split_pairs("test").equals(corpus.split_pairs("test"))  # the official test pools
+    # seen / unseen test queries, official splits: pro01 (whole pair) and pro02 (its counter) of test debate00
+    test = corpus.paired("test")
+    seen = seen_queries(test, [corpus.paired("train"), corpus.paired("val")])
+    seen_ids = set(test.table.loc[test.query[seen], "pair_id"])
+    assert seen_ids == {"theme0/debate00/pro01", "theme0/debate00/pro02"}
+    assert not seen_queries(dedup.paired("test"), [dedup.paired("train"), dedup.paired("val")]).any()
+    hits = np.zeros(test.n_pairs, dtype=bool)
+    hits[np.flatnonzero(seen)] = True  # a model that gets exactly the seen queries right
+    hits[np.flatnonzero(~seen)[:3]] = True  # and 3 of the 14 unseen ones
+    assert seen_unseen(hits, seen) == {"top1_unseen": 3 / 14, "queries_unseen": 14, "top1_seen": 1.0,
+                                       "queries_seen": 2}
+
+
+def test_real_corpus_overlap_and_dedup(real_corpus):
+    """protocol.md's figures: 616 of 1401 test and 574 of 1287 val pairs occur verbatim as training pairs; 793
+    test pairs in train or val; dedup keeps 2796 of 4065 training and 1060 of 1287 validation pairs."""
+    from biencoder.corpus import seen_queries
+
+    o = real_corpus.overlap()
+    assert (o["test->train"]["pairs"], o["val->train"]["pairs"], o["test->train+val"]["pairs"]) == (616, 574, 793)
+    dedup = real_corpus.deduplicated()
+    assert {s: len(dedup.split_pairs(s)) for s in ("train", "val", "test")} == {"train": 2796, "val": 1060, "test": 1401}
+    seen = seen_queries(real_corpus.paired("test"), [real_corpus.paired("train"), real_corpus.paired("val")])
+    assert (~seen).sum() == 606  # test pairs with neither text anywhere in training or validation

@@ -113,5 +113,12 @@ def test_zero_shot_evaluation_json(tmp_path):
     result = run_evaluation(cfg, tmp_path)
     saved = json.loads((tmp_path / "eval.json").read_text())
     assert saved["score"] == "encoder_cosine" and saved["split"] == "test" and saved["tasks"] == result["tasks"]
-    assert set(saved["tasks"]["sdoc"]) == {"accuracy_at_1", "mrr", "queries", "candidates"}
+    assert set(saved["tasks"]["sdoc"]) == {"accuracy_at_1", "mrr", "queries", "candidates", "groups"}
     assert saved["tasks"]["sdoc"]["queries"] == 32 and saved["peak_rss_mb"] > 0
+    # deduplicated splits (the default): no test query shares a text with a train/val pair in use
+    assert saved["tasks"]["epa"]["groups"]["unseen"]["queries"] == 32
+    assert saved["tasks"]["epa"]["groups"]["seen"] == {"accuracy_at_1": None, "mrr": None, "queries": 0}
+    val = run_evaluation(compose_cfg(["model=tiny", "model.pooling=mean", "eval.score=encoder_cosine",
+                                      "trainer.progress=false", "eval.split=validation"], config_name="evaluate"),
+                         tmp_path / "val")
+    assert val["split"] == "val" and val["tasks"]["sdoc"]["queries"] == 30  # the folder name works; dedup applies

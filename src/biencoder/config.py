@@ -75,6 +75,7 @@ class DataSchema:
     name: str = "demo"
     root: str = "${demo_root:}"
     max_debates: Optional[int] = None
+    dedup: bool = True
 
 
 @dataclass
@@ -127,6 +128,7 @@ class EvalSchema:
     tasks: bool = True
     pair_batch_size: int = 4096
     index: str = "balltree"
+    train_queries: Optional[int] = None
     checkpoint: Optional[str] = None
     split: str = "test"
     output: Optional[str] = None
@@ -296,9 +298,12 @@ def validate(cfg: DictConfig) -> None:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid: it must be in [0, 1]")
     _positive(cfg, "eval.k")
     _positive(cfg, "eval.every")
+    if cfg.eval.train_queries is not None:
+        _positive(cfg, "eval.train_queries")
     _choice(cfg, "eval.score", SCORES)
     if not isinstance(cfg.data.root, str) or not cfg.data.root:
         raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
+    _bool(cfg, "data.dedup")
     if cfg.data.max_debates is not None:
         _positive(cfg, "data.max_debates")
     if not isinstance(cfg.seed, int):

@@ -20,7 +20,7 @@ import re
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -111,20 +111,32 @@ def _subdirs(folder: Path, expected: str) -> list[Path]:
     return out
 
 
-def _read_split(folder: Path, split: str) -> tuple[list[dict], int, int]:
-    """Rows of every argument file of one split; also the number of themes and debates."""
+def _debate_url(debate: Path) -> str | None:
+    """The ``url`` line of a debate's metadata.txt (tab-separated key/value lines), or None."""
+    try:
+        for line in (debate / "metadata.txt").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition("\t")
+            if key.strip() == "url" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _read_split(folder: Path, split: str) -> tuple[list[dict], int, list[dict]]:
+    """Rows of every argument file of one split; also the number of themes and one row per debate (with its URL)."""
     rows: list[dict] = []
     themes = _subdirs(folder, "a theme folder")
-    n_debates = 0
+    debates: list[dict] = []
     for theme in themes:
         for debate in _subdirs(theme, "a debate folder"):
-            n_debates += 1
+            debates.append({"split": split, "theme": theme.name, "debate": debate.name, "url": _debate_url(debate)})
             for entry in sorted(debate.iterdir()):
                 if entry.is_dir() and entry.name in STANCES:
                     rows.extend(_read_side(entry, split, theme.name, debate.name))
                 elif entry.name not in DEBATE_FILES:
                     _ignored(entry, "thesis.txt, metadata.txt, pro/ or con/")
-    return rows, len(themes), n_debates
+    return rows, len(themes), debates
 
 
 def _read_side(side: Path, split: str, theme: str, debate: str) -> list[dict]:
@@ -198,16 +210,18 @@ class PairedSplit:
         counts = np.bincount(self.text_id[self.is_counter], minlength=len(self.table))
         return counts[self.text_id[self.counter]] - 1
 
-    def is_candidate(self, rows: np.ndarray) -> np.ndarray:
-        """[Q, K] bool for table rows [Q, K] (one row of candidates per query, in query order).
+    def is_candidate(self, rows: np.ndarray, pairs: np.ndarray | None = None) -> np.ndarray:
+        """[P, K] bool for table rows [P, K]: one row of candidates per query, for the pairs ``pairs`` (indices
+        into the split's pairs; default all, in order).
 
         False for the query itself and for counters whose text equals the query's true counter's text, except
         the true counter: the protocol's pool rule, shared by the per-epoch evaluation and the 8 tasks.
         """
         rows = np.asarray(rows)
-        text, true = self.text_id, self.counter[:, None]
+        pairs = np.arange(self.n_pairs) if pairs is None else np.asarray(pairs)
+        text, true = self.text_id, self.counter[pairs][:, None]
         twin = self.is_counter[rows] & (text[rows] == text[true]) & (rows != true)
-        return (rows != self.query[:, None]) & ~twin
+        return (rows != self.query[pairs][:, None]) & ~twin
 
 
 @dataclass(frozen=True)
@@ -217,12 +231,71 @@ class Corpus:
     ``arguments``: one row per argument file (columns :data:`ARGUMENT_COLUMNS`).
     ``pairs``: one row per point that has a counter (columns :data:`PAIR_COLUMNS`, plus ``point_row`` and
     ``counter_row``, the row labels of both in ``arguments``).
+    ``debates``: one row per debate folder (split, theme, debate, url from metadata.txt).
+    ``dropped``: pairs removed per split by :meth:`deduplicated` (empty for the official splits).
     """
 
     root: Path
     arguments: pd.DataFrame
     pairs: pd.DataFrame
     counts: dict[str, dict[str, int]]
+    debates: pd.DataFrame = None
+    dropped: dict[str, int] = None
+
+    def split_pairs(self, split: str) -> pd.DataFrame:
+        """The pairs of ``split`` (either spelling)."""
+        return self.pairs[self.pairs["split"] == SPLIT_NAMES[split_name(split)]]
+
+    def texts(self, split: str) -> set[str]:
+        """Every argument text of ``split`` (points without a counter too)."""
+        return set(self.arguments.loc[self.arguments["split"] == SPLIT_NAMES[split_name(split)], "text"])
+
+    def deduplicated(self) -> "Corpus":
+        """The splits without their text-level overlap (protocol.md), in the order test → val → train:
+
+        test is untouched (its pools stay the official ones); val drops every pair whose point or counter text
+        occurs in test; train drops every pair whose point or counter text occurs in val or test. ``dropped``
+        says how many pairs each split lost; ``counts`` still describes the corpus on disk.
+        """
+        def keep(split: str, banned: set[str]) -> pd.Series:
+            pairs = self.split_pairs(split)
+            return ~(pairs["point_text"].isin(banned) | pairs["counter_text"].isin(banned))
+
+        test, val = self.texts("test"), self.texts("val")
+        keep_val, keep_train = keep("val", test), keep("train", test | val)
+        kept = pd.concat([self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val],
+                          self.split_pairs("test")])
+        dropped = {"train": int((~keep_train).sum()), "val": int((~keep_val).sum()), "test": 0}
+        return replace(self, pairs=kept.sort_values(["split", "pair_id"], kind="stable").reset_index(drop=True),
+                       dropped=dropped)
+
+    def overlap(self) -> dict[str, dict[str, int]]:
+        """Cross-split overlap, per ordered pair of splits ``a->b`` (and ``test->train+val``): the pairs of a whose
+        point and counter texts occur together as a pair of b, the distinct texts of a found in b, and the
+        debates of a whose URL (metadata.txt) is also a debate of b."""
+        pair_set = {s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"]))
+                    for s in SPLIT_NAMES}
+        urls = {s: set(self.debates.loc[self.debates["split"] == SPLIT_NAMES[s], "url"].dropna())
+                for s in SPLIT_NAMES}
+        out = {}
+        targets = [(a, (b,)) for a in SPLIT_NAMES for b in SPLIT_NAMES if a != b] + [("test", ("train", "val"))]
+        for a, bs in targets:
+            pairs_b = set().union(*(pair_set[b] for b in bs))
+            texts_b = set().union(*(self.texts(b) for b in bs))
+            urls_b = set().union(*(urls[b] for b in bs))
+            out[f"{a}->{'+'.join(bs)}"] = {
+                "pairs": sum(pair in pairs_b for pair in pair_set_list(self.split_pairs(a))),
+                "of_pairs": len(self.split_pairs(a)),
+                "texts": len(self.texts(a) & texts_b),
+                "of_texts": len(self.texts(a)),
+                "debates": int(self.debates.loc[self.debates["split"] == SPLIT_NAMES[a], "url"].isin(urls_b).sum()),
+                "of_debates": int((self.debates["split"] == SPLIT_NAMES[a]).sum()),
+            }
+        return out
+
+    def used(self, dedup: bool) -> "Corpus":
+        """The corpus a run uses: :meth:`deduplicated` when ``dedup`` (``data.dedup``), else the official splits."""
+        return self.deduplicated() if dedup else self
 
     def paired(self, split: str, max_debates: int | None = None) -> PairedSplit:
         """The :class:`PairedSplit` of ``split`` (``train``/``val``/``test`` or the folder name).
@@ -243,19 +316,35 @@ class Corpus:
         return PairedSplit(name=split, table=table)
 
 
+def pair_set_list(pairs: pd.DataFrame) -> list[tuple[str, str]]:
+    """(point text, counter text) of every row of a pairs table, in order."""
+    return list(zip(pairs["point_text"], pairs["counter_text"]))
+
+
+def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:
+    """[Q] bool: the query's point or counter text occurs among the texts of the pairs in ``used`` (the training
+    and validation pairs a run actually used). False everywhere after :meth:`Corpus.deduplicated`."""
+    texts = set().union(*(set(u.texts) for u in used)) if used else set()
+    t = split.table["text"].to_numpy()
+    return np.array([(t[p] in texts) or (t[c] in texts) for p, c in zip(split.query, split.counter)], dtype=bool)
+
+
 def read_corpus(root: str | Path) -> Corpus:
-    """Read all three splits under ``root`` (see :func:`resolve_root`) into pandas tables.
+    """Read all three splits under ``root`` (see :func:`resolve_root`; ``"demo"`` is the bundled corpus) into
+    pandas tables.
 
     Raises :class:`CorpusError` on a missing root or split folders, a split without pairs, a file that is not
     UTF-8 or an empty argument file. Stray files are ignored with a :class:`CorpusWarning` (dot-files silently).
     """
-    folder = resolve_root(root)
+    folder = resolve_root(demo_root() if str(root) == "demo" else root)
     rows: list[dict] = []
+    debates: list[dict] = []
     shape: dict[str, tuple[int, int]] = {}
     for split in SPLITS:
-        split_rows, n_themes, n_debates = _read_split(folder / split, split)
+        split_rows, n_themes, split_debates = _read_split(folder / split, split)
         rows.extend(split_rows)
-        shape[split] = (n_themes, n_debates)
+        debates.extend(split_debates)
+        shape[split] = (n_themes, len(split_debates))
     arguments = pd.DataFrame(rows, columns=ARGUMENT_COLUMNS)
 
     key = ["split", "theme", "debate", "stance", "number"]
@@ -292,7 +381,8 @@ def read_corpus(root: str | Path) -> Corpus:
             "counters_without_point": int((in_split & merged["point_row"].isna()).sum()),
             "duplicated_texts": int((texts.value_counts() > 1).sum()),
         }
-    return Corpus(root=folder, arguments=arguments, pairs=pairs, counts=counts)
+    return Corpus(root=folder, arguments=arguments, pairs=pairs, counts=counts,
+                  debates=pd.DataFrame(debates, columns=["split", "theme", "debate", "url"]), dropped={})
 
 
 def format_stats(counts: dict[str, dict[str, int]]) -> str:
@@ -309,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     stats = sub.add_parser("stats", help="count themes, debates, points, counters and pairs per split")
     stats.add_argument("root", help=f"corpus root (holding {EXTRACTED}/) or that folder itself; 'demo' for the bundled one")
-    stats.add_argument("--json", action="store_true", help="print one JSON object keyed by split")
+    stats.add_argument("--json", action="store_true",
+                       help="print one JSON object: splits (counts per split), overlap, dedup_dropped")
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
@@ -318,11 +409,21 @@ def main(argv: list[str] | None = None) -> int:
     except CorpusError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    overlap = corpus.overlap()
     if args.json:
-        print(json.dumps(corpus.counts, indent=2))
+        print(json.dumps({"splits": corpus.counts, "overlap": overlap,
+                          "dedup_dropped": corpus.deduplicated().dropped}, indent=2))
     else:
         print(f"{corpus.root}  (read in {time.perf_counter() - start:.2f} s)")
         print(format_stats(corpus.counts))
+        print("\ncross-split overlap (the same text in two splits: a debate filed under two themes)")
+        print(f"{'':18} {'pairs (point+counter as a pair of b)':>38} {'texts':>16} {'debates (URL)':>15}")
+        for key, o in overlap.items():
+            print(f"{key:18} {o['pairs']:>26} of {o['of_pairs']:<9} {o['texts']:>6} of {o['of_texts']:<6} "
+                  f"{o['debates']:>5} of {o['of_debates']:<6}")
+        dropped = corpus.deduplicated().dropped
+        print(f"\ndata.dedup=true (the default) drops train {dropped['train']} of {corpus.counts['train']['pairs']}, "
+              f"val {dropped['val']} of {corpus.counts['val']['pairs']}, test 0 pairs")
     return 0
 
 

@@ -31,7 +31,7 @@ from .config import (
     set_seed_everywhere,
     validate,
 )
-from .corpus import CorpusError, PairedSplit, read_corpus
+from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
 from .corpus import split_name as canonical_split
 from .model import (
     BiModel,
@@ -50,36 +50,40 @@ log = logging.getLogger("biencoder")
 
 
 def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree",
-             device="cpu") -> tuple[np.ndarray, np.ndarray]:
+             device="cpu", pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest candidates per query by sim distance (a BallTree, or exact search, over all rows of ``split``).
 
-    Args: sim [2Q, D]. Returns (rows [Q, k'], distances [Q, k']) nearest first, k' = min(k, smallest pool).
+    Args: sim [2Q, D]; ``pairs``: the queries (indices of pairs; default all). Returns (rows [P, k'],
+    distances [P, k']) nearest first, k' = min(k, smallest pool).
     """
+    pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     extra = 1 + int(split.twins_of_true_counter().max())  # the query itself and its true counter's twins
     k = min(k, len(sim) - extra)
     sim = np.asarray(sim, dtype=np.float64)
-    dist, rows = NeighbourIndex(sim, index, device).query(sim[split.query], k + extra)
-    keep = split.is_candidate(rows)
+    dist, rows = NeighbourIndex(sim, index, device).query(sim[split.query[pairs]], k + extra)
+    keep = split.is_candidate(rows, pairs)
     # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
     order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(rows, order, 1), np.take_along_axis(dist, order, 1)
 
 
-def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10,
-                    batch_size: int = 4096, device="cpu", index: str = "balltree") -> tuple[dict[str, float], np.ndarray]:
-    """Per-epoch top-1 over every query of ``split``.
+def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 4096,
+                    device="cpu", index: str = "balltree", pairs: np.ndarray | None = None) -> tuple[dict[str, float], np.ndarray]:
+    """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``, indices of pairs).
 
-    Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch).
+    Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
+    of every query is always the whole split.
     Returns (metrics, hits): ``top1`` (reranked; ties count against the true counter), ``retrieval_top1``
     (nearest neighbour), ``recall_at_k`` (true counter among the k), ``mrr`` (reciprocal rank of the true
     counter after reranking the k; 0 when it is not among them), ``queries``, ``k``; ``hits`` [Q] bool is the
     reranked top-1 outcome per query.
     """
-    rows, _ = retrieve(emb.sim.numpy(), split, k, index, device)
+    pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
+    rows, _ = retrieve(emb.sim.numpy(), split, k, index, device, pairs)
     n_q, k_eff = rows.shape
-    queries = np.repeat(split.query, k_eff)
+    queries = np.repeat(split.query[pairs], k_eff)
     margins = pair_margins(model, emb, queries, rows.ravel(), batch_size, device).reshape(n_q, k_eff)
-    is_true = rows == split.counter[:, None]
+    is_true = rows == split.counter[pairs][:, None]
     in_k = is_true.any(axis=1)
     true_margin = np.where(in_k, (margins * is_true).sum(axis=1), -np.inf)
     # rank 1 only if every other retrieved candidate scores strictly lower (by logit margin, see pair_margins)
@@ -134,7 +138,12 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     if cfg.eval.checkpoint is None and score in NEEDS_TRAINED:
         raise ConfigError(f"eval.score={score} needs trained weights: pass eval.checkpoint=<run folder or best.pt>, "
                           "or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")
-    split = read_corpus(cfg.data.root).paired(split_name, cfg.data.max_debates)
+    corpus = read_corpus(cfg.data.root).used(cfg.data.dedup)
+    split = corpus.paired(split_name, cfg.data.max_debates)
+    groups = None
+    if split_name == "test":  # unseen / seen: does a query's text occur in the train/val pairs a run would use?
+        seen = seen_queries(split, [corpus.paired(s, cfg.data.max_debates) for s in ("train", "val")])
+        groups = {"unseen": ~seen, "seen": seen}
     device = select_device(cfg.trainer.device)
     set_seed_everywhere(cfg.seed)
     model = emb = None
@@ -154,11 +163,12 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
             pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"]), **kwargs)
         emb = embed_pooled(model, pooled, cfg.eval.pair_batch_size, device)
     tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
-                           batch_size=cfg.eval.pair_batch_size)
+                           batch_size=cfg.eval.pair_batch_size, groups=groups)
     result = {
         "score": score,
         "split": split_name,
         "data": cfg.data.name,
+        "dedup": bool(cfg.data.dedup),
         "checkpoint": None if cfg.eval.checkpoint is None else str(cfg.eval.checkpoint),
         "encoder": None if score == "tfidf" else model_cfg["encoder"]["name_or_path"],
         "pooling": None if score == "tfidf" else model_cfg["pooling"],

@@ -1,8 +1,9 @@
 """Hard-negative mining over sim embeddings with scikit-learn BallTrees (or exact search), mixed with random negatives.
 
-For every pair's point: the nearest point and the nearest counter of the split (by Euclidean distance of the
-sim embeddings) are looked up in two BallTrees; the point itself, its own counter and every argument whose text
-equals the point's or the counter's text are skipped; the closer of the two survivors is the hard negative.
+For every pair's point: the nearest argument of the split, point or counter (by Euclidean distance of the sim
+embeddings, one BallTree or exact search over all of them), skipping the point itself, its own counter and every
+argument whose text equals the point's or the counter's text, is the hard negative. (This is the closer of the
+nearest allowed point and the nearest allowed counter; at equal distance the lower row, a point, wins.)
 With probability ``random_rate`` a uniformly random eligible argument is taken instead.
 """
 
@@ -74,7 +75,7 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
         sim: [2Q, D] sim embeddings of the split's table rows (points then counters, see ``PairedSplit``).
         rate: probability of a random instead of a hard negative.
         rng: the only source of randomness (seeded by the caller).
-        n_neighbors: neighbours fetched per tree at first; more are fetched for the rare rows that need them.
+        n_neighbors: neighbours fetched at first; more are fetched for the rare rows that need them.
         index: ``balltree`` or ``exact`` (see :mod:`biencoder.search`); ``device`` is where ``exact`` runs.
     Returns:
         :class:`MinedNegatives`; a negative never has the text of the point or of its counter.
@@ -83,14 +84,8 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
     text_id = split.text_id
     banned = forbidden_texts(split)
     queries = split.query
-    hard_rows, hard_dist = [], []
-    for rows in (split.query, split.counter):
-        tree = NeighbourIndex(sim[rows], index, device)
-        row, dist = _first_allowed(tree, rows, sim, queries, banned, text_id, n_neighbors)
-        hard_rows.append(row)
-        hard_dist.append(dist)
-    use_counter = hard_dist[1] < hard_dist[0]
-    row = np.where(use_counter, hard_rows[1], hard_rows[0])
+    rows = np.arange(len(text_id))
+    row, _ = _first_allowed(NeighbourIndex(sim, index, device), rows, sim, queries, banned, text_id, n_neighbors)
     if (row < 0).any():
         raise ValueError("a pair has no eligible negative: the split needs at least one argument with another text")
 

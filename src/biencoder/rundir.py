@@ -204,9 +204,11 @@ class RunFolder:
                                  "delete it to start the run again") from None
 
     # -- ending -------------------------------------------------------------------------------------------------
-    def finish(self, final: dict, hits: np.ndarray, checkpoint: dict | None, keep_last: bool) -> None:
-        """``test_hits.npy`` and ``best.pt``, then ``final.json`` (status done) last, so it vouches for the rest."""
-        save_npy_atomic(self.path / "test_hits.npy", hits)
+    def finish(self, final: dict, arrays: dict[str, np.ndarray], checkpoint: dict | None, keep_last: bool) -> None:
+        """``<name>.npy`` per array (test_hits, test_seen) and ``best.pt``, then ``final.json`` (status done) last,
+        so it vouches for the rest."""
+        for name, array in arrays.items():
+            save_npy_atomic(self.path / f"{name}.npy", array)
         if checkpoint is not None:
             save_atomic(checkpoint, self.path / "best.pt")
         write_json_atomic(self.final, final)

@@ -114,30 +114,73 @@ def _unique_leaf(key: str, keys: list[str]) -> bool:
     return sum(k.split(".")[-1] == leaf for k in keys) == 1
 
 
-def bootstrap_ci(values: np.ndarray, n_boot: int = 10000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high) of ``values`` [Q] (or [S, Q]: seeds averaged per resample) resampling the Q axis."""
-    values = np.atleast_2d(np.asarray(values, dtype=float))
+#: fewer seeds than this: intervals resample test queries only, and no claim about training randomness is made
+MIN_SEEDS_FOR_SEED_LEVEL = 3
+
+
+def _bootstrap_stats(values: np.ndarray, n_boot: int, seed: int, two_level: bool) -> np.ndarray:
+    """[n_boot] resampled means of ``values`` [S, Q]. One level: queries resampled, seeds averaged. Two levels:
+    seeds resampled (with replacement), then queries, so the spread includes training randomness."""
     rng = np.random.default_rng(seed)
-    q = values.shape[1]
-    idx = rng.integers(0, q, size=(n_boot, q))
-    per_query = values.mean(axis=0)
-    stats = per_query[idx].mean(axis=1)
+    n_seeds, q = values.shape
+    # query resampling as multinomial counts: per resample, each seed's mean over the drawn queries
+    counts = rng.multinomial(q, np.full(q, 1.0 / q), size=n_boot)  # [n_boot, Q]
+    per_seed = counts @ values.T / q  # [n_boot, S]
+    if not two_level:
+        return per_seed.mean(axis=1)
+    seeds = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
+    return np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
+
+
+def bootstrap_ci(values: np.ndarray, n_boot: int = 10000, seed: int = 0, level: float = 0.95,
+                 two_level: bool | None = None) -> tuple[float, float, float]:
+    """(mean, low, high) of ``values`` [Q] or [S, Q] (seeds × queries).
+
+    ``two_level`` (default: when there are at least :data:`MIN_SEEDS_FOR_SEED_LEVEL` seeds) resamples seeds and
+    then queries; otherwise queries only, with the seeds averaged (an interval over test queries for fixed models).
+    """
+    values = np.atleast_2d(np.asarray(values, dtype=float))
+    if two_level is None:
+        two_level = values.shape[0] >= MIN_SEEDS_FOR_SEED_LEVEL
+    stats = _bootstrap_stats(values, n_boot, seed, two_level)
     alpha = (1 - level) / 2
-    return float(per_query.mean()), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
+    return float(values.mean()), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = 10000, seed: int = 0) -> tuple[float, float, float]:
-    """Difference of means a − b with a 95 % CI, resampling queries jointly (a, b: [Q] or [S, Q] per-query hits)."""
-    a, b = np.atleast_2d(a).mean(axis=0), np.atleast_2d(b).mean(axis=0)
-    if a.shape != b.shape:
-        raise SummaryError(f"cannot pair {a.shape[0]} with {b.shape[0]} queries: the runs used different test splits")
-    return bootstrap_ci(a - b, n_boot, seed)
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = 10000, seed: int = 0,
+                     two_level: bool | None = None) -> tuple[float, float, float, float]:
+    """Difference of means a − b: (diff, low, high, p). ``a``, ``b``: [Q] or [S, Q] per-query hits with seeds
+    matched row by row; queries (and, with ``two_level``, seeds) are resampled jointly for both. ``p`` is the
+    two-sided bootstrap p-value of "no difference": twice the smaller share of resampled differences on either
+    side of 0 (capped at 1)."""
+    a, b = np.atleast_2d(np.asarray(a, dtype=float)), np.atleast_2d(np.asarray(b, dtype=float))
+    if a.shape[1] != b.shape[1]:
+        raise SummaryError(f"cannot pair {a.shape[1]} with {b.shape[1]} queries: the runs used different test splits")
+    if a.shape[0] != b.shape[0]:  # unmatched seeds: compare the seed means
+        a, b = a.mean(axis=0, keepdims=True), b.mean(axis=0, keepdims=True)
+    d = a - b
+    if two_level is None:
+        two_level = d.shape[0] >= MIN_SEEDS_FOR_SEED_LEVEL
+    stats = _bootstrap_stats(d, n_boot, seed, two_level)
+    p = min(1.0, 2 * min((stats <= 0).mean(), (stats >= 0).mean()))
+    return float(d.mean()), float(np.quantile(stats, 0.025)), float(np.quantile(stats, 0.975)), float(p)
 
 
-def verdict(low: float, high: float) -> str:
-    if low <= 0.0 <= high:
+def holm(p_values) -> np.ndarray:
+    """Holm–Bonferroni adjusted p-values (same order as given): step-down, monotone, capped at 1."""
+    p = np.asarray(p_values, dtype=float)
+    order = np.argsort(p, kind="stable")
+    adjusted = np.maximum.accumulate((len(p) - np.arange(len(p))) * p[order])
+    out = np.empty_like(p)
+    out[order] = np.minimum(adjusted, 1.0)
+    return out
+
+
+def verdict(diff: float, p_adjusted: float, alpha: float = 0.05) -> str:
+    """Plain words: better / worse when the adjusted p is below ``alpha``, else no significant difference."""
+    if p_adjusted >= alpha:
         return "no significant difference"
-    return "better" if low > 0 else "worse"
+    return "better" if diff > 0 else "worse"
 
 
 def _best_rows(run: Run, metric: str) -> tuple[int, dict, dict] | None:
@@ -165,13 +208,21 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) ->
         if best:
             val = np.array([b[1][metric] for b in best])
             test = np.array([b[2].get(metric, np.nan) for b in best])
-            row.update({f"val_{metric}_mean": val.mean(), f"val_{metric}_std": val.std(),
-                        f"test_{metric}_mean": np.nanmean(test), f"test_{metric}_std": np.nanstd(test),
+            # std over seeds with ddof=1 (NaN for one seed: no spread can be estimated)
+            std = lambda x: float(np.nanstd(x, ddof=1)) if np.isfinite(x).sum() > 1 else np.nan
+            row.update({f"val_{metric}_mean": val.mean(), f"val_{metric}_std": std(val),
+                        f"test_{metric}_mean": np.nanmean(test), f"test_{metric}_std": std(test),
                         "epochs_to_best": float(np.mean([b[0] + 1 for b in best]))})
+            for group in ("unseen", "seen"):
+                values = [b[2].get(f"top1_{group}") for b in best]
+                if metric == "top1" and any(v is not None for v in values):
+                    row[f"test_top1_{group}_mean"] = float(np.mean([v for v in values if v is not None]))
+                    row[f"queries_{group}"] = int(best[0][2].get(f"queries_{group}", 0))
         hits = [r.hits for r in members if r.hits is not None]
         if metric == "top1" and hits and len({h.shape for h in hits}) == 1:
             _, low, high = bootstrap_ci(np.stack(hits).astype(float), n_boot)
-            row.update({"test_ci_low": low, "test_ci_high": high})
+            row.update({"test_ci_low": low, "test_ci_high": high,
+                        "ci_resamples": "seeds+queries" if len(hits) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
         tasks = [r.final["tasks"]["test"] for r in members if r.final and "tasks" in r.final]
         if tasks:
             row["tasks_score"] = members[0].final["tasks"]["score"]
@@ -205,11 +256,15 @@ def paired_comparisons(runs: list[Run], reference: str = "plain", n_boot: int = 
         pairing = "matched" if shared else "pooled"
         a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
         b = np.stack([ref[s].hits for s in (shared or ref)]).astype(float)
-        diff, low, high = paired_bootstrap(a, b, n_boot)
+        diff, low, high, p = paired_bootstrap(a, b, n_boot)
         rows.append({"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref)}",
-                     "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high,
-                     "verdict": verdict(low, high)})
-    return pd.DataFrame(rows)
+                     "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
+                     "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
+    out = pd.DataFrame(rows)
+    if len(out):  # several comparisons in one table: Holm-adjusted verdicts
+        out["p_holm"] = holm(out["p"])
+        out["verdict"] = [verdict(d, p) for d, p in zip(out["diff_test_top1"], out["p_holm"])]
+    return out
 
 
 def _pm(mean, std) -> str:
@@ -219,7 +274,9 @@ def _pm(mean, std) -> str:
 def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> str:
     """The summary and comparison tables as Markdown (no extra dependency)."""
     task_cols = [c for c in table.columns if c.endswith("_acc1")]
-    head = ["cell", "seeds", f"best val {metric}", f"test {metric} @ best val", "95% CI (queries)", "epochs to best"]
+    groups = [g for g in ("unseen", "seen") if f"test_top1_{g}_mean" in table]
+    head = ["cell", "seeds", f"best val {metric}", f"test {metric} @ best val", "95% CI", "epochs to best"]
+    head += [f"test top1 {g} (n={int(table[f'queries_{g}'].dropna().iloc[0])})" for g in groups]
     head += [c.replace("_acc1", "") for c in task_cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in table.iterrows():
@@ -228,15 +285,22 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
         cells = [r["cell"], seeds, _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
                  _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")), ci,
                  "–" if pd.isna(r.get("epochs_to_best")) else f"{r['epochs_to_best']:.1f}"]
+        cells += ["–" if pd.isna(r.get(f"test_top1_{g}_mean")) else f"{r[f'test_top1_{g}_mean']:.3f}" for g in groups]
         cells += ["–" if pd.isna(r[c]) else f"{r[c]:.3f}" for c in task_cols]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines.append("\nmean ± std over seeds (ddof=1; – for one seed). 95% CI: bootstrap over seeds and test queries "
+                 f"(two levels) with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; with fewer, over test queries only, and no "
+                 "claim about seed-to-seed variation is made. unseen/seen: test queries whose point or counter text "
+                 "does not / does occur in a training or validation pair the run used.")
     if task_cols and "tasks_score" in table:
         lines.append(f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds.")
     if len(comparisons):
-        lines += ["", "| cell | vs | seeds | Δ test top1 | 95% CI (paired bootstrap) | verdict |", "|---|---|---|---|---|---|"]
+        lines += ["", f"| cell | vs | seeds | Δ test top1 | 95% CI (paired bootstrap) | p | p (Holm, "
+                      f"{len(comparisons)} comparisons) | verdict (Holm-adjusted, α=0.05) |", "|---|---|---|---|---|---|---|---|"]
         for _, c in comparisons.iterrows():
-            lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}) | {c['diff_test_top1']:+.3f} | "
-                         f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['verdict']} |")
+            lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}, {c['ci_resamples']}) | "
+                         f"{c['diff_test_top1']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['p']:.3f} | "
+                         f"{c['p_holm']:.3f} | {c['verdict']} |")
     return "\n".join(lines)
 
 

@@ -37,6 +37,7 @@ TASKS = {
     "epa": TYPES,
 }
 NOT_A_CANDIDATE = -1
+TASKS_FIRST = next(iter(TASKS))
 
 
 def candidate_types(split: PairedSplit) -> np.ndarray:
@@ -66,11 +67,16 @@ def task_masks(types: np.ndarray) -> dict[str, np.ndarray]:
     return {task: np.isin(types, [TYPES.index(name) for name in names]) for task, names in TASKS.items()}
 
 
+def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> np.ndarray:
+    """[Q] rank of each true counter given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns
+    [Q]; a candidate that ties the true counter ranks above it."""
+    true_score = scores[np.arange(len(true_col)), true_col]
+    return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
+
+
 def rank_metrics(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> dict[str, float]:
     """Accuracy@1 and MRR given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns [Q]."""
-    true_score = scores[np.arange(len(true_col)), true_col]
-    rank = 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
-    return {"accuracy_at_1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
+    return _rank_summary(query_ranks(scores, mask, true_col))
 
 
 def _cdist(a: torch.Tensor, b: torch.Tensor, block: int = 1024) -> np.ndarray:
@@ -91,7 +97,8 @@ def tfidf_scores(split: PairedSplit) -> np.ndarray:
 
 
 def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None, emb: Embeddings | None = None,
-                   k: int = 10, device="cpu", batch_size: int = 4096) -> dict[str, dict]:
+                   k: int = 10, device="cpu", batch_size: int = 4096,
+                   groups: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
 
     Args:
@@ -100,9 +107,11 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
             (negative sim distance), ``encoder_cosine`` (cosine of pooled embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;
             ``encoder_cosine`` needs only ``emb``).
+        groups: optional ``{name: [Q] bool}`` query groups (e.g. unseen / seen test queries), reported apart.
     Returns:
         ``{task: {"accuracy_at_1", "mrr", "queries", "candidates"}}``; candidates = false candidates summed
-        over queries.
+        over queries; with ``groups`` also ``"groups": {name: {"accuracy_at_1", "mrr", "queries"}}`` (None
+        metrics for an empty group).
     """
     types = candidate_types(split)
     masks = task_masks(types)
@@ -141,9 +150,18 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
             per_task_scores[task] = np.where(top[task], lift + margins, shared)
     results = {}
     for task, mask in masks.items():
-        metrics = rank_metrics(per_task_scores.get(task, shared), mask, true_col)
-        results[task] = {**metrics, "queries": int(len(q)), "candidates": int(mask.sum())}
+        rank = query_ranks(per_task_scores.get(task, shared), mask, true_col)
+        results[task] = {**_rank_summary(rank), "queries": int(len(q)), "candidates": int(mask.sum())}
+        if groups:
+            results[task]["groups"] = {name: {**_rank_summary(rank[m]), "queries": int(m.sum())}
+                                       for name, m in groups.items()}
     return results
+
+
+def _rank_summary(rank: np.ndarray) -> dict[str, float | None]:
+    if not len(rank):
+        return {"accuracy_at_1": None, "mrr": None}
+    return {"accuracy_at_1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
 
 
 def _margins(model: BiModel, emb: Embeddings, query_rows: np.ndarray, needed: np.ndarray, device,
@@ -164,11 +182,18 @@ def pool_sizes(split: PairedSplit) -> dict[str, dict[str, int]]:
 def format_tasks(results: dict[str, dict[str, dict]]) -> str:
     """Markdown table: one row per task, ``acc@1 / MRR`` per evaluated split (``{split: evaluate_tasks(...)}``)."""
     names = list(results)
-    header = "| task | avg cands | " + " | ".join(f"{n} acc@1 | {n} MRR" for n in names) + " |"
-    lines = [header, "|" + "---|" * (2 + 2 * len(names))]
+    # query groups (unseen/seen test queries) get an acc@1 column each, with their query count
+    groups = {n: results[n][TASKS_FIRST].get("groups", {}) for n in names}
+    fmt = lambda v: "–" if v is None else f"{v:.3f}"
+    head = [f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
+            for n in names]
+    width = 2 + sum(2 + len(groups[n]) for n in names)
+    lines = ["| task | avg cands | " + " | ".join(head) + " |", "|" + "---|" * width]
     for task in TASKS:
         first = results[names[0]][task]
-        cells = " | ".join(f"{results[n][task]['accuracy_at_1']:.3f} | {results[n][task]['mrr']:.3f}" for n in names)
+        cells = " | ".join(f"{fmt(results[n][task]['accuracy_at_1'])} | {fmt(results[n][task]['mrr'])}"
+                           + "".join(f" | {fmt(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
+                           for n in names)
         lines.append(f"| {task} | {first['candidates'] / max(first['queries'], 1):.1f} | {cells} |")
     return "\n".join(lines)
 

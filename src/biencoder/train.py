@@ -39,7 +39,7 @@ from .config import (
     validate,
     variant_name,
 )
-from .corpus import CorpusError, PairedSplit, read_corpus
+from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
 from .evaluate import retrieve_rerank
 from .loss import LossOutput, TripletCELoss
 from .model import (
@@ -135,7 +135,7 @@ class Runner:
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
-        corpus = read_corpus(cfg.data.root)
+        corpus = read_corpus(cfg.data.root).used(cfg.data.dedup)
         self.device = select_device(distributed.setup(cfg.trainer.device))
         self.main = distributed.is_main()
         self.variant = variant_name(cfg)
@@ -143,6 +143,11 @@ class Runner:
         self.model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         self.model.to(self.device)
         self.splits = {name: corpus.paired(name, cfg.data.max_debates) for name in SPLITS}
+        # test queries whose point or counter text occurs in a training or validation pair this run uses
+        self.test_seen = seen_queries(self.splits["test"], [self.splits["train"], self.splits["val"]])
+        self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
+                        "test_queries_seen": int(self.test_seen.sum()),
+                        "test_queries_unseen": int((~self.test_seen).sum())}
         self.progress = bool(cfg.trainer.progress) and self.main
         self.amp_dtype = autocast_dtype(cfg.trainer.precision, self.device)
         self.frozen = bool(cfg.model.encoder.freeze)
@@ -161,6 +166,7 @@ class Runner:
             if self.main:
                 distributed.barrier()
             self.tokens = {name: None for name in SPLITS}
+            self.pooled_train = self.pooled["train"].to(self.device)  # indexed every epoch: kept on the device
         else:
             self.tokens = {name: TokenizedTexts(s.texts, tokenizer, cfg.model.max_length) for name, s in self.splits.items()}
             groups.insert(0, {"params": self.model.encoder.parameters(), "lr": cfg.trainer.lr})
@@ -172,12 +178,20 @@ class Runner:
                 # with cls/mean pooling the encoder's pooler computes an output no loss uses
                 find_unused_parameters=not self.frozen and cfg.model.pooling != "pooler")
         self.step = torch.compile(step) if cfg.trainer.compile else step
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay)
+        # foreach: one multi-tensor update instead of a Python loop over parameters (the frozen step is that small)
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, foreach=True)
         self.steps_per_epoch = math.ceil(math.ceil(self.splits["train"].n_pairs / distributed.world_size())
                                          / cfg.trainer.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
             cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio))
         self.rng = np.random.default_rng(cfg.seed)
+        # the queries evaluated per epoch: all, or for train a fixed sample (the same for every seed and cell, so
+        # train curves stay comparable); mining always uses every training pair
+        n_train = self.splits["train"].n_pairs
+        sample = cfg.eval.train_queries
+        self.eval_pairs = {name: None for name in SPLITS}
+        if sample is not None and sample < n_train:
+            self.eval_pairs["train"] = np.sort(np.random.default_rng(0).choice(n_train, sample, replace=False))
         self.loader_generator = torch.Generator().manual_seed(cfg.seed)
 
     # -- pieces -----------------------------------------------------------------------------------------------
@@ -187,12 +201,6 @@ class Runner:
         return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
                       self.amp_dtype, progress=self.progress, desc=f"encode {name}")
 
-    def step_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The :class:`TripletStep` inputs of a collated batch, on the device (cached vectors when frozen)."""
-        rows = batch.pop("rows")
-        if self.frozen:
-            return {"pooled": self.pooled["train"][rows.T.ravel()].to(self.device, non_blocking=True)}
-        return {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
 
     def mine(self, epoch: int, train_sim: torch.Tensor | None) -> MinedNegatives:
         """This epoch's negatives, mined on rank 0 and shared with the other ranks."""
@@ -222,21 +230,50 @@ class Runner:
                           num_workers=cfg.num_workers, collate_fn=TripletCollate(self.tokens["train"]),
                           pin_memory=self.device.type == "cuda")
 
+    def batches(self, epoch: int, negatives: MinedNegatives):
+        """This epoch's batches: yields (rows [B, 3] of (point, counter, negative), :class:`TripletStep` inputs).
+
+        Frozen encoder: the cached pooled vectors of every triplet are gathered once per epoch into one
+        [Q, 3, hidden] tensor on the device, in the order of a seeded permutation, and sliced: no DataLoader, no
+        per-batch gathering. Trained encoder: a DataLoader pads the token batches (with workers if asked).
+        """
+        split = self.splits["train"]
+        if not self.frozen:
+            for batch in self.loader(epoch, negatives):
+                rows = batch.pop("rows").numpy()
+                yield rows, {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+            return
+        if distributed.world_size() > 1:
+            sampler = DistributedSampler(range(split.n_pairs), num_replicas=distributed.world_size(),
+                                         rank=distributed.rank(), shuffle=True, seed=int(self.cfg.seed))
+            sampler.set_epoch(epoch)
+            order = np.fromiter(iter(sampler), dtype=np.int64)
+        else:
+            order = torch.randperm(split.n_pairs, generator=self.loader_generator).numpy()
+        rows = triplet_rows(split, negatives)[order]  # [Q, 3]
+        gathered = self.pooled_train[torch.from_numpy(rows)]  # [Q, 3, hidden] on the device
+        size = self.cfg.trainer.batch_size
+        for start in range(0, len(rows), size):
+            # points, then counters, then negatives, as TripletStep splits them
+            yield rows[start:start + size], {"pooled": gathered[start:start + size].transpose(0, 1).reshape(
+                -1, gathered.shape[-1])}
+
     def train_epoch(self, epoch: int, negatives: MinedNegatives) -> dict[str, float]:
         """One pass over the training pairs with this epoch's negatives; returns mean loss parts and internals.
 
         Raises :class:`Diverged` at the first non-finite loss.
         """
-        loader = self.loader(epoch, negatives)
         encoder_params = list(self.model.encoder.parameters())
         head_params = self.model.head_parameters()
         part_sums: dict[str, float] = {}
         stat_sums: dict[str, torch.Tensor] = {}  # stay on the device: one host sync per step (the loss), not 15
         self.model.train()
         self.model.encoder.train(not self.frozen)
-        bar = tqdm(loader, desc=f"epoch {epoch} train", disable=not self.progress, leave=False)
-        for batch in bar:
-            inputs = self.step_inputs(batch)
+        steps = 0
+        bar = tqdm(self.batches(epoch, negatives), desc=f"epoch {epoch} train", disable=not self.progress,
+                   leave=False, total=self.steps_per_epoch)
+        for _, inputs in bar:
+            steps += 1
             with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
                 out = self.step(**inputs)
             if not all(map(math.isfinite, out.parts.values())):
@@ -254,17 +291,24 @@ class Runner:
                 stat_sums[key] = stat_sums[key] + value if key in stat_sums else value
             bar.set_postfix(loss=f"{out.parts['loss']:.3f}")
         means = {**part_sums, **{k: v.item() for k, v in stat_sums.items()}}
-        return distributed.mean_over_ranks({key: value / len(loader) for key, value in means.items()})
+        return distributed.mean_over_ranks({key: value / steps for key, value in means.items()})
+
+    def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
+        """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``."""
+        if not (torch.isfinite(emb.sim).all() and torch.isfinite(emb.pooled).all()):
+            raise Diverged(epoch, f"{name} embeddings")
+        metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
+                                        self.cfg.eval.pair_batch_size, self.device, index=self.cfg.eval.index,
+                                        pairs=self.eval_pairs[name])
+        if name == "test":
+            metrics.update(seen_unseen(hits, self.test_seen))
+        return metrics, hits
 
     def evaluate_epoch(self, names, epoch: int = -1) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
         metrics, hits, embs = {}, {}, {}
         for name in names:
             embs[name] = self.embed(name)
-            if not (torch.isfinite(embs[name].sim).all() and torch.isfinite(embs[name].pooled).all()):
-                raise Diverged(epoch, f"{name} embeddings")
-            metrics[name], hits[name] = retrieve_rerank(self.model, embs[name], self.splits[name], self.cfg.eval.k,
-                                                        self.cfg.eval.pair_batch_size, self.device,
-                                                        index=self.cfg.eval.index)
+            metrics[name], hits[name] = self.evaluate_split(name, embs[name], epoch)
         return metrics, hits, embs
 
     # -- checkpointing ----------------------------------------------------------------------------------------
@@ -340,6 +384,14 @@ class Runner:
         log.info("variant %s seed %d on %s (%d process%s) | %s | pairs train/val/test %s", self.variant, cfg.seed,
                  self.device, distributed.world_size(), "es" if distributed.world_size() > 1 else "", cfg.data.name,
                  "/".join(str(s.n_pairs) for s in self.splits.values()))
+        if cfg.data.dedup:
+            log.info("data.dedup: dropped %s pairs that share a text with a later split (test untouched); test "
+                     "queries seen in train/val: %d, unseen: %d", self.overlap["dropped_pairs"],
+                     self.overlap["test_queries_seen"], self.overlap["test_queries_unseen"])
+        else:
+            log.info("data.dedup=false: the official splits; %d of %d test queries share a text with a training "
+                     "or validation pair (reported as seen/unseen)", self.overlap["test_queries_seen"],
+                     len(self.test_seen))
         first_epoch, best, train_sim = self._start()
         for epoch in tqdm(range(first_epoch, cfg.trainer.max_epochs), desc="epochs", disable=not self.progress,
                           initial=first_epoch, total=cfg.trainer.max_epochs):
@@ -382,23 +434,35 @@ class Runner:
         cfg = self.cfg
         self.model.load_state_dict(best["state"])
         final = {"status": "done", **base, "data": cfg.data.name, "model": cfg.model.name,
-                 "best_epoch": best["epoch"], "best": best["metrics"], "epochs": cfg.trainer.max_epochs}
+                 "best_epoch": best["epoch"], "best": best["metrics"], "epochs": cfg.trainer.max_epochs,
+                 "overlap": self.overlap}
         if cfg.eval.tasks:
             final["tasks"] = {"score": cfg.eval.score}
             embs = best.get("embs", {})
             for name in ("val", "test"):
                 emb = embs[name] if name in embs else self.embed(name)
+                groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else None
                 final["tasks"][name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model,
                                                       emb=emb, k=cfg.eval.k, device=self.device,
-                                                      batch_size=cfg.eval.pair_batch_size)
+                                                      batch_size=cfg.eval.pair_batch_size, groups=groups)
         checkpoint = None
         if cfg.trainer.save_checkpoint:
             checkpoint = {"state_dict": best["state"], "epoch": best["epoch"],
                           "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)}
         final["wall_time_s"] = round(time.time() - start, 2)
-        self.folder.finish(final, best["hits"], checkpoint, keep_last=cfg.trainer.keep_last)
+        self.folder.finish(final, {"test_hits": best["hits"], "test_seen": self.test_seen}, checkpoint,
+                           keep_last=cfg.trainer.keep_last)
         log.info("\n%s", summary_text(final, self.out_dir))
         return final
+
+
+def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
+    """Top-1 on the unseen and the seen queries (None for an empty group) and their counts."""
+    out = {}
+    for group, mask in (("unseen", ~seen), ("seen", seen)):
+        out[f"top1_{group}"] = float(hits[mask].mean()) if mask.any() else None
+        out[f"queries_{group}"] = int(mask.sum())
+    return out
 
 
 def summary_text(final: dict, out_dir: Path) -> str:
@@ -408,6 +472,13 @@ def summary_text(final: dict, out_dir: Path) -> str:
              f"{'split':<6} {'top1':>7} {'retr@1':>7} {'R@k':>7} {'MRR':>7}"]
     for name, m in final["best"].items():
         lines.append(f"{name:<6} {m['top1']:>7.3f} {m['retrieval_top1']:>7.3f} {m['recall_at_k']:>7.3f} {m['mrr']:>7.3f}")
+    test, overlap = final["best"]["test"], final.get("overlap", {})
+    if "queries_unseen" in test:
+        shown = lambda v: "–" if v is None else f"{v:.3f}"
+        lines.append(f"test top1 on queries unseen in train/val: {shown(test['top1_unseen'])} "
+                     f"(n={test['queries_unseen']}); seen: {shown(test['top1_seen'])} (n={test['queries_seen']}); "
+                     + ("data.dedup dropped " + ", ".join(f"{k} {v}" for k, v in overlap.get("dropped_pairs", {}).items())
+                        + " pairs" if overlap.get("dedup") else "official splits (data.dedup=false)"))
     if "tasks" in final:
         lines.append(f"8 tasks, score={final['tasks']['score']}, best-by-val weights:")
         lines.append(format_tasks({n: final["tasks"][n] for n in ("val", "test")}))
