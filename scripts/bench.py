@@ -214,7 +214,8 @@ def bench_frozen_epoch(corpus_root: Path, epochs: int = 3) -> dict | str:
     from biencoder.model import build_model
 
     model, tokenizer = build_model(cfg.model, progress=False)
-    texts = sorted(set(read_corpus(corpus_root).arguments["text"]))
+    pairs = read_corpus(corpus_root).pairs  # the texts a run encodes: those of pairs
+    texts = sorted(set(pairs["point_text"]) | set(pairs["counter_text"]))
     cache = EmbeddingCache(cfg.trainer.cache_dir, encoder_fingerprint(model.encoder), tokenizer_fingerprint(tokenizer),
                            cfg.model.pooling, cfg.model.max_length)
 
