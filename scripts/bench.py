@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from biencoder.corpus import demo_root, read_corpus  # noqa: E402
+from biencoder.corpus import read_corpus  # noqa: E402
 from biencoder.evaluate import retrieve_rerank  # noqa: E402
 from biencoder.model import BiModel, Embeddings  # noqa: E402
 from biencoder.search import NeighbourIndex  # noqa: E402
@@ -114,7 +114,7 @@ def bench_eval(corpus_root: Path, device: torch.device, k: int = 10) -> dict:
     if (corpus_root / "02-extracted-arguments").is_dir() or (corpus_root / "test").is_dir():
         split, name = read_corpus(corpus_root).paired("test"), "ArguAna test"
     else:
-        split, name = read_corpus(demo_root()).paired("test"), "demo test"
+        split, name = read_corpus("demo").paired("test"), "demo test"
     model = random_model("minilm", device)  # only the heads are used: embeddings are given
     gen = torch.Generator().manual_seed(0)
     n = len(split.texts)

@@ -184,3 +184,19 @@ def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls
          "eval.split=test"], "evaluate"), tmp_path / "eval")
     assert calls == []
     assert evaluated["tasks"] == first["tasks"]["test"]
+
+
+def test_frozen_batches_carry_the_mined_negatives(tmp_path):
+    """The frozen path trains from pre-gathered tensors, not the DataLoader: each batch must still be exactly the
+    cached vectors of (point, its counter, the negative mined for that point), every pair once per epoch."""
+    runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "negatives.random_rate.start=0.5"]),
+                    tmp_path)
+    split, pooled = runner.splits["train"], runner.pooled["train"]
+    mined = runner.mine(0, runner.embed("train").sim)
+    seen = []
+    for rows, inputs in runner.batches(0, mined):
+        assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]]) and np.array_equal(rows[:, 2], mined.row[rows[:, 0]])
+        torch.testing.assert_close(inputs["pooled"], pooled[torch.from_numpy(rows.T.ravel())], rtol=0, atol=0)
+        seen.append(rows[:, 0])
+    assert sorted(np.concatenate(seen)) == list(split.query)
+    assert (split.text_id[mined.row] != split.text_id[split.counter]).all()  # never the positive

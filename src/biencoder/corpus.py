@@ -284,7 +284,8 @@ class Corpus:
             texts_b = set().union(*(self.texts(b) for b in bs))
             urls_b = set().union(*(urls[b] for b in bs))
             out[f"{a}->{'+'.join(bs)}"] = {
-                "pairs": sum(pair in pairs_b for pair in pair_set_list(self.split_pairs(a))),
+                "pairs": sum(pair in pairs_b for pair in zip(self.split_pairs(a)["point_text"],
+                                                             self.split_pairs(a)["counter_text"])),
                 "of_pairs": len(self.split_pairs(a)),
                 "texts": len(self.texts(a) & texts_b),
                 "of_texts": len(self.texts(a)),
@@ -314,11 +315,6 @@ class Corpus:
         table["pair_id"] = np.tile(pairs["pair_id"].to_numpy(), 2)
         table["text_id"] = pd.factorize(table["text"])[0]
         return PairedSplit(name=split, table=table)
-
-
-def pair_set_list(pairs: pd.DataFrame) -> list[tuple[str, str]]:
-    """(point text, counter text) of every row of a pairs table, in order."""
-    return list(zip(pairs["point_text"], pairs["counter_text"]))
 
 
 def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:
@@ -405,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     try:
-        corpus = read_corpus(demo_root() if args.root == "demo" else args.root)
+        corpus = read_corpus(args.root)
     except CorpusError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

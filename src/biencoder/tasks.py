@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .corpus import CorpusError, PairedSplit, demo_root, read_corpus, split_name
+from .corpus import CorpusError, PairedSplit, read_corpus, split_name
 from .model import BiModel, Embeddings, pair_margins
 
 TYPES = ("debate-same-counter", "debate-oppo-counter", "debate-oppo-point", "debate-same-point",
@@ -37,7 +37,6 @@ TASKS = {
     "epa": TYPES,
 }
 NOT_A_CANDIDATE = -1
-TASKS_FIRST = next(iter(TASKS))
 
 
 def candidate_types(split: PairedSplit) -> np.ndarray:
@@ -183,7 +182,7 @@ def format_tasks(results: dict[str, dict[str, dict]]) -> str:
     """Markdown table: one row per task, ``acc@1 / MRR`` per evaluated split (``{split: evaluate_tasks(...)}``)."""
     names = list(results)
     # query groups (unseen/seen test queries) get an acc@1 column each, with their query count
-    groups = {n: results[n][TASKS_FIRST].get("groups", {}) for n in names}
+    groups = {n: next(iter(results[n].values())).get("groups", {}) for n in names}
     fmt = lambda v: "–" if v is None else f"{v:.3f}"
     head = [f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
             for n in names]
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         name = split_name(args.split)
-        split = read_corpus(demo_root() if args.root == "demo" else args.root).paired(name)
+        split = read_corpus(args.root).paired(name)
     except CorpusError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -159,14 +159,14 @@ class Runner:
             self.fingerprint = encoder_fingerprint(self.model.encoder)
             if not self.main:
                 distributed.barrier()  # rank 0 fills the cache first, the others read it
+            # kept on the device: the training batches are gathered from them every epoch
             self.pooled = {name: cached_pooled(self.model, tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
                                                self.fingerprint, cfg.trainer.eval_batch_size, self.device,
-                                               self.amp_dtype, self.progress, desc=f"encode {name}")
+                                               self.amp_dtype, self.progress, desc=f"encode {name}").to(self.device)
                            for name, s in self.splits.items()}
             if self.main:
                 distributed.barrier()
             self.tokens = {name: None for name in SPLITS}
-            self.pooled_train = self.pooled["train"].to(self.device)  # indexed every epoch: kept on the device
         else:
             self.tokens = {name: TokenizedTexts(s.texts, tokenizer, cfg.model.max_length) for name, s in self.splits.items()}
             groups.insert(0, {"params": self.model.encoder.parameters(), "lr": cfg.trainer.lr})
@@ -200,7 +200,6 @@ class Runner:
             return embed_pooled(self.model, self.pooled[name], self.cfg.eval.pair_batch_size, self.device)
         return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
                       self.amp_dtype, progress=self.progress, desc=f"encode {name}")
-
 
     def mine(self, epoch: int, train_sim: torch.Tensor | None) -> MinedNegatives:
         """This epoch's negatives, mined on rank 0 and shared with the other ranks."""
@@ -251,7 +250,7 @@ class Runner:
         else:
             order = torch.randperm(split.n_pairs, generator=self.loader_generator).numpy()
         rows = triplet_rows(split, negatives)[order]  # [Q, 3]
-        gathered = self.pooled_train[torch.from_numpy(rows)]  # [Q, 3, hidden] on the device
+        gathered = self.pooled["train"][torch.from_numpy(rows)]  # [Q, 3, hidden] on the device
         size = self.cfg.trainer.batch_size
         for start in range(0, len(rows), size):
             # points, then counters, then negatives, as TripletStep splits them
