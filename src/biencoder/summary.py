@@ -268,7 +268,9 @@ def paired_comparisons(runs: list[Run], reference: str = "plain", n_boot: int = 
 
 
 def _pm(mean, std) -> str:
-    return "–" if pd.isna(mean) else f"{mean:.3f} ± {std:.3f}"
+    if pd.isna(mean):
+        return "–"
+    return f"{mean:.3f}" + ("" if pd.isna(std) else f" ± {std:.3f}")
 
 
 def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> str:
@@ -276,7 +278,7 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
     task_cols = [c for c in table.columns if c.endswith("_acc1")]
     groups = [g for g in ("unseen", "seen") if f"test_top1_{g}_mean" in table]
     head = ["cell", "seeds", f"best val {metric}", f"test {metric} @ best val", "95% CI", "epochs to best"]
-    head += [f"test top1 {g} (n={int(table[f'queries_{g}'].dropna().iloc[0])})" for g in groups]
+    head += [f"test top1 {g} (queries)" for g in groups]
     head += [c.replace("_acc1", "") for c in task_cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in table.iterrows():
@@ -285,10 +287,11 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
         cells = [r["cell"], seeds, _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
                  _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")), ci,
                  "–" if pd.isna(r.get("epochs_to_best")) else f"{r['epochs_to_best']:.1f}"]
-        cells += ["–" if pd.isna(r.get(f"test_top1_{g}_mean")) else f"{r[f'test_top1_{g}_mean']:.3f}" for g in groups]
+        cells += ["–" if pd.isna(r.get(f"test_top1_{g}_mean"))
+                  else f"{r[f'test_top1_{g}_mean']:.3f} (n={int(r[f'queries_{g}'])})" for g in groups]
         cells += ["–" if pd.isna(r[c]) else f"{r[c]:.3f}" for c in task_cols]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    lines.append("\nmean ± std over seeds (ddof=1; – for one seed). 95% CI: bootstrap over seeds and test queries "
+    lines.append("\nmean ± std over seeds (ddof=1; no std for one seed). 95% CI: bootstrap over seeds and test queries "
                  f"(two levels) with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; with fewer, over test queries only, and no "
                  "claim about seed-to-seed variation is made. unseen/seen: test queries whose point or counter text "
                  "does not / does occur in a training or validation pair the run used.")
