@@ -200,3 +200,16 @@ def test_frozen_batches_carry_the_mined_negatives(tmp_path):
         seen.append(rows[:, 0])
     assert sorted(np.concatenate(seen)) == list(split.query)
     assert (split.text_id[mined.row] != split.text_id[split.counter]).all()  # never the positive
+
+
+@pytest.mark.parametrize("frozen", [True, False])
+def test_a_fresh_run_starts_its_sim_head_from_pca(tmp_path, frozen):
+    """model.sim_init=pca reaches the runner: at the start of a fresh run (frozen or not) the sim distances of the
+    training texts are the encoder's pooled distances (sim_dim 128 >= hidden 32 keeps them all); random does not."""
+    base = FAST + ["+variant=ln", f"trainer.cache_dir={tmp_path / 'cache'}", f"model.encoder.freeze={frozen}"]
+    for init, kept in (("pca", True), ("random", False)):
+        runner = Runner(compose_cfg(base + [f"model.sim_init={init}"]), tmp_path / init)
+        _, _, train_sim = runner._start()
+        pooled = runner.embed("train").pooled.double()
+        same = torch.allclose(torch.cdist(train_sim.double(), train_sim.double()), torch.cdist(pooled, pooled), rtol=1e-4, atol=1e-6)
+        assert same == kept

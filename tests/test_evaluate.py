@@ -122,3 +122,36 @@ def test_zero_shot_evaluation_json(tmp_path):
                                       "trainer.progress=false", "eval.split=validation"], config_name="evaluate"),
                          tmp_path / "val")
     assert val["split"] == "val" and val["tasks"]["sdoc"]["queries"] == 30  # the folder name works; dedup applies
+
+
+def test_retrieval_by_the_encoders_cosine_by_hand(planted):
+    """eval.retrieve=encoder: the k come from the cosine of the pooled vectors, not their Euclidean distance and
+    not the sim head. Query 0 points along (1, 0): C1 at (10, 1) is far away but nearly parallel, P1 at (0.5, 0.5)
+    is close but at 45 degrees, C0 is orthogonal."""
+    split, emb, model = planted
+    pooled = torch.zeros(6, 32)
+    pooled[:, 1:3] = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.0, 1.0], [10.0, 1.0], [-1.0, 0.0]])
+    emb = Embeddings(emb.sim, pooled)
+    rows, _ = retrieve(emb.retrieval("encoder").numpy(), split, k=2)
+    assert rows[0].tolist() == [4, 1]  # C1 (cos 0.995), then P1 (cos 0.707); C0 (cos 0) is not among the 2
+    raw, _ = retrieve(pooled.numpy(), split, k=1)
+    assert raw[0, 0] == 1  # Euclidean on the raw vectors would have picked P1
+    sim_rows, _ = retrieve(emb.sim.numpy(), split, k=2)
+    assert sim_rows[0].tolist() == [1, 3]  # and the sim head P1, C0
+    metrics, _ = retrieve_rerank(model, emb, split, k=2, space="encoder")
+    assert metrics["queries"] == 3
+
+
+def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_tokenizer, demo_corpus):
+    """Per-epoch top-1 with eval.retrieve=encoder is the epa rerank with the same retrieval, and its retrieval
+    top-1 is the zero-shot encoder_cosine epa accuracy."""
+    model, tokenizer = tiny_model_and_tokenizer
+    split = demo_corpus.paired("test")
+    emb = encode(model, TokenizedTexts(split.texts, tokenizer, 64))
+    metrics, _ = retrieve_rerank(model, emb, split, k=5, space="encoder")
+    rerank = evaluate_tasks(split, "rerank", model=model, emb=emb, k=5, retrieve="encoder")
+    cosine = evaluate_tasks(split, "encoder_cosine", emb=emb)
+    assert metrics["top1"] == pytest.approx(rerank["epa"]["accuracy_at_1"])
+    assert metrics["retrieval_top1"] == pytest.approx(cosine["epa"]["accuracy_at_1"])
+    sim_metrics, _ = retrieve_rerank(model, emb, split, k=5)
+    assert sim_metrics["recall_at_k"] != metrics["recall_at_k"]  # a different shortlist, not the sim head's

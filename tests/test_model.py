@@ -103,3 +103,26 @@ def test_head_statistics_by_hand():
     assert stats["head_pre_sample_var"] == pytest.approx(2.5)  # variances 1 and 4
     assert stats["head_post_zero_share"] == pytest.approx(0.25)
     assert stats["head_pre_zero_share"] == 0.0
+
+
+def test_pca_init_projects_on_the_principal_components(tiny_model_and_tokenizer):
+    """model.sim_init=pca: sim(x) = V_k^T (x - mean), i.e. sklearn's PCA transform up to the sign of each
+    component; with sim_dim >= hidden every distance between the vectors it was fit on is kept exactly."""
+    import copy
+
+    from sklearn.decomposition import PCA
+
+    model = copy.deepcopy(tiny_model_and_tokenizer[0])  # hidden 32, sim_dim 128
+    x = torch.randn(200, 32, generator=torch.Generator().manual_seed(0)) * torch.linspace(3, 0.1, 32)
+    model.init_sim_from_pca(x)
+    with torch.no_grad():
+        sim = model.sim_head(x)
+    assert torch.allclose(torch.cdist(sim.double(), sim.double()), torch.cdist(x.double(), x.double()), atol=1e-4)
+    assert (model.sim_head.weight[32:] == 0).all()  # beyond the data's rank: zero rows
+
+    small = BiModel(model.encoder, sim_dim=4)
+    small.init_sim_from_pca(x)
+    with torch.no_grad():
+        sim = small.sim_head(x).numpy()
+    expected = PCA(n_components=4).fit_transform(x.numpy().astype(np.float64))
+    assert np.allclose(np.abs(sim), np.abs(expected), atol=1e-4)

@@ -150,3 +150,23 @@ def test_script_on_real_runner_output(tmp_path):
                            "--split", "val", "test"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "| ln |" in proc.stdout and (tmp_path / "mrr.png").is_file()
+
+
+def test_runs_from_before_a_new_key_share_its_default(tmp_path):
+    """A key added later (eval.retrieve) takes its schema default for older runs: no spurious cells, and an old
+    run and a new one with the same settings are one cell; a run that sets it otherwise is its own cell."""
+    from biencoder.config import run_settings
+
+    assert run_settings({"eval": {"k": 10}})["eval.retrieve"] == "sim"
+    assert run_settings({"eval": {"retrieve": "encoder"}})["eval.retrieve"] == "encoder"
+    old = write_run(tmp_path / "old", "plain", 0, [0.1], [0.1])
+    new = write_run(tmp_path / "new", "plain", 1, [0.2], [0.2])
+    other = write_run(tmp_path / "other", "plain", 0, [0.3], [0.3])
+    for folder, retrieve in ((new, "sim"), (other, "encoder")):
+        config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        config["eval"] = {"retrieve": retrieve}
+        (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = find_runs([tmp_path])
+    assert assign_cells(runs) == ["eval.retrieve"]
+    cells = {r.path.name: r.cell for r in runs}
+    assert cells["old"] == cells["new"] == "plain retrieve=sim" and cells["other"] == "plain retrieve=encoder"

@@ -18,6 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 POOLINGS = ("pooler", "cls", "mean")
 FUSIONS = ("concat", "sim", "cls")
+SIM_INITS = ("random", "pca")
+RETRIEVE_SPACES = ("sim", "encoder")
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULERS = ("constant", "linear")
@@ -67,6 +69,7 @@ class ModelSchema:
     max_length: int = 128
     sim_dim: int = 128
     fusion: str = "concat"
+    sim_init: str = "random"
     head: HeadSchema = field(default_factory=HeadSchema)
 
 
@@ -124,6 +127,7 @@ class NegativesSchema:
 class EvalSchema:
     k: int = 10
     every: int = 1
+    retrieve: str = "sim"
     score: str = "rerank"
     tasks: bool = True
     pair_batch_size: int = 4096
@@ -268,6 +272,8 @@ def validate(cfg: DictConfig) -> None:
     _bool(cfg, "model.encoder.freeze")
     _choice(cfg, "model.pooling", POOLINGS)
     _choice(cfg, "model.fusion", FUSIONS)
+    _choice(cfg, "model.sim_init", SIM_INITS)
+    _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
     _positive(cfg, "model.sim_dim")
     _positive(cfg, "model.max_length", minimum=8)
     from .search import INDEXES
@@ -319,6 +325,14 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def run_settings(config: dict) -> dict:
+    """The flat settings of a run's saved config. Keys added to biencoder after the run was made take their schema
+    default: a key is only ever added with a default that keeps the old behaviour, so an older run compares equal
+    to a new one with the same settings (in summaries and when resumed)."""
+    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False))
+    return {**{k: v for k, v in defaults.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
 
 
 def set_seed_everywhere(seed: int) -> None:

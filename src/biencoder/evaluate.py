@@ -3,7 +3,7 @@
 Per-epoch protocol (``../shared/docs/protocol.md``): for every query point of a split the candidate pool is
 every argument of the split that belongs to a pair, except the query itself and the counters whose text equals
 its true counter's (textual duplicates of the true counter count as that counter). The k nearest candidates by
-Euclidean distance of the sim embeddings (BallTree) are rescored by the classifier (its logit margin l1 − l0,
+Euclidean distance of the sim embeddings (BallTree; or by the encoder's cosine, ``eval.retrieve=encoder``) are rescored by the classifier (its logit margin l1 − l0,
 which orders them as P(positive) does, without float32 ties).
 """
 
@@ -68,18 +68,20 @@ def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree
 
 
 def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 4096,
-                    device="cpu", index: str = "balltree", pairs: np.ndarray | None = None) -> tuple[dict[str, float], np.ndarray]:
+                    device="cpu", index: str = "balltree", pairs: np.ndarray | None = None,
+                    space: str = "sim") -> tuple[dict[str, float], np.ndarray]:
     """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``, indices of pairs).
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
-    of every query is always the whole split.
+    of every query is always the whole split. ``space``: where the k come from, ``sim`` (the sim head) or
+    ``encoder`` (the encoder's own cosine; see :meth:`Embeddings.retrieval`).
     Returns (metrics, hits): ``top1`` (reranked; ties count against the true counter), ``retrieval_top1``
     (nearest neighbour), ``recall_at_k`` (true counter among the k), ``mrr`` (reciprocal rank of the true
     counter after reranking the k; 0 when it is not among them), ``queries``, ``k``; ``hits`` [Q] bool is the
     reranked top-1 outcome per query.
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
-    rows, _ = retrieve(emb.sim.numpy(), split, k, index, device, pairs)
+    rows, _ = retrieve(emb.retrieval(space).numpy(), split, k, index, device, pairs)
     n_q, k_eff = rows.shape
     queries = np.repeat(split.query[pairs], k_eff)
     margins = pair_margins(model, emb, queries, rows.ravel(), batch_size, device).reshape(n_q, k_eff)
@@ -163,9 +165,10 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
             pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"]), **kwargs)
         emb = embed_pooled(model, pooled, cfg.eval.pair_batch_size, device)
     tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
-                           batch_size=cfg.eval.pair_batch_size, groups=groups)
+                           batch_size=cfg.eval.pair_batch_size, groups=groups, retrieve=cfg.eval.retrieve)
     result = {
         "score": score,
+        "retrieve": cfg.eval.retrieve if score == "rerank" else None,
         "split": split_name,
         "data": cfg.data.name,
         "dedup": bool(cfg.data.dedup),

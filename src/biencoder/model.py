@@ -34,6 +34,15 @@ class Embeddings:
     def to(self, device) -> "Embeddings":
         return Embeddings(self.sim.to(device), self.pooled.to(device))
 
+    def retrieval(self, space: str = "sim") -> Tensor:
+        """The vectors candidates are retrieved by (nearest by Euclidean distance): ``sim``, or ``encoder`` = the
+        L2-normalised pooled vectors, whose Euclidean order is the encoder's own cosine order."""
+        if space == "sim":
+            return self.sim
+        if space == "encoder":
+            return nn.functional.normalize(self.pooled.float(), dim=1)
+        raise ValueError(f"unknown retrieval space '{space}'")
+
     def chunk(self, n: int) -> list["Embeddings"]:
         """Split the rows into ``n`` equal consecutive parts."""
         return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n))]
@@ -66,6 +75,23 @@ class BiModel(nn.Module):
         self.norm = nn.LayerNorm(n_features) if use_layernorm else nn.Identity()
         self.act = nn.ReLU() if use_relu else nn.Identity()
         self.out = nn.Linear(n_features, 2)
+
+    @torch.no_grad()
+    def init_sim_from_pca(self, pooled: Tensor) -> None:
+        """Start the sim head as the projection on the top ``sim_dim`` principal components of ``pooled`` [N, hidden].
+
+        sim(x) = V_k^T (x - mean): distances in the sim space start as the encoder's own pooled distances within
+        its main directions, instead of those of a random projection. Computed in float64 on the CPU (the same
+        on every rank); rows beyond the data's rank (sim_dim > hidden) start at zero.
+        """
+        x = pooled.detach().to("cpu", torch.float64)
+        mean = x.mean(dim=0)
+        _, _, vh = torch.linalg.svd(x - mean, full_matrices=False)
+        weight = torch.zeros(self.sim_head.weight.shape, dtype=torch.float64)
+        n = min(len(weight), len(vh))
+        weight[:n] = vh[:n]
+        self.sim_head.weight.copy_(weight)
+        self.sim_head.bias.copy_(-(weight @ mean))
 
     def pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Token ids [B, L] and mask [B, L] → pooled encoder output [B, hidden]."""

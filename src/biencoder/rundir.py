@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, flatten, is_non_result_key, resume_folder, resume_requested
+from .config import ConfigError, is_non_result_key, resume_folder, resume_requested, run_settings
 from .state import (
     RunFolderError,
     append_rows,
@@ -164,7 +164,7 @@ class RunFolder:
         if not self.config.exists():
             return
         def flat(c):
-            return {k: v for k, v in flatten(OmegaConf.to_container(c, resolve=True)).items()
+            return {k: v for k, v in run_settings(OmegaConf.to_container(c, resolve=True)).items()
                     if not is_non_result_key(k)}
         saved, now = flat(OmegaConf.load(self.config)), flat(cfg)
         changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from .config import flatten, is_non_result_key
+from .config import is_non_result_key, run_settings
 from .state import RunFolderError, read_final, read_metrics
 
 SPLITS = ("train", "val", "test")
@@ -88,7 +88,7 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
                             final=read_final(folder),
                             hits=np.load(hits_file) if hits_file.is_file() else None,
                             variant=str(metrics["variant"].iloc[0]), seed=int(metrics["seed"].iloc[0]),
-                            flat=flatten(config)))
+                            flat=run_settings(config)))
     if not runs:
         raise SummaryError(f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
                            "train some with python -m biencoder.train")

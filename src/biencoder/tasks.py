@@ -97,15 +97,17 @@ def tfidf_scores(split: PairedSplit) -> np.ndarray:
 
 def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None, emb: Embeddings | None = None,
                    k: int = 10, device="cpu", batch_size: int = 4096,
-                   groups: dict[str, np.ndarray] | None = None) -> dict[str, dict]:
+                   groups: dict[str, np.ndarray] | None = None, retrieve: str = "sim") -> dict[str, dict]:
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
 
     Args:
-        score: ``rerank`` (per task pool: k nearest by sim distance, reordered by the classifier's logit margin,
+        score: ``rerank`` (per task pool: k nearest in the ``retrieve`` space, reordered by the classifier's logit margin,
             the rest after them by distance), ``classifier`` (logit margin for every candidate), ``sim``
             (negative sim distance), ``encoder_cosine`` (cosine of pooled embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;
             ``encoder_cosine`` needs only ``emb``).
+        retrieve: where ``rerank`` takes the k from: ``sim`` distance or ``encoder`` cosine (the rest of the pool
+            follows in that order).
         groups: optional ``{name: [Q] bool}`` query groups (e.g. unseen / seen test queries), reported apart.
     Returns:
         ``{task: {"accuracy_at_1", "mrr", "queries", "candidates"}}``; candidates = false candidates summed
@@ -121,7 +123,8 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
     elif score == "encoder_cosine":
         shared = _cosine(emb.pooled[q], emb.pooled)
     elif score in ("sim", "rerank"):
-        dist = _cdist(emb.sim[q], emb.sim)
+        space = emb.sim if score == "sim" else emb.retrieval(retrieve)
+        dist = _cdist(space[q], space)
         shared = -dist
     elif score == "classifier":
         shared = _margins(model, emb, q, np.ones_like(types, dtype=bool), device, batch_size)

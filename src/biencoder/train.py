@@ -49,6 +49,7 @@ from .model import (
     build_model,
     embed_pooled,
     encode,
+    encode_pooled,
     head_statistics,
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
@@ -298,7 +299,7 @@ class Runner:
             raise Diverged(epoch, f"{name} embeddings")
         metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
                                         self.cfg.eval.pair_batch_size, self.device, index=self.cfg.eval.index,
-                                        pairs=self.eval_pairs[name])
+                                        pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve)
         if name == "test":
             metrics.update(seen_unseen(hits, self.test_seen))
         return metrics, hits
@@ -374,6 +375,11 @@ class Runner:
             return epoch, best, train_sim
         if self.main:
             self.folder.truncate(-1)
+        if self.cfg.model.sim_init == "pca":  # every rank computes the same (float64, CPU) projection
+            pooled = self.pooled["train"] if self.frozen else encode_pooled(
+                self.model, self.tokens["train"], self.cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
+                progress=self.progress, desc="encode train (pca)")
+            self.model.init_sim_from_pca(pooled)
         best = {"epoch": -1, "val_top1": -math.inf, "metrics": None, "state": None, "hits": None}
         return 0, best, self.embed("train").sim if self.main else None
 
@@ -443,10 +449,11 @@ class Runner:
                 groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else None
                 final["tasks"][name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model,
                                                       emb=emb, k=cfg.eval.k, device=self.device,
-                                                      batch_size=cfg.eval.pair_batch_size, groups=groups)
+                                                      batch_size=cfg.eval.pair_batch_size, groups=groups,
+                                                      retrieve=cfg.eval.retrieve)
         checkpoint = None
         if cfg.trainer.save_checkpoint:
-            checkpoint = {"state_dict": best["state"], "epoch": best["epoch"],
+            checkpoint = {"state_dict": best["state"], "epoch": best["epoch"], "retrieve": cfg.eval.retrieve,
                           "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)}
         final["wall_time_s"] = round(time.time() - start, 2)
         self.folder.finish(final, {"test_hits": best["hits"], "test_seen": self.test_seen}, checkpoint,
