@@ -95,13 +95,14 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     return runs
 
 
-def assign_cells(runs: list[Run]) -> list[str]:
-    """Label each run by its variant plus every config key that differs between runs (seed excepted).
+def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
+    """Label each run by its variant plus every config key that differs between runs (seed excepted, and the
+    keys in ``also``, e.g. the key a stability plot puts on its x-axis).
 
     Runs whose corpus, model or any other setting differs therefore never share a cell. Returns the keys used.
     """
     keys = sorted({k for r in runs for k in r.flat})
-    varying = [k for k in keys if not k.startswith(GROUPED_OVER) and not is_non_result_key(k)
+    varying = [k for k in keys if not k.startswith(GROUPED_OVER + tuple(also)) and not is_non_result_key(k)
                and len({repr(r.flat.get(k)) for r in runs}) > 1]
     for run in runs:
         run.cell = " ".join([run.variant] + [f"{k.split('.')[-1] if _unique_leaf(k, varying) else k}={run.flat.get(k)}"
@@ -414,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
     parser.add_argument("--reference", default="plain", help="variant the others are compared against")
     parser.add_argument("--n-boot", type=int, default=10000)
+    parser.add_argument("--x", metavar="KEY", help="a swept config key (e.g. trainer.head_lr): plot best val and test "
+                        "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)")
     parser.add_argument("--allow-unfinished", action="store_true",
                         help="draw the curves even when no run has finished (e.g. during the first sweep)")
     args = parser.parse_args(argv)
@@ -427,8 +430,10 @@ def main(argv: list[str] | None = None) -> int:
     except SummaryError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    varying = assign_cells(runs)
     out = args.out or Path(args.paths[0]) / f"{args.metric}.png"
+    if args.x:
+        return _main_against(runs, args.x, out, statuses)
+    varying = assign_cells(runs)
     plot(runs, out, args.metric, args.split)
     table = summary_table(runs, args.metric, args.n_boot)
     comparisons = paired_comparisons(runs, args.reference, args.n_boot) if args.metric == "top1" else pd.DataFrame()
@@ -443,6 +448,38 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nfigure: {out}\ntables: {out.with_suffix('.md')}, {out.with_suffix('.csv')}")
     if args.internals:
         print(f"internals: {plot_internals(runs, out.with_name(out.stem + '_internals.png'))}")
+    return 0
+
+
+def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:
+    from .stability import plot_against, run_outcomes, stability_markdown, stability_tables
+
+    varying = assign_cells(runs, also=(key,))
+    try:
+        outcomes = run_outcomes(runs, key)
+    except KeyError:
+        known = sorted({k for r in runs for k in r.flat if not is_non_result_key(k)})
+        close = [k for k in known if k.split(".")[-1] == key.split(".")[-1]]
+        print(f"error: --x {key} is not a config key of these runs"
+              + (f" (did you mean {close[0]}?)" if close else ": pass a dotted key such as trainer.head_lr"),
+              file=sys.stderr)
+        return 2
+    if outcomes.empty:
+        print("error: no finished run to plot: wait for the sweep, or resume it with trainer.resume=true", file=sys.stderr)
+        return 2
+    per_x, per_cell = stability_tables(outcomes)
+    stem = out.with_name(f"{out.stem}_vs_{key.split('.')[-1]}")
+    figure = plot_against(outcomes, key, stem.with_suffix(".png"))
+    markdown = stability_markdown(per_x, per_cell, key)
+    stem.with_suffix(".md").write_text(markdown + "\n")
+    per_cell.to_csv(stem.with_suffix(".csv"), index=False)
+    per_x.to_csv(stem.with_name(stem.name + "_per_value.csv"), index=False)
+    outcomes.to_csv(stem.with_name(stem.name + "_runs.csv"), index=False)
+    print(f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in statuses.items())}) in {per_cell.shape[0]} cells "
+          f"against {key}" + (f"; cells also differ in: {', '.join(varying)}" if varying else ""))
+    print(markdown)
+    print(f"\nfigure: {figure}\ntables: {stem.with_suffix('.md')}, {stem.with_suffix('.csv')}, "
+          f"{stem.name}_per_value.csv, {stem.name}_runs.csv")
     return 0
 
 
