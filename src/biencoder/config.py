@@ -30,7 +30,7 @@ SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
 #: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
 #: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
 #: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`).
-NON_RESULT_KEYS = ("paths.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
+NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
                    "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
                    "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
                    "eval.output", "eval.split")
@@ -144,6 +144,23 @@ class PathsSchema:
 
 
 @dataclass
+class TensorBoardSchema:
+    dir: str = "tensorboard"  # under the run folder
+
+
+@dataclass
+class MlflowSchema:
+    tracking_uri: Optional[str] = None  # None: a local store, <paths.log_dir>/mlflow.db
+    experiment: Optional[str] = None    # None: the sweep folder's name, or "runs" for single runs
+
+
+@dataclass
+class LoggerSchema:
+    tensorboard: Optional[TensorBoardSchema] = None
+    mlflow: Optional[MlflowSchema] = None
+
+
+@dataclass
 class Schema:
     paths: PathsSchema = field(default_factory=PathsSchema)
     data: DataSchema = field(default_factory=DataSchema)
@@ -152,6 +169,7 @@ class Schema:
     loss: LossSchema = field(default_factory=LossSchema)
     negatives: NegativesSchema = field(default_factory=NegativesSchema)
     eval: EvalSchema = field(default_factory=EvalSchema)
+    logger: LoggerSchema = field(default_factory=LoggerSchema)
     task_name: str = "train"
     seed: int = 0
 
@@ -252,10 +270,13 @@ def check_known_keys(cfg: DictConfig) -> None:
     schema); name the closest known key when there is one."""
     import difflib
 
-    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False)))
+    # optional subtrees (the loggers) count with their keys, whether or not a run selects them
+    every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
+    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
     given = flatten(OmegaConf.to_container(cfg, resolve=False))
     for key in sorted(given):
-        if key in known or key.startswith(FREE_FORM) or key == "model.encoder.random_init":
+        if key in known or key.startswith(FREE_FORM) or key in ("model.encoder.random_init", "logger.tensorboard",
+                                                                "logger.mlflow"):
             continue
         parent, _, leaf = key.rpartition(".")
         siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
@@ -310,6 +331,9 @@ def validate(cfg: DictConfig) -> None:
     if not isinstance(cfg.data.root, str) or not cfg.data.root:
         raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
     _bool(cfg, "data.dedup")
+    from .tracking import check_packages
+
+    check_packages(cfg)
     if cfg.data.max_debates is not None:
         _positive(cfg, "data.max_debates")
     if not isinstance(cfg.seed, int):

@@ -54,6 +54,7 @@ from .model import (
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
 from .rundir import RunFolder, discard_if_ours
+from .tracking import Tracker
 from .state import RunFolderError, rng_states, set_rng_states
 from .tasks import evaluate_tasks, format_tasks
 
@@ -132,7 +133,7 @@ def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
 class Runner:
     """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``)."""
 
-    def __init__(self, cfg: DictConfig, out_dir: Path):
+    def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs"):
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
@@ -140,6 +141,7 @@ class Runner:
         self.device = select_device(distributed.setup(cfg.trainer.device))
         self.main = distributed.is_main()
         self.variant = variant_name(cfg)
+        self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         set_seed_everywhere(cfg.seed)
         self.model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         self.model.to(self.device)
@@ -398,6 +400,8 @@ class Runner:
                      "or validation pair (reported as seen/unseen)", self.overlap["test_queries_seen"],
                      len(self.test_seen))
         first_epoch, best, train_sim = self._start()
+        if self.main:
+            self.tracker.open(first_epoch)
         for epoch in tqdm(range(first_epoch, cfg.trainer.max_epochs), desc="epochs", disable=not self.progress,
                           initial=first_epoch, total=cfg.trainer.max_epochs):
             epoch_start = time.time()
@@ -424,6 +428,7 @@ class Runner:
                             # kept in memory for the 8 tasks at the end (recomputed there after a resume)
                             "embs": {n: embs[n] for n in ("val", "test")}}
                 self.folder.append(rows)  # the epoch is on disk before the state that says it is done
+                self.tracker.log_rows(rows)
             every = cfg.trainer.checkpoint_every
             if every and ((epoch + 1) % every == 0 or epoch == cfg.trainer.max_epochs - 1):
                 rngs = distributed.all_gather_object(rng_states())  # every rank's own RNG streams
@@ -458,6 +463,7 @@ class Runner:
         final["wall_time_s"] = round(time.time() - start, 2)
         self.folder.finish(final, {"test_hits": best["hits"], "test_seen": self.test_seen}, checkpoint,
                            keep_last=cfg.trainer.keep_last)
+        self.tracker.finish(final)
         log.info("\n%s", summary_text(final, self.out_dir))
         return final
 
@@ -492,11 +498,12 @@ def summary_text(final: dict, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: DictConfig, out_dir: Path) -> dict | None:
+def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs") -> dict | None:
     """Train one cell into ``out_dir`` (or continue it, with ``trainer.resume``); returns what ``final.json`` holds.
 
     A finished folder (status ``done``) is left as it is when resuming, so a re-run sweep skips its done jobs.
-    On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, and the exception propagates.
+    On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, the trackers close the run as
+    FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep).
     """
     validate(cfg)  # before the folder is touched
     folder = RunFolder(out_dir)
@@ -505,7 +512,7 @@ def run(cfg: DictConfig, out_dir: Path) -> dict | None:
     done = folder.open(cfg, main=distributed.is_main())
     if done is not None:
         return done
-    runner = Runner(cfg, folder.path)  # validates the config and reads the corpus first
+    runner = Runner(cfg, folder.path, experiment)  # validates the config and reads the corpus first
     if runner.main:
         folder.start(cfg)
     try:
@@ -514,10 +521,12 @@ def run(cfg: DictConfig, out_dir: Path) -> dict | None:
         if runner.main:
             folder.record("diverged", variant=runner.variant, seed=int(cfg.seed), epoch=err.epoch, what=err.what,
                           loss_parts=err.parts, error=str(err))
+            runner.tracker.finish({}, "diverged")
         raise
     except BaseException as err:
         if runner.main:
             folder.record("failed", variant=runner.variant, seed=int(cfg.seed), error=f"{type(err).__name__}: {err}")
+            runner.tracker.finish({}, "failed")
         raise
 
 
@@ -538,7 +547,8 @@ def main(cfg: DictConfig) -> float | None:
         if shared != out_dir:
             discard_if_ours(out_dir)  # this rank's own (empty) Hydra folder
             out_dir = shared
-        final = run(cfg, out_dir)
+        experiment = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else "runs"
+        final = run(cfg, out_dir, experiment)
     except (ConfigError, CorpusError, CacheError, RunFolderError) as err:
         fail(err, out_dir)
     except Diverged as err:
