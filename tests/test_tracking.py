@@ -112,6 +112,13 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
     assert by_lr["0.001"].info.status == "FINISHED" and by_lr["1e+38"].info.status == "FAILED"
     assert by_lr["1e+38"].data.tags["status"] == "failed"
 
+    from biencoder.summary import main
+
+    assert main([str(sweep), "--n-boot", "100"]) == 0  # the sweep's figure and tables go to its experiment
+    summary = [r for r in client.search_runs([by_lr["0.001"].info.experiment_id]) if r.info.run_name == "summary"]
+    assert len(summary) == 1
+    assert {a.path for a in client.list_artifacts(summary[0].info.run_id)} >= {"top1.png", "top1.md", "top1.csv"}
+
 
 def test_a_missing_tracker_package_is_one_line(tmp_path, monkeypatch):
     import importlib.util

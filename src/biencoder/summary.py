@@ -445,10 +445,28 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in statuses.items())}) in {table.shape[0]} cells"
           + (f"; cells also differ in: {', '.join(varying)}" if varying else ""))
     print(markdown)
-    print(f"\nfigure: {out}\ntables: {out.with_suffix('.md')}, {out.with_suffix('.csv')}")
+    files = [out, out.with_suffix(".md"), out.with_suffix(".csv")]
+    if len(comparisons):
+        files.append(out.with_name(out.stem + "_paired.csv"))
     if args.internals:
-        print(f"internals: {plot_internals(runs, out.with_name(out.stem + '_internals.png'))}")
+        files.append(plot_internals(runs, out.with_name(out.stem + "_internals.png")))
+    print(f"\nfigure: {files[0]}\ntables: {', '.join(map(str, files[1:]))}")
+    _log_to_trackers(runs, files)
     return 0
+
+
+def _log_to_trackers(runs: list[Run], files: list[Path]) -> None:
+    """Runs tracked with logger=mlflow: the figure and tables go to their experiment too (a run named summary)."""
+    from .tracking import log_summary
+
+    try:
+        names = log_summary([r.path for r in runs], files)
+    except ImportError:
+        print("note: these runs were tracked with MLflow, which is not installed here: the figure stays local "
+              "(pip install -e '.[tracking]')", file=sys.stderr)
+        return
+    if names:
+        print(f"mlflow: figure and tables attached to experiment(s) {', '.join(names)} (run 'summary')")
 
 
 def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:
@@ -478,8 +496,10 @@ def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:
     print(f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in statuses.items())}) in {per_cell.shape[0]} cells "
           f"against {key}" + (f"; cells also differ in: {', '.join(varying)}" if varying else ""))
     print(markdown)
-    print(f"\nfigure: {figure}\ntables: {stem.with_suffix('.md')}, {stem.with_suffix('.csv')}, "
-          f"{stem.name}_per_value.csv, {stem.name}_runs.csv")
+    files = [figure, stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_name(stem.name + "_per_value.csv"),
+             stem.with_name(stem.name + "_runs.csv")]
+    print(f"\nfigure: {figure}\ntables: {', '.join(map(str, files[1:]))}")
+    _log_to_trackers(runs, files)
     return 0
 
 

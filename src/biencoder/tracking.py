@@ -181,3 +181,25 @@ class Tracker:
         for logger in self.loggers:
             logger.finish(final, status)
         self.loggers = []
+
+
+def log_summary(run_folders: list[Path], files: list[Path]) -> list[str]:
+    """Attach a sweep summary's figure and tables to the MLflow experiment(s) its runs were tracked in, as a run
+    named ``summary``. Returns the experiment names (none when no run used logger=mlflow)."""
+    states = [json.loads((f / "tracking.json").read_text()) for f in run_folders if (f / "tracking.json").is_file()]
+    states = [s for s in states if "mlflow_run_id" in s]
+    if not states:
+        return []
+    from mlflow.tracking import MlflowClient
+
+    names = []
+    for uri in sorted({s["mlflow_tracking_uri"] for s in states}):
+        client = MlflowClient(tracking_uri=uri)
+        ids = {client.get_run(s["mlflow_run_id"]).info.experiment_id for s in states if s["mlflow_tracking_uri"] == uri}
+        for experiment_id in sorted(ids):
+            summary = client.create_run(experiment_id, run_name="summary", tags={"summary": "true"})
+            for file in files:
+                client.log_artifact(summary.info.run_id, str(file))
+            client.set_terminated(summary.info.run_id, "FINISHED")
+            names.append(client.get_experiment(experiment_id).name)
+    return names
