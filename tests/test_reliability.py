@@ -173,7 +173,7 @@ def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
 
 def test_checkpoints_are_loaded_weights_only(tmp_path):
     """A best.pt carrying an arbitrary pickled object is refused, not executed."""
-    from biencoder.evaluate import load_checkpoint
+    from biencoder.checkpoint import load_checkpoint
 
     torch.save({"state_dict": {}, "model_cfg": {}, "payload": Path("x")}, tmp_path / "best.pt")
     with pytest.raises(ConfigError, match="not a readable biencoder checkpoint"):

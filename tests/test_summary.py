@@ -159,7 +159,7 @@ def test_runs_from_before_a_new_key_share_its_default(tmp_path):
 
     assert run_settings({"eval": {"k": 10}})["eval.retrieve"] == "sim"
     assert run_settings({"eval": {"retrieve": "encoder"}})["eval.retrieve"] == "encoder"
-    old = write_run(tmp_path / "old", "plain", 0, [0.1], [0.1])
+    write_run(tmp_path / "old", "plain", 0, [0.1], [0.1])
     new = write_run(tmp_path / "new", "plain", 1, [0.2], [0.2])
     other = write_run(tmp_path / "other", "plain", 0, [0.3], [0.3])
     for folder, retrieve in ((new, "sim"), (other, "encoder")):

@@ -127,7 +127,7 @@ class NegativesSchema:
 class EvalSchema:
     k: int = 10
     every: int = 1
-    retrieve: str = "sim"
+    retrieve: Optional[str] = "sim"  # null only in biencoder.evaluate: the checkpoint's own
     score: str = "rerank"
     tasks: bool = True
     pair_batch_size: int = 4096
@@ -294,7 +294,8 @@ def validate(cfg: DictConfig) -> None:
     _choice(cfg, "model.pooling", POOLINGS)
     _choice(cfg, "model.fusion", FUSIONS)
     _choice(cfg, "model.sim_init", SIM_INITS)
-    _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
+    if cfg.eval.retrieve is not None or cfg.task_name != "evaluate":
+        _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
     _positive(cfg, "model.sim_dim")
     _positive(cfg, "model.max_length", minimum=8)
     from .search import INDEXES

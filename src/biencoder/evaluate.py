@@ -16,11 +16,11 @@ from pathlib import Path
 
 import hydra
 import numpy as np
-import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .checkpoint import load_checkpoint
 from .config import (
     ConfigError,
     autocast_dtype,
@@ -106,27 +106,6 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
 NEEDS_TRAINED = ("rerank", "classifier", "sim")
 
 
-def load_checkpoint(path: str | Path, progress: bool = True) -> tuple[BiModel, object, dict]:
-    """(model, tokenizer, model config) from a run folder (its ``best.pt``) or a ``best.pt`` file."""
-    path = Path(path)
-    file = path / "best.pt" if path.is_dir() else path
-    if not file.is_file():
-        raise ConfigError(f"eval.checkpoint='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
-    try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=True)  # never unpickles arbitrary objects
-        model_cfg, state_dict = ckpt["model_cfg"], ckpt["state_dict"]
-    except Exception as err:  # noqa: BLE001 - truncated, not a checkpoint, or unsafe: the same advice
-        raise ConfigError(f"eval.checkpoint='{file}' is not a readable biencoder checkpoint ({type(err).__name__}): "
-                          "pass the best.pt of a finished run") from None
-    model, tokenizer = build_model(model_cfg, progress)
-    try:
-        model.load_state_dict(state_dict)
-    except RuntimeError as err:
-        raise ConfigError(f"eval.checkpoint='{file}' does not fit the model it names "
-                          f"({str(err).splitlines()[0]})") from None
-    return model, tokenizer, model_cfg
-
-
 def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     """The 8 tasks on ``eval.split`` with ``eval.score``; writes JSON to ``eval.output`` (default in out_dir)."""
     start = time.time()
@@ -142,6 +121,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
                           "or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")
     corpus = read_corpus(cfg.data.root).used(cfg.data.dedup)
     split = corpus.paired(split_name, cfg.data.max_debates)
+    retrieve = cfg.eval.retrieve  # None: the checkpoint's own
     groups = None
     if split_name == "test":  # unseen / seen: does a query's text occur in the train/val pairs a run would use?
         seen = seen_queries(split, [corpus.paired(s, cfg.data.max_debates) for s in ("train", "val")])
@@ -152,7 +132,8 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     if score != "tfidf":
         if cfg.eval.checkpoint is not None:
-            model, tokenizer, model_cfg = load_checkpoint(cfg.eval.checkpoint, progress=bool(cfg.trainer.progress))
+            model, tokenizer, model_cfg, trained = load_checkpoint(cfg.eval.checkpoint, progress=bool(cfg.trainer.progress))
+            retrieve = retrieve or trained["retrieve"]
         else:
             model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
         model.to(device)
@@ -165,10 +146,10 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
             pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"]), **kwargs)
         emb = embed_pooled(model, pooled, cfg.eval.pair_batch_size, device)
     tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
-                           batch_size=cfg.eval.pair_batch_size, groups=groups, retrieve=cfg.eval.retrieve)
+                           batch_size=cfg.eval.pair_batch_size, groups=groups, retrieve=retrieve or "sim")
     result = {
         "score": score,
-        "retrieve": cfg.eval.retrieve if score == "rerank" else None,
+        "retrieve": (retrieve or "sim") if score == "rerank" else None,
         "split": split_name,
         "data": cfg.data.name,
         "dedup": bool(cfg.data.dedup),

@@ -53,6 +53,7 @@ from .model import (
     head_statistics,
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
+from .checkpoint import checkpoint_payload
 from .rundir import RunFolder, discard_if_ours
 from .tracking import Tracker
 from .state import RunFolderError, rng_states, set_rng_states
@@ -144,6 +145,7 @@ class Runner:
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         set_seed_everywhere(cfg.seed)
         self.model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
+        self.tokenizer = tokenizer  # saved into best.pt
         self.model.to(self.device)
         self.splits = {name: corpus.paired(name, cfg.data.max_debates) for name in SPLITS}
         # test queries whose point or counter text occurs in a training or validation pair this run uses
@@ -458,8 +460,10 @@ class Runner:
                                                       retrieve=cfg.eval.retrieve)
         checkpoint = None
         if cfg.trainer.save_checkpoint:
-            checkpoint = {"state_dict": best["state"], "epoch": best["epoch"], "retrieve": cfg.eval.retrieve,
-                          "model_cfg": OmegaConf.to_container(cfg.model, resolve=True)}
+            checkpoint = checkpoint_payload(
+                self.model, self.tokenizer, best["state"], best["epoch"], OmegaConf.to_container(cfg.model, resolve=True),
+                run={"retrieve": cfg.eval.retrieve, "k": int(cfg.eval.k), "data": cfg.data.name,
+                     "dedup": bool(cfg.data.dedup), "variant": self.variant, "seed": int(cfg.seed)})
         final["wall_time_s"] = round(time.time() - start, 2)
         self.folder.finish(final, {"test_hits": best["hits"], "test_seen": self.test_seen}, checkpoint,
                            keep_last=cfg.trainer.keep_last)

@@ -1,0 +1,244 @@
+"""Counters for new arguments from a trained run: ``python -m biencoder.retrieve <run> --query "..." --corpus demo``.
+
+The candidates are a split of a corpus (``--corpus demo|<root> --split test``) or the user's own file
+(``--candidates file.txt|.jsonl|.csv``). Each query gets the run's own retrieve-then-rerank: the nearest
+``max(k, the run's eval.k)`` candidates in the space it was selected with (its sim head, or the encoder's cosine
+with ``eval.retrieve=encoder``), reordered by the pair classifier's logit margin; the top k are printed with both
+scores. A candidate whose text equals the query is never returned for it.
+
+Candidate embeddings are computed once per collection and kept in the embedding cache (``--cache-dir``, default
+``trainer.cache_dir``'s ``~/.cache/biencoder``), keyed on the encoder's weights, tokenizer, pooling and length:
+the second search against the same collection reads them back. In Python::
+
+    from biencoder.retrieve import Retriever
+    retriever = Retriever("logs/runs/<run>", candidates=["text", ...], ids=["a", ...])
+    for hit in retriever.search(["my argument"], k=5)[0]:
+        print(hit.rank, hit.id, hit.rerank_score, hit.text)
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .checkpoint import load_checkpoint
+from .config import ConfigError
+from .corpus import CorpusError, read_corpus, split_name
+from .model import Embeddings, TokenizedTexts, embed_pooled, encode_pooled, pair_margins
+from .search import NeighbourIndex
+
+DEFAULT_CACHE = os.environ.get("BIENCODER_CACHE_DIR", "~/.cache/biencoder")
+
+
+class InputError(ValueError):
+    """A query or candidate input that cannot be used; the message names it and the fix."""
+
+
+@dataclass
+class Hit:
+    rank: int
+    id: str
+    text: str
+    retrieval_distance: float  # in the retrieve space (smaller = nearer)
+    rerank_score: float        # classifier logit margin l1 - l0 (higher = more likely the counter)
+
+
+class Retriever:
+    """A trained run, loaded once, over a fixed candidate collection whose embeddings are computed once.
+
+    Args:
+        run: a run folder of ``biencoder.train`` or its ``best.pt``.
+        candidates: the candidate texts; ``ids`` (default "0", "1", ...) name them in the results.
+        device: ``cpu`` or ``cuda``; ``cache_dir``: the embedding cache (None: no cache).
+    """
+
+    def __init__(self, run: str | Path, candidates: list[str], ids: list[str] | None = None, device: str = "cpu",
+                 cache_dir: str | Path | None = DEFAULT_CACHE, batch_size: int = 64, progress: bool = False):
+        if not candidates:
+            raise InputError("no candidate texts: pass a non-empty collection")
+        self.model, self.tokenizer, self.model_cfg, self.settings = load_checkpoint(run, progress, what="run")
+        self.device = torch.device(device)
+        self.model.to(self.device)
+        self.texts = list(candidates)
+        self.ids = [str(i) for i in (ids if ids is not None else range(len(self.texts)))]
+        self.space = self.settings["retrieve"]
+        self.batch_size = batch_size
+        start = time.time()
+        if cache_dir is None:
+            pooled = self._pool(self.texts)
+        else:
+            pooled = cached_pooled(self.model, self.tokenizer, self.texts, self.model_cfg["max_length"], cache_dir,
+                                   encoder_fingerprint(self.model.encoder), batch_size, self.device,
+                                   progress=progress, desc="encode candidates")
+        self.candidates = embed_pooled(self.model, pooled, device=self.device)
+        self.index = NeighbourIndex(self.candidates.retrieval(self.space).numpy().astype(np.float64), "exact", self.device)
+        self.embed_seconds = time.time() - start
+
+    def _pool(self, texts: list[str]) -> torch.Tensor:
+        tokens = TokenizedTexts(texts, self.tokenizer, self.model_cfg["max_length"])
+        return encode_pooled(self.model, tokens, self.batch_size, self.device)
+
+    def search(self, queries: list[str], k: int = 5) -> list[list[Hit]]:
+        """Top ``k`` candidates per query, best first (see the module docstring)."""
+        if any(not q.strip() for q in queries):
+            raise InputError("an empty query: every query needs some text")
+        k = min(k, len(self.texts))
+        shortlist = min(max(k, int(self.settings["k"])) + 1, len(self.texts))  # +1: the query's own text, if there
+        q = embed_pooled(self.model, self._pool(queries), device=self.device)
+        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist)
+        both = Embeddings(torch.cat([q.sim, self.candidates.sim]), torch.cat([q.pooled, self.candidates.pooled]))
+        n = len(queries)
+        margins = pair_margins(self.model, both, np.repeat(np.arange(n), shortlist), n + rows.ravel(),
+                               device=self.device).reshape(n, shortlist)
+        results = []
+        for i, query in enumerate(queries):
+            keep = [j for j in range(shortlist) if self.texts[rows[i, j]] != query]
+            order = sorted(keep, key=lambda j: (-margins[i, j], dist[i, j]))[:k]
+            results.append([Hit(rank + 1, self.ids[rows[i, j]], self.texts[rows[i, j]], float(dist[i, j]),
+                                float(margins[i, j])) for rank, j in enumerate(order)])
+        return results
+
+
+# -- reading inputs ----------------------------------------------------------------------------------------------
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise InputError(f"{what} '{path}' does not exist: check the path") from None
+    except UnicodeDecodeError as err:
+        raise InputError(f"{what} '{path}' is not UTF-8 (byte {err.start}): save it as UTF-8") from None
+    except OSError as err:
+        raise InputError(f"{what} '{path}' cannot be read ({err.strerror}): check the path") from None
+
+
+def read_texts(path: str | Path, what: str = "--candidates", text_column: str = "text",
+               id_column: str | None = None) -> tuple[list[str], list[str]]:
+    """(texts, ids) from plain text (one per line), JSONL (``text_column``, optional ``id_column``) or CSV (the same
+    columns). Blank lines are skipped; ids default to the line number (1-based) of each text."""
+    path = Path(path)
+    content = _read_text(path, what)
+    texts, ids = [], []
+    if path.suffix.lower() in (".jsonl", ".json"):
+        for number, line in enumerate(content.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                raise InputError(f"{what} '{path}' line {number} is not JSON: one object per line") from None
+            if not isinstance(record, dict) or text_column not in record:
+                raise InputError(f"{what} '{path}' line {number} has no '{text_column}' field: "
+                                 f"name the field with --text-column")
+            texts.append(str(record[text_column]))
+            ids.append(str(record.get(id_column or "id", number)))
+    elif path.suffix.lower() == ".csv":
+        rows = list(csv.DictReader(content.splitlines()))
+        columns = list(rows[0]) if rows else []
+        for column in filter(None, (text_column, id_column)):
+            if rows and column not in columns:
+                raise InputError(f"{what} '{path}' has no column '{column}' (columns: {', '.join(columns)}): "
+                                 "name it with --text-column / --id-column")
+        for number, row in enumerate(rows, 2):
+            if (row.get(text_column) or "").strip():
+                texts.append(row[text_column])
+                ids.append(str(row[id_column]) if id_column else str(row.get("id") or number))
+    else:
+        for number, line in enumerate(content.splitlines(), 1):
+            if line.strip():
+                texts.append(line.strip())
+                ids.append(str(number))
+    if not texts:
+        raise InputError(f"{what} '{path}' holds no texts: one per line (.txt), a '{text_column}' field (.jsonl) "
+                         "or column (.csv)")
+    return texts, ids
+
+
+def corpus_candidates(root: str, split: str) -> tuple[list[str], list[str]]:
+    """The arguments of a corpus split that belong to pairs (the per-epoch pool), ids ``<pair id>/<point|counter>``."""
+    paired = read_corpus(root).paired(split_name(split))
+    return paired.texts, [f"{p}/{k}" for p, k in zip(paired.table["pair_id"], paired.table["kind"])]
+
+
+def _short(text: str, width: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m biencoder.retrieve",
+        description="Retrieve counter-arguments for new arguments with a trained run (retrieve, then rerank).")
+    parser.add_argument("run", help="a run folder of biencoder.train (or its best.pt)")
+    parser.add_argument("--query", action="append", default=[], help="a query argument (repeatable)")
+    parser.add_argument("--queries", type=Path, help="queries: .txt (one per line) or .jsonl ('text' field); "
+                                                      "without --query/--queries they are read from stdin")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--corpus", help="candidates from a corpus: 'demo' or a corpus root (with --split)")
+    source.add_argument("--candidates", type=Path, help="candidates from a file: .txt, .jsonl or .csv")
+    parser.add_argument("--split", default="test", help="the corpus split (train, val, test)")
+    parser.add_argument("--text-column", default="text", help="the text field/column of .jsonl/.csv files")
+    parser.add_argument("--id-column", help="the id field/column (default: 'id' if present, else the line number)")
+    parser.add_argument("-k", type=int, default=5, help="candidates per query (default 5)")
+    parser.add_argument("--json", action="store_true", help="one JSON document with every query's results")
+    parser.add_argument("--jsonl", action="store_true", help="one JSON line per query")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--cache-dir", default=DEFAULT_CACHE, help="embedding cache (default %(default)s)")
+    parser.add_argument("--no-cache", action="store_true", help="embed the candidates without the cache")
+    parser.add_argument("--width", type=int, default=100, help="text width in the terminal table")
+    args = parser.parse_args(argv)
+    try:
+        if args.k < 1:
+            raise InputError(f"-k {args.k} is not valid: ask for at least 1 candidate")
+        queries = list(args.query)
+        if args.queries is not None:
+            queries += read_texts(args.queries, "--queries")[0]
+        if not args.query and args.queries is None:
+            if sys.stdin.isatty():
+                raise InputError("no query: pass --query \"text\", --queries FILE, or pipe queries on stdin")
+            queries = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+        if not queries or any(not q.strip() for q in queries):
+            raise InputError("an empty query: every query needs some text")
+        if args.corpus is not None:
+            texts, ids = corpus_candidates(args.corpus, args.split)
+        else:
+            texts, ids = read_texts(args.candidates, "--candidates", args.text_column, args.id_column)
+        start = time.time()
+        retriever = Retriever(args.run, texts, ids, args.device, None if args.no_cache else args.cache_dir)
+        loaded = time.time() - start
+        start = time.time()
+        results = retriever.search(queries, args.k)
+        searched = time.time() - start
+    except (InputError, ConfigError, CorpusError, CacheError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results)]
+    if args.json:
+        print(json.dumps(records, indent=2, ensure_ascii=False))
+    elif args.jsonl:
+        for record in records:
+            print(json.dumps(record, ensure_ascii=False))
+    else:
+        for record in records:
+            print(f"\nquery: {_short(record['query'], args.width)}")
+            print(f"{'rank':>4}  {'rerank':>7}  {'dist':>6}  {'id':<28}  text")
+            for h in record["hits"]:
+                print(f"{h['rank']:>4}  {h['rerank_score']:>7.2f}  {h['retrieval_distance']:>6.3f}  "
+                      f"{_short(h['id'], 28):<28}  {_short(h['text'], args.width)}")
+        print(f"\n{len(texts)} candidates ({retriever.space} retrieval, classifier rerank): model and candidate "
+              f"embeddings {loaded:.1f} s (of which embedding {retriever.embed_seconds:.1f} s), "
+              f"{len(queries)} quer{'y' if len(queries) == 1 else 'ies'} {1000 * searched:.0f} ms", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
