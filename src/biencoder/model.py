@@ -48,7 +48,39 @@ class Embeddings:
         return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n))]
 
 
-class BiModel(nn.Module):
+class PairHead(nn.Module):
+    """The pair classifier: fused features of (a, b) → optional LayerNorm → optional ReLU → ``Linear(F, 2)``.
+
+    Shared by :class:`BiModel` and the exported ``PairClassifier`` (``biencoder.export``): one definition.
+    """
+
+    def _make_head(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool) -> None:
+        self.fusion = fusion
+        n_features = {"concat": 3 * sim_dim + 3 * hidden, "sim": 3 * sim_dim, "cls": 3 * hidden}[fusion]
+        self.norm = nn.LayerNorm(n_features) if use_layernorm else nn.Identity()
+        self.act = nn.ReLU() if use_relu else nn.Identity()
+        self.out = nn.Linear(n_features, 2)
+
+    def pair_features(self, a: Embeddings, b: Embeddings) -> Tensor:
+        """Fused features [B, n_features] of the pairs (a[i], b[i])."""
+        parts = []
+        if self.fusion in ("concat", "sim"):
+            parts += [a.sim, b.sim, (a.sim - b.sim).abs()]
+        if self.fusion in ("concat", "cls"):
+            parts += [a.pooled, b.pooled, (a.pooled - b.pooled).abs()]
+        return torch.cat(parts, dim=-1)
+
+    def head(self, features: Tensor) -> tuple[Tensor, Tensor]:
+        """Features [B, F] → (head input after the optional LayerNorm/ReLU [B, F], logits [B, 2])."""
+        head_input = self.act(self.norm(features))
+        return head_input, self.out(head_input)
+
+    def classify_pair(self, point: Embeddings, candidate: Embeddings) -> Tensor:
+        """Logits [B, 2] for (point[i], candidate[i]); class 1 = the candidate counters the point."""
+        return self.head(self.pair_features(point, candidate))[1]
+
+
+class BiModel(PairHead):
     """Shared encoder → pooled embedding → ``Linear(hidden, sim_dim)``; pair classifier over fused features.
 
     Args:
@@ -69,12 +101,8 @@ class BiModel(nn.Module):
             raise ConfigError(f"model.pooling=pooler but {type(encoder).__name__} has no pooler: use model.pooling=cls or mean")
         self.encoder = encoder
         self.pooling = pooling
-        self.fusion = fusion
         self.sim_head = nn.Linear(hidden, sim_dim)
-        n_features = {"concat": 3 * sim_dim + 3 * hidden, "sim": 3 * sim_dim, "cls": 3 * hidden}[fusion]
-        self.norm = nn.LayerNorm(n_features) if use_layernorm else nn.Identity()
-        self.act = nn.ReLU() if use_relu else nn.Identity()
-        self.out = nn.Linear(n_features, 2)
+        self._make_head(fusion, sim_dim, hidden, use_layernorm, use_relu)  # after sim_head: the same init as ever
 
     @torch.no_grad()
     def init_sim_from_pca(self, pooled: Tensor) -> None:
@@ -110,24 +138,6 @@ class BiModel(nn.Module):
     def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Embeddings:
         """Token ids [B, L] and mask [B, L] → :class:`Embeddings` with sim [B, sim_dim], pooled [B, hidden]."""
         return self.from_pooled(self.pool(input_ids, attention_mask))
-
-    def pair_features(self, a: Embeddings, b: Embeddings) -> Tensor:
-        """Fused features [B, n_features] of the pairs (a[i], b[i])."""
-        parts = []
-        if self.fusion in ("concat", "sim"):
-            parts += [a.sim, b.sim, (a.sim - b.sim).abs()]
-        if self.fusion in ("concat", "cls"):
-            parts += [a.pooled, b.pooled, (a.pooled - b.pooled).abs()]
-        return torch.cat(parts, dim=-1)
-
-    def head(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        """Features [B, F] → (head input after the optional LayerNorm/ReLU [B, F], logits [B, 2])."""
-        head_input = self.act(self.norm(features))
-        return head_input, self.out(head_input)
-
-    def classify_pair(self, point: Embeddings, candidate: Embeddings) -> Tensor:
-        """Logits [B, 2] for (point[i], candidate[i]); class 1 = the candidate counters the point."""
-        return self.head(self.pair_features(point, candidate))[1]
 
     def head_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("encoder.")]

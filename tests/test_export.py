@@ -1,0 +1,54 @@
+"""biencoder.export: the sentence-transformers folder reproduces the run's sim embeddings, the exported classifier
+its logits; for the pooler (tiny BERT), mean pooling and a frozen encoder alike."""
+
+import pytest
+import torch
+
+from biencoder.checkpoint import load_checkpoint
+from biencoder.model import TokenizedTexts, encode
+from biencoder.train import run
+from conftest import FAST, compose_cfg
+
+st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
+
+from biencoder.export import embed, export, load_pair_classifier, main  # noqa: E402
+
+TEXTS = ["Homework teaches discipline.", "Children need time to play, not more worksheets after school.",
+         "A short one.", "Taxes on sugar change what people buy, and the evidence from several countries says so."]
+
+
+@pytest.mark.parametrize("extra", [["model.pooling=pooler"], ["model.pooling=mean"],
+                                   ["model.pooling=mean", "model.encoder.freeze=true"]])
+def test_round_trip(tmp_path, extra):
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["+variant=ln_relu", "eval.tasks=false", "trainer.max_epochs=1",
+                            f"trainer.cache_dir={tmp_path / 'cache'}"] + extra), out)
+    exported = export(out, tmp_path / "st")
+    model, tokenizer, model_cfg, _ = load_checkpoint(out)
+    own = encode(model, TokenizedTexts(TEXTS, tokenizer, model_cfg["max_length"]), batch_size=2)
+
+    loaded = st.SentenceTransformer(str(exported), device="cpu")
+    sim = torch.as_tensor(loaded.encode(TEXTS))
+    torch.testing.assert_close(sim, own.sim, atol=1e-5, rtol=1e-4)
+    theirs = embed(loaded, TEXTS)
+    torch.testing.assert_close(theirs.pooled, own.pooled, atol=1e-5, rtol=1e-4)
+
+    classifier = load_pair_classifier(exported)
+    rows_a, rows_b = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 0, 3, 2])
+    with torch.no_grad():
+        expected = model.classify_pair(own.index(rows_a), own.index(rows_b))
+        got = classifier.classify_pair(theirs.index(rows_a), theirs.index(rows_b))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_export_refuses_a_used_folder_and_leaves_it(tmp_path, capsys):
+    (tmp_path / "st").mkdir()
+    (tmp_path / "st" / "mine.txt").write_text("keep me")
+    assert main([str(tmp_path / "no-run"), str(tmp_path / "other")]) == 2
+    assert "has no best.pt" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["+variant=ln", "eval.tasks=false", "trainer.max_epochs=1"]), out)
+    assert main([str(out), str(tmp_path / "st")]) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "st").iterdir()] == ["mine.txt"]
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
