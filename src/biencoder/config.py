@@ -95,7 +95,7 @@ class TrainerSchema:
     precision: str = "auto"
     compile: bool = False
     num_workers: int = 0
-    progress: bool = True
+    progress: Any = "auto"  # auto | true | false
     save_checkpoint: bool = True
     keep_last: bool = False
     checkpoint_every: int = 1
@@ -306,6 +306,8 @@ def validate(cfg: DictConfig) -> None:
     warmup = cfg.trainer.warmup_ratio
     if not 0 <= warmup < 1:
         raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
+    if cfg.trainer.progress not in (True, False, "auto"):
+        raise ConfigError(f"trainer.progress={cfg.trainer.progress!r} is not valid: use auto, true or false")
     resume = cfg.trainer.resume
     if not isinstance(resume, (bool, str)):
         raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
@@ -350,6 +352,12 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def show_progress(cfg: DictConfig) -> bool:
+    """``trainer.progress``: true/false, or ``auto`` = bars only when stderr is a terminal (never in a log file)."""
+    value = cfg.trainer.progress
+    return sys.stderr.isatty() if value == "auto" else bool(value)
 
 
 def run_settings(config: dict) -> dict:

@@ -29,6 +29,7 @@ from .config import (
     register,
     select_device,
     set_seed_everywhere,
+    show_progress,
     validate,
 )
 from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
@@ -132,12 +133,12 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     if score != "tfidf":
         if cfg.eval.checkpoint is not None:
-            model, tokenizer, model_cfg, trained = load_checkpoint(cfg.eval.checkpoint, progress=bool(cfg.trainer.progress))
+            model, tokenizer, model_cfg, trained = load_checkpoint(cfg.eval.checkpoint, progress=show_progress(cfg))
             retrieve = retrieve or trained["retrieve"]
         else:
-            model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
+            model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
         model.to(device)
-        kwargs = dict(batch_size=cfg.trainer.eval_batch_size, device=device, progress=bool(cfg.trainer.progress),
+        kwargs = dict(batch_size=cfg.trainer.eval_batch_size, device=device, progress=show_progress(cfg),
                       autocast_dtype=autocast_dtype(cfg.trainer.precision, device), desc=f"encode {split_name}")
         if model_cfg["encoder"].get("freeze"):  # a frozen encoder's outputs come from (and go to) the cache
             pooled = cached_pooled(model, tokenizer, split.texts, model_cfg["max_length"], cfg.trainer.cache_dir,

@@ -36,6 +36,7 @@ from .config import (
     register,
     select_device,
     set_seed_everywhere,
+    show_progress,
     validate,
     variant_name,
 )
@@ -144,7 +145,7 @@ class Runner:
         self.variant = variant_name(cfg)
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         set_seed_everywhere(cfg.seed)
-        self.model, tokenizer = build_model(cfg.model, progress=bool(cfg.trainer.progress))
+        self.model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
         self.tokenizer = tokenizer  # saved into best.pt
         self.model.to(self.device)
         self.splits = {name: corpus.paired(name, cfg.data.max_debates) for name in SPLITS}
@@ -153,7 +154,7 @@ class Runner:
         self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
                         "test_queries_seen": int(self.test_seen.sum()),
                         "test_queries_unseen": int((~self.test_seen).sum())}
-        self.progress = bool(cfg.trainer.progress) and self.main
+        self.progress = show_progress(cfg) and self.main
         self.amp_dtype = autocast_dtype(cfg.trainer.precision, self.device)
         self.frozen = bool(cfg.model.encoder.freeze)
         groups = [{"params": self.model.head_parameters(), "lr": cfg.trainer.head_lr}]
