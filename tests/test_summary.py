@@ -57,7 +57,7 @@ def test_discovery_grouping_and_aggregation(tmp_path):
     assert table.loc["plain", "val_top1_mean"] == pytest.approx(0.35)
     assert table.loc["plain", "test_top1_mean"] == pytest.approx(0.2) and table.loc["plain", "test_top1_std"] == pytest.approx(0.0)
     assert table.loc["ln", "val_top1_mean"] == pytest.approx(0.4) and table.loc["ln", "test_top1_mean"] == pytest.approx(0.45)
-    assert table.loc["ln", "epochs_to_best"] == pytest.approx(2.0)  # epochs 0 and 2 → 1 and 3 epochs
+    assert table.loc["ln", "best_epoch"] == pytest.approx(1.0)  # epochs 0 and 2, counted from 0 as everywhere
     assert table.loc["ln", "seeds"] == 2 and table.loc["ln", "incomplete"] == 1  # the crashed run is not averaged in
     assert table.loc["plain", "sdoc_acc1"] == pytest.approx(0.6)
     assert table.loc["plain", "test_ci_low"] < 0.2 < table.loc["plain", "test_ci_high"]

@@ -201,3 +201,36 @@ def test_compiled_training_step_matches_eager(tmp_path):
     rows = [read_rows(tmp_path / name / "metrics.jsonl")[0] for name in ("eager", "compiled")]
     assert rows[1]["loss"] == pytest.approx(rows[0]["loss"], rel=2e-2)
     assert compiled["best"]["val"]["queries"] == eager["best"]["val"]["queries"]
+
+
+def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
+    """final.json and the printed summary carry the zero-shot and TF-IDF top-1 on the same queries and pools, a 95 %
+    interval with the query count, a legend, and the best epoch counted from 0 (as in metrics.jsonl)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer
+
+    from biencoder.summary import wilson
+    from biencoder.train import summary_text
+
+    out, final = demo_run
+    split = demo_corpus.used(True).paired("test")
+    # TF-IDF by brute force: the nearest candidate (never the query itself or a twin of its counter) by cosine
+    matrix = TfidfVectorizer(sublinear_tf=True).fit_transform(split.texts)
+    scores = (matrix[split.query] @ matrix.T).toarray()
+    pool = split.is_candidate(np.tile(np.arange(len(split.texts)), (split.n_pairs, 1)))
+    true = scores[np.arange(split.n_pairs), split.counter]
+    hits = ~((scores >= true[:, None]) & pool & (np.arange(len(split.texts)) != split.counter[:, None])).any(axis=1)
+    assert final["baselines"]["test"]["tfidf"]["top1"] == pytest.approx(hits.mean())
+    assert final["baselines"]["test"]["tfidf"]["queries"] == 32 and "top1_unseen" in final["baselines"]["test"]["tfidf"]
+    assert 0 <= final["baselines"]["val"]["encoder_cosine"]["top1"] <= 1
+    text = summary_text(final, out)
+    low, high = wilson(round(final["best"]["test"]["top1"] * 32), 32)
+    assert f"[{low:.3f}, {high:.3f}]" in text and "zero-shot" in text and "R@k: it is among the k" in text
+    assert f"best epoch {final['best_epoch']} (of 0-1, by val top1)" in text
+
+
+def test_wilson_interval_known_values():
+    from biencoder.summary import wilson
+
+    assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)  # z²/(n+z²)
+    assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
+    assert wilson(5, 32) == pytest.approx((0.0686, 0.3175), abs=1e-4)

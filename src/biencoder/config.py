@@ -130,6 +130,7 @@ class EvalSchema:
     retrieve: Optional[str] = "sim"  # null only in biencoder.evaluate: the checkpoint's own
     score: str = "rerank"
     tasks: bool = True
+    baselines: Any = "auto"  # auto | true | false
     pair_batch_size: int = 4096
     index: str = "balltree"
     train_queries: Optional[int] = None
@@ -306,6 +307,8 @@ def validate(cfg: DictConfig) -> None:
     warmup = cfg.trainer.warmup_ratio
     if not 0 <= warmup < 1:
         raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
+    if cfg.eval.baselines not in (True, False, "auto"):
+        raise ConfigError(f"eval.baselines={cfg.eval.baselines!r} is not valid: use auto, true or false")
     if cfg.trainer.progress not in (True, False, "auto"):
         raise ConfigError(f"trainer.progress={cfg.trainer.progress!r} is not valid: use auto, true or false")
     resume = cfg.trainer.resume

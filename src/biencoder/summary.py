@@ -3,7 +3,7 @@
 ``python scripts/plot_top1.py logs/`` (or ``python -m biencoder.summary logs/``) writes a PNG of the chosen metric
 per epoch (one colour per cell, mean line and min–max band across seeds, training loss beside it), and prints and
 saves a Markdown/CSV table: per cell the seeds, best val metric, test metric at the best-val epoch with a 95 %
-bootstrap CI, epochs to best, the 8-task test accuracies, and a paired bootstrap comparison against ``plain``.
+bootstrap CI, the best epoch (counted from 0, as everywhere), the 8-task test accuracies, and a paired bootstrap comparison against ``plain``.
 """
 
 from __future__ import annotations
@@ -133,6 +133,16 @@ def _bootstrap_stats(values: np.ndarray, n_boot: int, seed: int, two_level: bool
     return np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
 
 
+def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion ``hits``/``n`` (one run's top-1 over its queries)."""
+    if n == 0:
+        return float("nan"), float("nan")
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return float(centre - half), float(centre + half)
+
+
 def bootstrap_ci(values: np.ndarray, n_boot: int = 10000, seed: int = 0, level: float = 0.95,
                  two_level: bool | None = None) -> tuple[float, float, float]:
     """(mean, low, high) of ``values`` [Q] or [S, Q] (seeds × queries).
@@ -213,7 +223,7 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) ->
             std = lambda x: float(np.nanstd(x, ddof=1)) if np.isfinite(x).sum() > 1 else np.nan
             row.update({f"val_{metric}_mean": val.mean(), f"val_{metric}_std": std(val),
                         f"test_{metric}_mean": np.nanmean(test), f"test_{metric}_std": std(test),
-                        "epochs_to_best": float(np.mean([b[0] + 1 for b in best]))})
+                        "best_epoch": float(np.mean([b[0] for b in best]))})
             for group in ("unseen", "seen"):
                 values = [b[2].get(f"top1_{group}") for b in best]
                 if metric == "top1" and any(v is not None for v in values):
@@ -278,7 +288,7 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
     """The summary and comparison tables as Markdown (no extra dependency)."""
     task_cols = [c for c in table.columns if c.endswith("_acc1")]
     groups = [g for g in ("unseen", "seen") if f"test_top1_{g}_mean" in table]
-    head = ["cell", "seeds", f"best val {metric}", f"test {metric} @ best val", "95% CI", "epochs to best"]
+    head = ["cell", "seeds", f"best val {metric}", f"test {metric} @ best val", "95% CI", "best epoch (from 0)"]
     head += [f"test top1 {g} (queries)" for g in groups]
     head += [c.replace("_acc1", "") for c in task_cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -287,7 +297,7 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
         ci = f"[{r['test_ci_low']:.3f}, {r['test_ci_high']:.3f}]" if "test_ci_low" in r and not pd.isna(r.get("test_ci_low")) else "–"
         cells = [r["cell"], seeds, _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
                  _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")), ci,
-                 "–" if pd.isna(r.get("epochs_to_best")) else f"{r['epochs_to_best']:.1f}"]
+                 "–" if pd.isna(r.get("best_epoch")) else f"{r['best_epoch']:.1f}"]
         cells += ["–" if pd.isna(r.get(f"test_top1_{g}_mean"))
                   else f"{r[f'test_top1_{g}_mean']:.3f} (n={int(r[f'queries_{g}'])})" for g in groups]
         cells += ["–" if pd.isna(r[c]) else f"{r[c]:.3f}" for c in task_cols]

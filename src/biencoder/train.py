@@ -199,6 +199,15 @@ class Runner:
         if sample is not None and sample < n_train:
             self.eval_pairs["train"] = np.sort(np.random.default_rng(0).choice(n_train, sample, replace=False))
         self.loader_generator = torch.Generator().manual_seed(cfg.seed)
+        # the untrained encoder's pooled val/test vectors, for the zero-shot baseline in the summary
+        self.zero_shot = None
+        want = cfg.eval.baselines
+        cheap = self.frozen or sum(len(self.splits[n].texts) for n in ("val", "test")) <= 2000
+        if self.main and (want is True or (want == "auto" and cheap)):
+            self.zero_shot = {n: self.pooled[n].cpu() if self.frozen else encode_pooled(
+                self.model, TokenizedTexts(self.splits[n].texts, tokenizer, cfg.model.max_length),
+                cfg.trainer.eval_batch_size, self.device, self.amp_dtype, desc=f"encode {n} (zero-shot)")
+                for n in ("val", "test")}
 
     # -- pieces -----------------------------------------------------------------------------------------------
     def embed(self, name: str) -> Embeddings:
@@ -388,6 +397,21 @@ class Runner:
         best = {"epoch": -1, "val_top1": -math.inf, "metrics": None, "state": None, "hits": None}
         return 0, best, self.embed("train").sim if self.main else None
 
+    def baselines(self) -> dict:
+        """Top-1 of the zero-shot encoder's cosine and of TF-IDF on val and test: the same queries and pools as the
+        per-epoch top-1 (the epa task), with the unseen/seen split on test."""
+        out = {}
+        for name in ("val", "test"):
+            split = self.splits[name]
+            groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else None
+            emb = Embeddings(torch.zeros(len(split.texts), 1), self.zero_shot[name])
+            out[name] = {}
+            for score in ("encoder_cosine", "tfidf"):
+                epa = evaluate_tasks(split, score, emb=emb, groups=groups)["epa"]
+                out[name][score] = {"top1": epa["accuracy_at_1"], "queries": epa["queries"],
+                                    **{f"top1_{g}": v["accuracy_at_1"] for g, v in epa.get("groups", {}).items()}}
+        return out
+
     def _fit(self) -> dict | None:
         cfg, start = self.cfg, time.time()
         base = {"variant": self.variant, "seed": int(cfg.seed)}
@@ -448,6 +472,7 @@ class Runner:
         self.model.load_state_dict(best["state"])
         final = {"status": "done", **base, "data": cfg.data.name, "model": cfg.model.name,
                  "best_epoch": best["epoch"], "best": best["metrics"], "epochs": cfg.trainer.max_epochs,
+                 "pairs": {n: s.n_pairs for n, s in self.splits.items()},
                  "overlap": self.overlap}
         if cfg.eval.tasks:
             final["tasks"] = {"score": cfg.eval.score}
@@ -459,6 +484,8 @@ class Runner:
                                                       emb=emb, k=cfg.eval.k, device=self.device,
                                                       batch_size=cfg.eval.pair_batch_size, groups=groups,
                                                       retrieve=cfg.eval.retrieve)
+        if self.zero_shot is not None:
+            final["baselines"] = self.baselines()
         checkpoint = None
         if cfg.trainer.save_checkpoint:
             checkpoint = checkpoint_payload(
@@ -483,12 +510,32 @@ def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
 
 
 def summary_text(final: dict, out_dir: Path) -> str:
-    """The one-screen summary printed at the end of a run."""
+    """The one-screen summary printed at the end of a run: metrics with a 95 % interval and the baselines on the
+    same queries, what each metric means, the unseen/seen split, the 8 tasks."""
+    from .summary import wilson
+
+    baselines = final.get("baselines", {})
+    k = next(iter(final["best"].values()))["k"]
     lines = [f"== {final['variant']} seed {final['seed']} | {final['model']} on {final['data']} | "
-             f"best epoch {final['best_epoch']} of {final['epochs']} | {final['wall_time_s']:.0f} s",
-             f"{'split':<6} {'top1':>7} {'retr@1':>7} {'R@k':>7} {'MRR':>7}"]
+             f"best epoch {final['best_epoch']} (of 0-{final['epochs'] - 1}, by val top1) | {final['wall_time_s']:.0f} s",
+             f"{'split':<6} {'queries':>7} {'top1':>6} {'95% CI':>15} {'retr@1':>7} {'R@k':>6} {'MRR':>6}"
+             + ("  | zero-shot   TF-IDF" if baselines else "")]
     for name, m in final["best"].items():
-        lines.append(f"{name:<6} {m['top1']:>7.3f} {m['retrieval_top1']:>7.3f} {m['recall_at_k']:>7.3f} {m['mrr']:>7.3f}")
+        low, high = wilson(round(m["top1"] * m["queries"]), m["queries"])
+        row = (f"{name:<6} {m['queries']:>7} {m['top1']:>6.3f} {f'[{low:.3f}, {high:.3f}]':>15} "
+               f"{m['retrieval_top1']:>7.3f} {m['recall_at_k']:>6.3f} {m['mrr']:>6.3f}")
+        if name in baselines:
+            b = baselines[name]
+            row += f"  | {b['encoder_cosine']['top1']:>9.3f} {b['tfidf']['top1']:>8.3f}"
+        lines.append(row)
+    lines.append(f"top1: the true counter ranks first after the classifier reranks the k={k} nearest (pool: every "
+                 "argument of the split, as in the epa task); retr@1: the nearest is the true counter; R@k: it is "
+                 "among the k; MRR: mean 1/rank after reranking (0 outside the k); 95% CI: Wilson interval over "
+                 "this run's queries (nothing about other seeds)"
+                 + ("; zero-shot / TF-IDF: the untrained encoder's cosine and TF-IDF top-1 on the same queries "
+                    "and pools" if baselines else "")
+                 + (". The train row uses a fixed sample of the training queries (eval.train_queries)."
+                    if final["best"]["train"]["queries"] < final.get("pairs", {}).get("train", 0) else "."))
     test, overlap = final["best"]["test"], final.get("overlap", {})
     if "queries_unseen" in test:
         shown = lambda v: "–" if v is None else f"{v:.3f}"
