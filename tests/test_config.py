@@ -95,3 +95,19 @@ def test_defaults_resolve_to_packaged_minilm():
     from biencoder.corpus import demo_root
 
     assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root
+
+
+@pytest.mark.parametrize("module, says", [("train", ["+variant=ln_relu", "-m '+variant=glob(*)' seed=0,1,2",
+                                                      "-sc install=bash", "variant: ln, ln_relu, plain, relu"]),
+                                          ("evaluate", ["eval.checkpoint=logs/runs/<run>", "eval.score=tfidf"])])
+def test_help_says_how_to_start(module, says):
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    shown = subprocess.run([sys.executable, "-m", f"biencoder.{module}", "--help"], capture_output=True, text=True,
+                           cwd=REPO)
+    assert shown.returncode == 0
+    for text in says:
+        assert text in shown.stdout

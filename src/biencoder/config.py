@@ -65,7 +65,7 @@ class HeadSchema:
 class ModelSchema:
     name: str = "minilm"
     encoder: EncoderSchema = field(default_factory=EncoderSchema)
-    pooling: str = "pooler"
+    pooling: str = "mean"
     max_length: int = 128
     sim_dim: int = 128
     fusion: str = "concat"
@@ -444,6 +444,14 @@ def _one_line(err: BaseException) -> str:
         key = next((line.split(":", 1)[1].strip() for line in cause_text if line.strip().startswith("full_key:")), None)
         first += f": {cause_text[0]}" + (f" (key {key})" if key and key not in cause_text[0] else "")
     return first
+
+
+def conf_dir() -> str:
+    """The config tree: ``biencoder/conf`` inside an installed wheel, else ``conf/`` at the top of the repository
+    (an editable install or a checkout)."""
+    here = Path(__file__).resolve().parent
+    shipped = here / "conf"
+    return str(shipped if shipped.is_dir() else here.parent.parent / "conf")
 
 
 def hydra_cli(app) -> None:

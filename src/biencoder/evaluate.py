@@ -24,6 +24,7 @@ from .checkpoint import load_checkpoint
 from .config import (
     ConfigError,
     autocast_dtype,
+    conf_dir,
     fail,
     hydra_cli,
     register,
@@ -172,7 +173,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
 register()
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="evaluate")
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
@@ -181,5 +182,10 @@ def main(cfg: DictConfig) -> None:
         fail(err, out_dir)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``biencoder-evaluate`` command (Hydra tab completion: ``eval "$(biencoder-evaluate -sc install=bash)"``)."""
     hydra_cli(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -31,6 +31,7 @@ from .cache import CacheError, cached_pooled, encoder_fingerprint
 from .config import (
     ConfigError,
     autocast_dtype,
+    conf_dir,
     fail,
     hydra_cli,
     register,
@@ -585,7 +586,7 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs") -> dict | None
 register()
 
 
-@hydra.main(version_base="1.3", config_path="../../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=conf_dir(), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
@@ -613,5 +614,10 @@ def main(cfg: DictConfig) -> float | None:
     return None if final is None else final["best"]["val"]["top1"]
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``biencoder-train`` command (Hydra tab completion: ``eval "$(biencoder-train -sc install=bash)"``)."""
     hydra_cli(main)
+
+
+if __name__ == "__main__":
+    cli()
