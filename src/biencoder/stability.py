@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .summary import Run, _best_rows
+from .summary import MARKERS, Run, _best_rows, draw_baselines, legend_below
 
 WITHIN = 0.01
 COLLAPSE_DROP = 0.05
@@ -119,7 +119,7 @@ def stability_markdown(per_x: pd.DataFrame, per_cell: pd.DataFrame, key: str) ->
     return "\n".join(lines)
 
 
-def plot_against(outcomes: pd.DataFrame, key: str, out: Path) -> Path:
+def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | None = None) -> Path:
     """PNG: best val top-1 and test top-1 at best val against ``key``, per cell: mean over seeds with a min–max
     band; a log x-axis when every value is positive and they span more than a factor of 10."""
     import matplotlib
@@ -133,21 +133,30 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path) -> Path:
     log_x = bool(xs.notna().all() and (xs > 0).all() and xs.max() / xs.min() > 10)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), squeeze=False)
     for ax, (column, title) in zip(axes[0], (("best_val", "best val top-1"), ("test_at_best", "test top-1 at the best val epoch"))):
-        for cell in cells:
+        for i, cell in enumerate(cells):
             g = outcomes[outcomes["cell"] == cell].groupby("x")[column]
             n = int(g.size().max())
-            ax.plot(g.mean().index, g.mean(), marker="o", color=colors[cell], linewidth=2, label=f"{cell} ({n} seeds)")
+            ax.plot(g.mean().index, g.mean(), marker=MARKERS[i % len(MARKERS)], color=colors[cell], linewidth=2,
+                    label=f"{cell} ({n} seeds)")
             ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.15, linewidth=0)
+        if runs is not None:  # the zero-shot / TF-IDF top-1 the runs recorded, as reference lines
+            draw_baselines(ax, runs, "val" if column == "best_val" else "test")
         if log_x:
             ax.set_xscale("log")
+            ticks = sorted(xs.unique())
+            ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+            ax.minorticks_off()
         ax.set_title(title)
         ax.set_xlabel(key)
         ax.set_ylabel("top-1")
         ax.grid(alpha=0.3)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False, fontsize=9)
+    for h, label in zip(*axes[0][1].get_legend_handles_labels()):
+        if label not in labels:
+            handles.append(h)
+            labels.append(label)
     fig.suptitle(f"top-1 against {key} (mean over seeds, band = min–max)")
-    fig.tight_layout(rect=(0, 0.08 + 0.04 * ((len(labels) - 1) // 4), 1, 1))
+    legend_below(fig, handles, labels)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)

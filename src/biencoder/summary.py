@@ -104,10 +104,22 @@ def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
     keys = sorted({k for r in runs for k in r.flat})
     varying = [k for k in keys if not k.startswith(GROUPED_OVER + tuple(also)) and not is_non_result_key(k)
                and len({repr(r.flat.get(k)) for r in runs}) > 1]
+    # labels stay short: a config group whose name differs (model=tiny) stands for the keys under it
+    named = {k[:-len(".name")] for k in varying if k.endswith(".name")}
+    shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
     for run in runs:
-        run.cell = " ".join([run.variant] + [f"{k.split('.')[-1] if _unique_leaf(k, varying) else k}={run.flat.get(k)}"
-                                              for k in varying])
+        run.cell = " ".join([run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k))}" for k in shown])
     return varying
+
+
+def _label_key(key: str, keys: list[str]) -> str:
+    if key.endswith(".name"):
+        return key[:-len(".name")]
+    return key.split(".")[-1] if _unique_leaf(key, keys) else key
+
+
+def _label_value(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _unique_leaf(key: str, keys: list[str]) -> bool:
@@ -328,6 +340,39 @@ def _curves(runs: list[Run], split: str, key: str) -> pd.DataFrame:
     return pd.concat(frames) if frames else pd.DataFrame(columns=["epoch", key, "run"])
 
 
+#: markers cycled over cells, drawn every few epochs: cells whose curves coincide stay distinguishable
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
+def legend_below(fig, handles, labels, rect_top: float = 1.0) -> None:
+    """A legend under the panels that never clips: labels wrapped, as many columns as fit the width, and the figure
+    made taller by the legend's height so the panels keep theirs."""
+    import textwrap
+
+    labels = [textwrap.fill(label, 36) for label in labels]
+    ncol = max(1, min(len(labels), int(fig.get_figwidth() // 3.3)))
+    legend = fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, fontsize=8,
+                        bbox_to_anchor=(0.5, 0.005))
+    fig.canvas.draw()
+    legend_in = legend.get_window_extent().height / fig.dpi + 0.15
+    fig.set_figheight(fig.get_figheight() + legend_in)
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, rect_top))
+
+
+def baseline(runs: list[Run], split: str, score: str = "encoder_cosine") -> float | None:
+    """The zero-shot (or TF-IDF) top-1 on ``split`` that the runs' final.json record, when they all agree."""
+    values = {round(r.final["baselines"][split][score]["top1"], 6) for r in runs
+              if r.complete and split in r.final.get("baselines", {})}
+    return values.pop() if len(values) == 1 else None
+
+
+def draw_baselines(ax, runs: list[Run], split: str) -> None:
+    for score, name, style in (("encoder_cosine", "zero-shot encoder", "--"), ("tfidf", "TF-IDF", ":")):
+        value = baseline(runs, split, score)
+        if value is not None:
+            ax.axhline(value, color="0.35", linestyle=style, linewidth=1.2, label=f"{name} (same queries)")
+
+
 def _style(ax, title: str, ylabel: str) -> None:
     from matplotlib.ticker import MaxNLocator
 
@@ -339,13 +384,15 @@ def _style(ax, title: str, ylabel: str) -> None:
 
 
 def _draw(ax, runs: list[Run], split: str, key: str, colors: dict[str, str]) -> None:
-    for cell in sorted(colors):
+    for i, cell in enumerate(sorted(colors)):
         members = [r for r in runs if r.cell == cell]
         done = _curves([r for r in members if r.complete], split, key)
         if len(done):
             g = done.groupby("epoch")[key]
             n = done["run"].nunique()
-            ax.plot(g.mean().index, g.mean(), color=colors[cell], label=f"{cell} (n={n})", linewidth=2)
+            every = max(1, len(g.mean()) // 8)
+            ax.plot(g.mean().index, g.mean(), color=colors[cell], label=f"{cell} (n={n})", linewidth=2,
+                    marker=MARKERS[i % len(MARKERS)], markersize=5, markevery=(i % every, every))
             ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.2, linewidth=0)
         for r in members:
             if not r.complete:  # in progress or crashed: drawn on its own, dashed, never averaged in
@@ -356,6 +403,17 @@ def _draw(ax, runs: list[Run], split: str, key: str, colors: dict[str, str]) -> 
 
 def plot(runs: list[Run], out: Path, metric: str = "top1", splits=SPLITS) -> Path:
     """PNG: ``metric`` per epoch for each split and the training loss; band = min–max across seeds."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(runs, metric, splits)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def figure(runs: list[Run], metric: str = "top1", splits=SPLITS):
+    """The Matplotlib figure :func:`plot` saves (one panel per split, then the training loss; legend below)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -367,15 +425,18 @@ def plot(runs: list[Run], out: Path, metric: str = "top1", splits=SPLITS) -> Pat
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
     for ax, (split, key, title) in zip(axes[0], panels):
         _draw(ax, runs, split, key, colors)
+        if key == "top1":
+            draw_baselines(ax, runs, split)
         _style(ax, title, key)
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), frameon=False, fontsize=9)
+    for ax in axes[0][1:]:  # a baseline drawn on a later panel only (val/test) joins the legend too
+        for h, label in zip(*ax.get_legend_handles_labels()):
+            if label not in labels:
+                handles.append(h)
+                labels.append(label)
     fig.suptitle(f"{metric} per epoch (mean over seeds, band = min–max)")
-    fig.tight_layout(rect=(0, 0.06 + 0.04 * (len(labels) // 4), 1, 1))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
-    return out
+    legend_below(fig, handles, labels)
+    return fig
 
 
 def plot_internals(runs: list[Run], out: Path) -> Path:
@@ -407,9 +468,8 @@ def plot_internals(runs: list[Run], out: Path) -> Path:
     handles = [Line2D([], [], color=colors[c], linewidth=2, label=c) for c in cells]
     handles += [Line2D([], [], color="grey", linestyle=":", label="before LN/ReLU"),
                 Line2D([], [], color="grey", linestyle="-", label="after LN/ReLU")]
-    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), frameon=False)
     fig.suptitle("Inside the pair head (training split, mean over seeds)")
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    legend_below(fig, handles, [h.get_label() for h in handles])
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -497,7 +557,7 @@ def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:
         return 2
     per_x, per_cell = stability_tables(outcomes)
     stem = out.with_name(f"{out.stem}_vs_{key.split('.')[-1]}")
-    figure = plot_against(outcomes, key, stem.with_suffix(".png"))
+    figure = plot_against(outcomes, key, stem.with_suffix(".png"), runs)
     markdown = stability_markdown(per_x, per_cell, key)
     stem.with_suffix(".md").write_text(markdown + "\n")
     per_cell.to_csv(stem.with_suffix(".csv"), index=False)
