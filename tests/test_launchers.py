@@ -40,3 +40,22 @@ def test_slurm_preset_composes():
     launcher = OmegaConf.to_container(cfg.hydra.launcher)
     assert launcher["_target_"].endswith("SlurmLauncher")
     assert launcher["partition"] == "gpu" and launcher["gpus_per_node"] == 1 and launcher["timeout_min"] == 240
+
+
+def test_optuna_preset_maximises_best_val_top1(tmp_path):
+    """+hparams_search=head_lr: Optuna's TPE over trainer.head_lr, direction maximize, objective = each run's best val
+    top-1; the reported best is the best of the trials' final.json."""
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="pip install -e '.[tune]'")
+    import yaml
+
+    sweep = tmp_path / "opt"
+    proc = subprocess.run([sys.executable, "-m", "biencoder.train", "-m", "+hparams_search=head_lr", "+variant=ln",
+                           "model=tiny", "trainer.max_epochs=2", "trainer.progress=false", "eval.tasks=false",
+                           "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    finals = [json.loads(f.read_text()) for f in sweep.glob("*/final.json")]
+    assert len(finals) == 3
+    assert result["best_value"] == pytest.approx(max(f["best"]["val"]["top1"] for f in finals))
+    assert 1e-4 <= result["best_params"]["trainer.head_lr"] <= 3e-2
