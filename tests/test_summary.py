@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import yaml
 
-from biencoder.summary import (assign_cells, bootstrap_ci, find_runs, main, paired_bootstrap, paired_comparisons,
+from biencoder.summary import (assign_cells, bootstrap_ci, find_runs, holm, main, paired_bootstrap, paired_comparisons,
                                summary_table, verdict)
 from conftest import FAST, REPO, compose_cfg
 
@@ -203,3 +203,29 @@ def test_a_six_cell_figure_keeps_every_legend_entry_inside(tmp_path):
     out = plot(runs, tmp_path / "six.png")
     saved = Image.open(out).size  # the saved image is the checked canvas (at 120 dpi), not cropped
     assert abs(saved[0] - fig.get_figwidth() * 120) <= 1 and abs(saved[1] - fig.get_figheight() * 120) <= 1
+
+
+def test_comparisons_against_a_setting_and_a_variant_in_one_holm_family(tmp_path):
+    """--reference eval.retrieve=sim pairs each cell with the cell that differs only in that key; with --reference
+    plain as well, one table holds both kinds and Holm adjusts over all of them."""
+    q = 100
+    hits = {("plain", "sim"): 20, ("plain", "encoder"): 50, ("ln", "sim"): 30, ("ln", "encoder"): 30}
+    for i, ((variant, retrieve), n) in enumerate(hits.items()):
+        for seed in (0, 1):
+            h = np.zeros(q, bool)
+            h[:n] = True
+            folder = write_run(tmp_path / f"{i}_{seed}", variant, seed, [0.1], [n / q], h)
+            config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+            config["eval"] = {"retrieve": retrieve}
+            (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    table = paired_comparisons(runs, ["plain", "eval.retrieve=sim"], n_boot=500)
+    got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
+    assert got == pytest.approx({("ln retrieve=encoder", "plain retrieve=encoder"): -0.2,
+                                 ("ln retrieve=sim", "plain retrieve=sim"): 0.1,
+                                 ("ln retrieve=encoder", "ln retrieve=sim"): 0.0,
+                                 ("plain retrieve=encoder", "plain retrieve=sim"): 0.3})
+    assert np.allclose(table["p_holm"], holm(table["p"]))  # one family of 4
+    assert dict(zip(table["vs"] + "|" + table["cell"], table["verdict"]))[
+        "plain retrieve=sim|plain retrieve=encoder"] == "better"

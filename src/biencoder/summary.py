@@ -48,6 +48,7 @@ class Run:
     seed: int
     cell: str = ""
     flat: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)  # the keys that separate cells (set by assign_cells)
 
     @property
     def complete(self) -> bool:
@@ -109,6 +110,7 @@ def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
     shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
     for run in runs:
         run.cell = " ".join([run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k))}" for k in shown])
+        run.settings = {k: run.flat.get(k) for k in varying}
     return varying
 
 
@@ -255,39 +257,64 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) ->
     return pd.DataFrame(rows)
 
 
-def paired_comparisons(runs: list[Run], reference: str = "plain", n_boot: int = 10000) -> pd.DataFrame:
-    """Test top-1 of each cell minus the ``reference`` variant's cell with the same other settings.
+def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_boot: int = 10000) -> pd.DataFrame:
+    """Test top-1 of each cell minus its reference cell, paired over test queries.
 
-    Per-query hits are averaged over the seeds both cells share (matched), or over all seeds of each when they
-    share none (pooled); queries are resampled jointly for the 95 % CI.
+    A reference is a variant (``plain``: every other variant against the ``plain`` cell with the same other
+    settings) or ``key=value`` (``eval.retrieve=sim``: every cell against the cell that differs only in that key
+    being ``value``). Several references make one table, and its Holm adjustment covers all its comparisons.
+    Per-query hits are matched by seed (pooled over seeds when the cells share none); queries (and, with 3+
+    matched seeds, seeds) are resampled jointly.
     """
-    rows = []
+    references = [reference] if isinstance(reference, str) else list(reference)
     complete = [r for r in runs if r.complete and r.hits is not None]
     by_cell: dict[str, list[Run]] = {}
     for r in complete:
         by_cell.setdefault(r.cell, []).append(r)
-    for cell, members in sorted(by_cell.items()):
-        variant = members[0].variant
-        if variant == reference:
-            continue
-        ref_cell = reference + cell[len(variant):]
-        if ref_cell not in by_cell:
-            continue
-        ref = {r.seed: r for r in by_cell[ref_cell]}
-        own = {r.seed: r for r in members}
-        shared = sorted(set(ref) & set(own))
-        pairing = "matched" if shared else "pooled"
-        a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
-        b = np.stack([ref[s].hits for s in (shared or ref)]).astype(float)
-        diff, low, high, p = paired_bootstrap(a, b, n_boot)
-        rows.append({"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref)}",
-                     "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
-                     "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
+    # a cell's identity: its variant and the settings that separate cells
+    identity = {cell: (members[0].variant, tuple(sorted(members[0].settings.items())))
+                for cell, members in by_cell.items()}
+    cell_of = {v: k for k, v in identity.items()}
+    rows = []
+    for ref in references:
+        for cell, members in sorted(by_cell.items()):
+            variant, settings = identity[cell]
+            if "=" in ref:
+                key, _, value = ref.partition("=")
+                current = dict(settings)
+                if key not in current or str(current[key]) == value:
+                    continue
+                ref_cell = cell_of.get((variant, tuple(sorted({**current, key: _typed(value, current[key])}.items()))))
+            else:
+                if variant == ref:
+                    continue
+                ref_cell = cell_of.get((ref, settings))
+            if ref_cell is None:
+                continue
+            ref_runs = {r.seed: r for r in by_cell[ref_cell]}
+            own = {r.seed: r for r in members}
+            shared = sorted(set(ref_runs) & set(own))
+            pairing = "matched" if shared else "pooled"
+            a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
+            b = np.stack([ref_runs[s].hits for s in (shared or ref_runs)]).astype(float)
+            diff, low, high, p = paired_bootstrap(a, b, n_boot)
+            rows.append({"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
+                         "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
+                         "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
     out = pd.DataFrame(rows)
     if len(out):  # several comparisons in one table: Holm-adjusted verdicts
         out["p_holm"] = holm(out["p"])
         out["verdict"] = [verdict(d, p) for d, p in zip(out["diff_test_top1"], out["p_holm"])]
     return out
+
+
+def _typed(value: str, like):
+    """``value`` (from the command line) as the type of a config value ``like``."""
+    if isinstance(like, bool):
+        return value.lower() == "true"
+    if isinstance(like, (int, float)):
+        return type(like)(float(value))
+    return value
 
 
 def _pm(mean, std) -> str:
@@ -483,7 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--metric", default="top1", choices=METRICS)
     parser.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS, help="splits to draw")
     parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
-    parser.add_argument("--reference", default="plain", help="variant the others are compared against")
+    parser.add_argument("--reference", action="append", metavar="VARIANT|KEY=VALUE",
+                        help="what cells are compared against: a variant (default plain) or key=value, e.g. "
+                             "eval.retrieve=sim; repeat it for one table with one Holm adjustment over all")
     parser.add_argument("--n-boot", type=int, default=10000)
     parser.add_argument("--x", metavar="KEY", help="a swept config key (e.g. trainer.head_lr): plot best val and test "
                         "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)")
@@ -506,7 +535,8 @@ def main(argv: list[str] | None = None) -> int:
     varying = assign_cells(runs)
     plot(runs, out, args.metric, args.split)
     table = summary_table(runs, args.metric, args.n_boot)
-    comparisons = paired_comparisons(runs, args.reference, args.n_boot) if args.metric == "top1" else pd.DataFrame()
+    references = args.reference or ["plain"]
+    comparisons = paired_comparisons(runs, references, args.n_boot) if args.metric == "top1" else pd.DataFrame()
     markdown = to_markdown(table, comparisons, args.metric)
     out.with_suffix(".md").write_text(markdown + "\n")
     table.to_csv(out.with_suffix(".csv"), index=False)
