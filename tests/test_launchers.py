@@ -59,3 +59,15 @@ def test_optuna_preset_maximises_best_val_top1(tmp_path):
     assert len(finals) == 3
     assert result["best_value"] == pytest.approx(max(f["best"]["val"]["top1"] for f in finals))
     assert 1e-4 <= result["best_params"]["trainer.head_lr"] <= 3e-2
+
+
+def test_a_sweep_ends_with_its_folder_and_table(tmp_path):
+    sweep = tmp_path / "sweep"
+    proc = subprocess.run([sys.executable, "-m", "biencoder.train", "-m", "+variant=ln,plain", "model=tiny",
+                           "trainer.max_epochs=1", "trainer.progress=false", "eval.tasks=false",
+                           f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path}"],
+                          capture_output=True, text=True, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    tail = proc.stdout[proc.stdout.index("== sweep finished"):]
+    assert str(sweep) in tail and "| ln | 1 |" in tail and "| plain | 1 |" in tail
+    assert f"python scripts/plot_top1.py {sweep}" in tail and (sweep / "top1.png").is_file()
