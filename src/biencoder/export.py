@@ -65,7 +65,8 @@ def export(run: str | Path, out_dir: str | Path) -> Path:
     model, tokenizer, model_cfg, settings = load_checkpoint(run, progress=False, what="run")
     hidden, sim_dim = model.encoder.config.hidden_size, model.sim_head.out_features
     # built next to the target and renamed at the end: an interrupted export never looks finished
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent if out.parent.exists() else None))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     try:
         with tempfile.TemporaryDirectory() as hf:
             model.encoder.save_pretrained(hf)

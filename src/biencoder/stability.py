@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .summary import MARKERS, Run, _best_rows, draw_baselines, legend_below
+from .summary import MARKERS, Run, _best_rows, cell_colors, draw_baselines, legend_below
 
 WITHIN = 0.01
 COLLAPSE_DROP = 0.05
@@ -128,7 +128,7 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
     import matplotlib.pyplot as plt
 
     cells = sorted(outcomes["cell"].unique())
-    colors = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(cells)}
+    colors = cell_colors(cells)
     xs = pd.to_numeric(outcomes["x"], errors="coerce")
     log_x = bool(xs.notna().all() and (xs > 0).all() and xs.max() / xs.min() > 10)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), squeeze=False)

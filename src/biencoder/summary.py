@@ -367,6 +367,14 @@ def _curves(runs: list[Run], split: str, key: str) -> pd.DataFrame:
     return pd.concat(frames) if frames else pd.DataFrame(columns=["epoch", key, "run"])
 
 
+def cell_colors(cells: list[str]) -> dict:
+    """One colour per cell: tab10 up to 10 cells, tab20 (paired light/dark) up to 20, then repeating."""
+    import matplotlib.pyplot as plt
+
+    cmap, n = (plt.get_cmap("tab10"), 10) if len(cells) <= 10 else (plt.get_cmap("tab20"), 20)
+    return {c: cmap(i % n) for i, c in enumerate(cells)}
+
+
 #: markers cycled over cells, drawn every few epochs: cells whose curves coincide stay distinguishable
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
@@ -439,6 +447,13 @@ def plot(runs: list[Run], out: Path, metric: str = "top1", splits=SPLITS) -> Pat
     return out
 
 
+def _queries(runs: list[Run], split: str) -> str:
+    """`` (N queries)`` when every run evaluated ``split`` on the same number of queries (a train sample shows)."""
+    counts = {int(q) for r in runs for q in r.metrics.loc[r.metrics["split"] == split, "queries"].dropna().unique()} \
+        if all("queries" in r.metrics for r in runs) else set()
+    return f" ({counts.pop()} queries)" if len(counts) == 1 else ""
+
+
 def figure(runs: list[Run], metric: str = "top1", splits=SPLITS):
     """The Matplotlib figure :func:`plot` saves (one panel per split, then the training loss; legend below)."""
     import matplotlib
@@ -447,8 +462,8 @@ def figure(runs: list[Run], metric: str = "top1", splits=SPLITS):
     import matplotlib.pyplot as plt
 
     cells = sorted({r.cell for r in runs})
-    colors = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(cells)}
-    panels = [(s, metric, f"{s}: {metric}") for s in splits] + [("train", "loss", "training loss")]
+    colors = cell_colors(cells)
+    panels = [(s, metric, f"{s}: {metric}{_queries(runs, s)}") for s in splits] + [("train", "loss", "training loss")]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
     for ax, (split, key, title) in zip(axes[0], panels):
         _draw(ax, runs, split, key, colors)
@@ -475,7 +490,7 @@ def plot_internals(runs: list[Run], out: Path) -> Path:
     from matplotlib.lines import Line2D
 
     cells = sorted({r.cell for r in runs})
-    colors = {c: plt.get_cmap("tab10")(i % 10) for i, c in enumerate(cells)}
+    colors = cell_colors(cells)
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     for ax, (pre, post, title) in zip(axes.ravel(), INTERNALS):
         for cell in cells:
