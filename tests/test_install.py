@@ -41,3 +41,15 @@ def test_the_wheel_runs_from_another_folder(tmp_path):
     stats = subprocess.run([str(venv / "bin" / "biencoder-corpus"), "stats", "demo"], capture_output=True, text=True,
                            cwd=elsewhere, env=env)
     assert stats.returncode == 0 and "pairs" in stats.stdout
+
+
+def test_console_script_tab_completion(tmp_path):
+    """Hydra's completion answers for the installed command (it cannot for python -m)."""
+    script = Path(sys.executable).parent / "biencoder-train"
+    if not script.exists():
+        pytest.skip("biencoder-train is not installed in this environment (pip install -e .)")
+    install = subprocess.run([str(script), "-sc", "install=bash"], capture_output=True, text=True, cwd=tmp_path)
+    assert install.returncode == 0 and "complete" in install.stdout
+    env = {**os.environ, "COMP_LINE": "biencoder-train +variant=ln"}
+    query = subprocess.run([str(script), "-sc", "query=bash"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert query.returncode == 0 and set(query.stdout.split()) == {"+variant=ln", "+variant=ln_relu"}

@@ -229,3 +229,23 @@ def test_comparisons_against_a_setting_and_a_variant_in_one_holm_family(tmp_path
     assert np.allclose(table["p_holm"], holm(table["p"]))  # one family of 4
     assert dict(zip(table["vs"] + "|" + table["cell"], table["verdict"]))[
         "plain retrieve=sim|plain retrieve=encoder"] == "better"
+
+
+def test_paired_comparison_splits_unseen_and_seen(tmp_path):
+    """On official splits (test_seen.npy has both groups) the paired table also gives the difference on each group:
+    ln gains 40 points on the 50 seen queries and loses 20 on the 50 unseen ones, +10 overall."""
+    seen = np.zeros(100, bool)
+    seen[50:] = True
+    plain, ln = np.zeros(100, bool), np.zeros(100, bool)
+    plain[:20] = True            # plain: 20 unseen hits
+    ln[:10], ln[50:70] = True, True  # ln: 10 unseen, 20 seen
+    for seed in (0, 1, 2):
+        for variant, hits in (("plain", plain), ("ln", ln)):
+            folder = write_run(tmp_path / f"{variant}_{seed}", variant, seed, [0.1], [hits.mean()], hits)
+            np.save(folder / "test_seen.npy", seen)
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    c = paired_comparisons(runs, n_boot=500).set_index("cell").loc["ln"]
+    assert c["diff_test_top1"] == pytest.approx(0.1)
+    assert c["diff_unseen"] == pytest.approx(-0.2) and c["diff_seen"] == pytest.approx(0.4)
+    assert c["queries_unseen"] == 50 and c["ci_unseen_high"] < 0 < c["ci_seen_low"]

@@ -477,6 +477,9 @@ def hydra_cli(app) -> None:
         print(f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "
               "(e.g. +variant=ln seed=0 --cfg job)", file=sys.stderr)
         sys.exit(2)
+    except BrokenPipeError:  # `... --help | head`: the reader left; nothing went wrong here
+        sys.stderr.close()
+        sys.exit(0)
     except OSError as err:  # e.g. an output folder that cannot be created, a full disk
         print(f"error: {err.strerror or err}: '{err.filename}': check that paths.log_dir (or hydra.run.dir) "
               "is a writable folder and that the disk has space", file=sys.stderr)

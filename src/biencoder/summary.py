@@ -49,6 +49,7 @@ class Run:
     cell: str = ""
     flat: dict = field(default_factory=dict)
     settings: dict = field(default_factory=dict)  # the keys that separate cells (set by assign_cells)
+    seen: np.ndarray | None = None  # test queries whose texts occur in the run's train/val pairs (test_seen.npy)
 
     @property
     def complete(self) -> bool:
@@ -82,12 +83,13 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
                 raise SummaryError(str(err)) from None
             if not lines:
                 continue
-            hits_file = folder / "test_hits.npy"
+            hits_file, seen_file = folder / "test_hits.npy", folder / "test_seen.npy"
             config = yaml.safe_load(config_file.read_text())
             metrics = pd.DataFrame(lines)
             runs.append(Run(path=folder, config=config, metrics=metrics,
                             final=read_final(folder),
                             hits=np.load(hits_file) if hits_file.is_file() else None,
+                            seen=np.load(seen_file) if seen_file.is_file() else None,
                             variant=str(metrics["variant"].iloc[0]), seed=int(metrics["seed"].iloc[0]),
                             flat=run_settings(config)))
     if not runs:
@@ -298,9 +300,16 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
             a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
             b = np.stack([ref_runs[s].hits for s in (shared or ref_runs)]).astype(float)
             diff, low, high, p = paired_bootstrap(a, b, n_boot)
-            rows.append({"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
-                         "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
-                         "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
+            row = {"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
+                   "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
+                   "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"}
+            seen = members[0].seen
+            if seen is not None and seen.any() and (~seen).any() and len(seen) == a.shape[1]:
+                for group, mask in (("unseen", ~seen), ("seen", seen)):  # the same test, per query group
+                    d, lo, hi, _ = paired_bootstrap(a[:, mask], b[:, mask], n_boot)
+                    row.update({f"diff_{group}": d, f"ci_{group}_low": lo, f"ci_{group}_high": hi,
+                                f"queries_{group}": int(mask.sum())})
+            rows.append(row)
     out = pd.DataFrame(rows)
     if len(out):  # several comparisons in one table: Holm-adjusted verdicts
         out["p_holm"] = holm(out["p"])
@@ -348,12 +357,20 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
     if task_cols and "tasks_score" in table:
         lines.append(f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds.")
     if len(comparisons):
+        groups = [g for g in ("unseen", "seen") if f"diff_{g}" in comparisons]
+        extra = "".join(f" Δ {g} (n={int(comparisons[f'queries_{g}'].dropna().iloc[0])}) [95% CI] |" for g in groups)
         lines += ["", f"| cell | vs | seeds | Δ test top1 | 95% CI (paired bootstrap) | p | p (Holm, "
-                      f"{len(comparisons)} comparisons) | verdict (Holm-adjusted, α=0.05) |", "|---|---|---|---|---|---|---|---|"]
+                      f"{len(comparisons)} comparisons) | verdict (Holm-adjusted, α=0.05) |{extra}",
+                  "|---|---|---|---|---|---|---|---|" + "---|" * len(groups)]
         for _, c in comparisons.iterrows():
+            cells = "".join(" – |" if pd.isna(c.get(f"diff_{g}")) else
+                            f" {c[f'diff_{g}']:+.3f} [{c[f'ci_{g}_low']:+.3f}, {c[f'ci_{g}_high']:+.3f}] |" for g in groups)
             lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}, {c['ci_resamples']}) | "
                          f"{c['diff_test_top1']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['p']:.3f} | "
-                         f"{c['p_holm']:.3f} | {c['verdict']} |")
+                         f"{c['p_holm']:.3f} | {c['verdict']} |{cells}")
+        if groups:
+            lines.append("\nΔ unseen / seen: the same paired difference on the test queries whose texts do not / do "
+                         "occur in a training or validation pair (descriptive; the verdict is on all queries).")
     return "\n".join(lines)
 
 
