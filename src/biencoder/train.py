@@ -28,6 +28,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import distributed
 from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .checkpoint import checkpoint_payload
 from .config import (
     ConfigError,
     autocast_dtype,
@@ -55,11 +56,10 @@ from .model import (
     head_statistics,
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
-from .checkpoint import checkpoint_payload
 from .rundir import RunFolder, discard_if_ours
-from .tracking import Tracker
 from .state import RunFolderError, rng_states, set_rng_states
 from .tasks import evaluate_tasks, format_tasks
+from .tracking import Tracker
 
 log = logging.getLogger("biencoder")
 SPLITS = ("train", "val", "test")
