@@ -119,3 +119,18 @@ def test_a_moved_run_folder_needs_nothing_else(trained, tmp_path, monkeypatch):
     for a, b in zip(model.state_dict().values(), original.state_dict().values()):
         assert torch.equal(a, b)
     assert tokenizer("a test sentence")["input_ids"] == load_checkpoint(trained)[1]("a test sentence")["input_ids"]
+
+
+def test_evaluate_follows_the_retrieve_space_the_run_was_selected_with(tmp_path):
+    """A run trained with eval.retrieve=encoder is evaluated (and retrieves) in that space unless told otherwise."""
+    from biencoder.evaluate import run_evaluation
+
+    out = tmp_path / "run"
+    final = run(compose_cfg(FAST + ["+variant=relu", "trainer.max_epochs=1", "eval.retrieve=encoder"]), out)
+    base = ["model=tiny", "trainer.progress=false", f"eval.checkpoint={out}"]
+    same = run_evaluation(compose_cfg(base, config_name="evaluate"), tmp_path / "a")
+    assert same["retrieve"] == "encoder"
+    assert same["tasks"]["epa"]["accuracy_at_1"] == pytest.approx(final["tasks"]["test"]["epa"]["accuracy_at_1"])
+    other = run_evaluation(compose_cfg(base + ["eval.retrieve=sim"], config_name="evaluate"), tmp_path / "b")
+    assert other["retrieve"] == "sim"
+    assert Retriever(out, ["a text", "another text"], cache_dir=None).space == "encoder"
