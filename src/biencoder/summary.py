@@ -396,7 +396,7 @@ def cell_colors(cells: list[str]) -> dict:
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
-def legend_below(fig, handles, labels, rect_top: float = 1.0) -> None:
+def legend_below(fig, handles, labels) -> None:
     """A legend under the panels that never clips: labels wrapped, as many columns as fit the width, and the figure
     made taller by the legend's height so the panels keep theirs."""
     import textwrap
@@ -408,7 +408,7 @@ def legend_below(fig, handles, labels, rect_top: float = 1.0) -> None:
     fig.canvas.draw()
     legend_in = legend.get_window_extent().height / fig.dpi + 0.15
     fig.set_figheight(fig.get_figheight() + legend_in)
-    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, rect_top))
+    fig.tight_layout(rect=(0, legend_in / fig.get_figheight(), 1, 1))
 
 
 def baseline(runs: list[Run], split: str, score: str = "encoder_cosine") -> float | None:
