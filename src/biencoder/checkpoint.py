@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .config import ConfigError
-from .model import BiModel
+from .model import BiModel, bimodel
 
 
 def checkpoint_payload(model: BiModel, tokenizer, state_dict: dict, epoch: int, model_cfg: dict, run: dict) -> dict:
@@ -25,14 +25,6 @@ def checkpoint_payload(model: BiModel, tokenizer, state_dict: dict, epoch: int, 
         files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
     return {"state_dict": state_dict, "epoch": epoch, "model_cfg": model_cfg,
             "encoder_config": model.encoder.config.to_dict(), "tokenizer_files": files, "run": run}
-
-
-def checkpoint_file(path: str | Path, what: str = "eval.checkpoint") -> Path:
-    path = Path(path)
-    file = path / "best.pt" if path.is_dir() else path
-    if not file.is_file():
-        raise ConfigError(f"{what}='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
-    return file
 
 
 def load_checkpoint(path: str | Path, progress: bool = True,
@@ -45,7 +37,10 @@ def load_checkpoint(path: str | Path, progress: bool = True,
 
     from .model import build_model
 
-    file = checkpoint_file(path, what)
+    path = Path(path)
+    file = path / "best.pt" if path.is_dir() else path
+    if not file.is_file():
+        raise ConfigError(f"{what}='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=True)  # never unpickles arbitrary objects
         model_cfg, state_dict = ckpt["model_cfg"], ckpt["state_dict"]
@@ -59,9 +54,7 @@ def load_checkpoint(path: str | Path, progress: bool = True,
             for name, data in ckpt["tokenizer_files"].items():
                 (Path(tmp) / name).write_bytes(data)
             tokenizer = AutoTokenizer.from_pretrained(tmp)
-        head = model_cfg["head"]
-        model = BiModel(encoder, sim_dim=model_cfg["sim_dim"], pooling=model_cfg["pooling"],
-                        fusion=model_cfg["fusion"], use_layernorm=head["use_layernorm"], use_relu=head["use_relu"])
+        model = bimodel(encoder, model_cfg)
     else:
         model, tokenizer = build_model(model_cfg, progress)
     try:

@@ -26,7 +26,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from .checkpoint import load_checkpoint

@@ -183,9 +183,14 @@ def build_model(model_cfg, progress: bool = True) -> tuple[BiModel, object]:
     if limit is not None and model_cfg.max_length > limit:
         raise ConfigError(f"model.max_length={model_cfg.max_length} is above the encoder's limit of {limit} "
                           f"positions: use model.max_length={limit} or less")
-    model = BiModel(encoder, sim_dim=model_cfg.sim_dim, pooling=model_cfg.pooling, fusion=model_cfg.fusion,
-                    use_layernorm=model_cfg.head.use_layernorm, use_relu=model_cfg.head.use_relu)
-    return model, tokenizer
+    return bimodel(encoder, model_cfg), tokenizer
+
+
+def bimodel(encoder: nn.Module, model_cfg) -> BiModel:
+    """:class:`BiModel` around ``encoder`` with the heads the ``model`` config (a DictConfig or a plain dict) names."""
+    head = model_cfg["head"]
+    return BiModel(encoder, sim_dim=model_cfg["sim_dim"], pooling=model_cfg["pooling"], fusion=model_cfg["fusion"],
+                   use_layernorm=head["use_layernorm"], use_relu=head["use_relu"])
 
 
 class TokenizedTexts:

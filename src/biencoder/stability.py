@@ -152,13 +152,8 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
         ax.set_xlabel(key)
         ax.set_ylabel("top-1")
         ax.grid(alpha=0.3)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for h, label in zip(*axes[0][1].get_legend_handles_labels()):
-        if label not in labels:
-            handles.append(h)
-            labels.append(label)
     fig.suptitle(f"top-1 against {key} (mean over seeds, band = min–max)")
-    legend_below(fig, handles, labels)
+    legend_below(fig)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)

@@ -396,10 +396,18 @@ def cell_colors(cells: list[str]) -> dict:
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 
-def legend_below(fig, handles, labels) -> None:
+def legend_below(fig, handles=None, labels=None) -> None:
     """A legend under the panels that never clips: labels wrapped, as many columns as fit the width, and the figure
-    made taller by the legend's height so the panels keep theirs."""
+    made taller by the legend's height so the panels keep theirs. Without ``handles``: every labelled line of every
+    panel, each label once (a baseline drawn on the val/test panels only joins too)."""
     import textwrap
+
+    if handles is None:
+        found = {}
+        for ax in fig.axes:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                found.setdefault(label, handle)
+        labels, handles = list(found), list(found.values())
 
     labels = [textwrap.fill(label, 36) for label in labels]
     ncol = max(1, min(len(labels), int(fig.get_figwidth() // 3.3)))
@@ -487,14 +495,8 @@ def figure(runs: list[Run], metric: str = "top1", splits=SPLITS):
         if key == "top1":
             draw_baselines(ax, runs, split)
         _style(ax, title, key)
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    for ax in axes[0][1:]:  # a baseline drawn on a later panel only (val/test) joins the legend too
-        for h, label in zip(*ax.get_legend_handles_labels()):
-            if label not in labels:
-                handles.append(h)
-                labels.append(label)
     fig.suptitle(f"{metric} per epoch (mean over seeds, band = min–max)")
-    legend_below(fig, handles, labels)
+    legend_below(fig)
     return fig
 
 

@@ -206,9 +206,8 @@ class Runner:
         cheap = self.frozen or sum(len(self.splits[n].texts) for n in ("val", "test")) <= 2000
         if self.main and (want is True or (want == "auto" and cheap)):
             self.zero_shot = {n: self.pooled[n].cpu() if self.frozen else encode_pooled(
-                self.model, TokenizedTexts(self.splits[n].texts, tokenizer, cfg.model.max_length),
-                cfg.trainer.eval_batch_size, self.device, self.amp_dtype, desc=f"encode {n} (zero-shot)")
-                for n in ("val", "test")}
+                self.model, self.tokens[n], cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
+                desc=f"encode {n} (zero-shot)") for n in ("val", "test")}
 
     # -- pieces -----------------------------------------------------------------------------------------------
     def embed(self, name: str) -> Embeddings:
@@ -390,13 +389,18 @@ class Runner:
             return epoch, best, train_sim
         if self.main:
             self.folder.truncate(-1)
-        if self.cfg.model.sim_init == "pca":  # every rank computes the same (float64, CPU) projection
-            pooled = self.pooled["train"] if self.frozen else encode_pooled(
-                self.model, self.tokens["train"], self.cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
-                progress=self.progress, desc="encode train (pca)")
-            self.model.init_sim_from_pca(pooled)
         best = {"epoch": -1, "val_top1": -math.inf, "metrics": None, "state": None, "hits": None}
-        return 0, best, self.embed("train").sim if self.main else None
+        if self.cfg.model.sim_init != "pca":
+            return 0, best, self.embed("train").sim if self.main else None
+        # every rank computes the same (float64, CPU) projection; the pooled vectors then give the first mining's
+        # sim vectors too, so a trained encoder encodes the training split once here, not twice
+        pooled = self.pooled["train"] if self.frozen else encode_pooled(
+            self.model, self.tokens["train"], self.cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
+            progress=self.progress, desc="encode train")
+        self.model.init_sim_from_pca(pooled)
+        if not self.main:
+            return 0, best, None
+        return 0, best, embed_pooled(self.model, pooled, self.cfg.eval.pair_batch_size, self.device).sim
 
     def baselines(self) -> dict:
         """Top-1 of the zero-shot encoder's cosine and of TF-IDF on val and test: the same queries and pools as the
