@@ -274,10 +274,11 @@ def check_known_keys(cfg: DictConfig) -> None:
     # optional subtrees (the loggers) count with their keys, whether or not a run selects them
     every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
     known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
+    # an unselected optional subtree (logger.mlflow: null) is a known prefix
+    prefixes = {k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)}
     given = flatten(OmegaConf.to_container(cfg, resolve=False))
     for key in sorted(given):
-        if key in known or key.startswith(FREE_FORM) or key in ("model.encoder.random_init", "logger.tensorboard",
-                                                                "logger.mlflow"):
+        if key in known or key in prefixes or key.startswith(FREE_FORM):
             continue
         parent, _, leaf = key.rpartition(".")
         siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
