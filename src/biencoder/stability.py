@@ -145,9 +145,10 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
             title += _queries(runs, split)
         if log_x:
             ax.set_xscale("log")
+            ax.minorticks_off()
+        if xs.notna().all():  # ticks at the swept values: a linear axis' own labels of 2e-5…1e-4 run together
             ticks = sorted(xs.unique())
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
-            ax.minorticks_off()
         ax.set_title(title)
         ax.set_xlabel(key)
         ax.set_ylabel("top-1")

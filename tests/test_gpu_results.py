@@ -1,0 +1,368 @@
+"""The GPU figures in RESULTS.md, README.md and BENCHMARKS.md are the committed H100 logs' figures.
+
+``results/gpu-h100-2026-11-23/`` holds the run folders of the fine-tuning runs on one H100 (2026-11-23) and the
+output of ``scripts/bench.py`` there. These tests re-derive the headline numbers from those folders with the
+project's own code (``biencoder.summary``, ``biencoder.stability``) and check that every table row and sentence of
+the docs that quotes them holds exactly those numbers, so the text cannot drift from the logs. Two kinds of number
+need more than the logs and are read from the tables the scripts wrote from them: the 95 % intervals (10 000
+bootstrap resamples per cell; the slow test recomputes them) and the paired tests against zero-shot and TF-IDF
+(they need the corpus and the encoder: ``scripts/compare_baselines.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from biencoder.stability import run_outcomes
+from biencoder.summary import assign_cells, find_runs, paired_comparisons, summary_table
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "results"
+GPU = RESULTS / "gpu-h100-2026-11-23"
+CELLS = ("plain", "ln", "relu", "ln_relu")  # the row order of the docs' tables
+TASKS = ("sdoc", "sdc", "sdoa", "sda", "stc", "sta", "epc", "epa")
+N_BOOT = 10000  # plot_top1.py's default, with which the committed tables were made
+
+
+# -- how the docs write numbers -----------------------------------------------------------------------------------
+def num(value: float, digits: int = 3, sign: bool = False) -> str:
+    """``value`` as the docs write it: fixed decimals, optional sign, U+2212 for minus."""
+    return (f"{value:+.{digits}f}" if sign else f"{value:.{digits}f}").replace("-", "−")
+
+
+def points(value: float) -> str:
+    """A top-1 difference in points (×100, one decimal, signed): 0.0455 → +4.6 (the digits of num(value))."""
+    return num(100 * value, 1, sign=True)
+
+
+def pvalue(p: float) -> str:
+    return "<0.001" if round(p, 3) == 0 else f"{p:.3f}"
+
+
+def span(values) -> str:
+    """``min–max`` of three-decimal values, as the docs quote a range."""
+    return f"{num(min(values))}–{num(max(values))}"
+
+
+def lr(value: float) -> str:
+    """2e-05 → 2e-5."""
+    return re.sub(r"e-0*", "e-", f"{value:.0e}")
+
+
+def normalise(text: str) -> str:
+    """One space for any run of whitespace and no bold marks: a wrapped line or ** never hides a match."""
+    return re.sub(r"\s+", " ", text.replace("**", ""))
+
+
+def section(text: str, heading: str) -> str:
+    """The Markdown section that starts with the line ``heading`` and ends at the next heading of its level or
+    higher."""
+    level = len(heading) - len(heading.lstrip("#"))
+    start = text.index(heading + "\n") if heading + "\n" in text else text.index(heading)
+    rest = text[start + len(heading):]
+    end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
+    return text[start:start + len(heading) + (end.start() if end else len(rest))]
+
+
+def baseline_tables(path: Path) -> dict[str, dict]:
+    """``compare_baselines.py`` output (one or more tables) → {query group: {"zero-shot": top-1, "TF-IDF": top-1,
+    (cell, baseline): row}}, each row {"mean", "diff", "low", "high", "p_holm", "verdict"}."""
+    out, group = {}, None
+    for line in path.read_text().splitlines():
+        head = re.match(r"test queries: (\w+) .*zero-shot top-1 ([\d.]+), TF-IDF top-1 ([\d.]+)", line)
+        if head:
+            group = head[1]
+            out[group] = {"zero-shot": float(head[2]), "TF-IDF": float(head[3])}
+            continue
+        cols = [c.strip() for c in line.strip("|").split("|")]
+        if len(cols) == 9 and cols[0] in CELLS:
+            low, high = (float(v) for v in cols[5].strip("[]").split(","))
+            out[group][cols[0], cols[3]] = {"mean": float(cols[2]), "diff": float(cols[4]), "low": low,
+                                            "high": high, "p_holm": float(cols[7]), "verdict": cols[8]}
+    return out
+
+
+# -- the logs, read once -------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dedup():
+    """(summary table, paired comparisons vs plain) of the 20 fine-tuning runs on the deduplicated splits."""
+    runs = find_runs([GPU / "finetune_dedup_5seeds"])
+    assign_cells(runs)
+    # the means, stds and best epochs do not depend on the resampling; the paired p-values do, so N_BOOT there
+    return summary_table(runs, n_boot=1).set_index("cell"), paired_comparisons(runs, "plain", N_BOOT).set_index("cell")
+
+
+@pytest.fixture(scope="module")
+def official():
+    runs = find_runs([GPU / "finetune_official_1seed"])
+    assign_cells(runs)
+    # point estimates only (a bootstrap of 1 resample): the intervals come from the committed tables
+    return summary_table(runs, n_boot=1).set_index("cell"), paired_comparisons(runs, "plain", 1).set_index("cell")
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[str, str]:
+    return {name: (REPO / name).read_text() for name in ("RESULTS.md", "README.md", "BENCHMARKS.md")}
+
+
+def final(folder: str) -> dict:
+    return json.loads((GPU / folder / "final.json").read_text())
+
+
+def metrics(folder: str) -> pd.DataFrame:
+    return pd.DataFrame([json.loads(line) for line in (GPU / folder / "metrics.jsonl").read_text().splitlines()])
+
+
+def zero_shot(max_length: int) -> dict:
+    return json.loads((GPU / "zeroshot" / f"zs_{max_length}.json").read_text())["tasks"]
+
+
+# -- the headline numbers -------------------------------------------------------------------------------------------
+def test_fine_tuned_cells_at_the_best_val_epoch(dedup):
+    table, paired = dedup
+    assert table["test_top1_mean"].round(3).to_dict() == {"plain": 0.333, "relu": 0.338, "ln_relu": 0.323,
+                                                          "ln": 0.306}
+    assert table["seeds"].eq(5).all() and table["incomplete"].eq(0).all()
+    assert table["queries_unseen"].eq(1401).all()  # deduplicated: every test query unseen
+    assert round(paired.loc["ln", "diff_test_top1"], 3) == -0.027
+    assert paired["verdict"].to_dict() == {"ln": "worse", "ln_relu": "no significant difference",
+                                           "relu": "no significant difference"}
+
+
+def test_zero_shot_at_the_training_length():
+    epa = zero_shot(128)["epa"]
+    assert (epa["queries"], round(epa["accuracy_at_1"] * epa["queries"])) == (1401, 403)
+    assert num(epa["accuracy_at_1"]) == "0.288"
+    # compare_baselines.py recomputed it on the CPU in fp32: the same 403 of 1401
+    assert baseline_tables(RESULTS / "finetune_gpu_vs_baselines_dedup.md")["all"]["zero-shot"] == 0.288
+
+
+# -- what the docs must say, built from the logs ---------------------------------------------------------------------
+def expected(dedup, official) -> dict[str, list[str]]:
+    """{document: snippets it must contain verbatim (after :func:`normalise`)}."""
+    table, paired = dedup
+    off_table, off_paired = official
+    committed = pd.read_csv(RESULTS / "finetune_gpu_top1.csv").set_index("cell")
+    committed_off = pd.read_csv(RESULTS / "finetune_gpu_official_splits_top1.csv").set_index("cell")
+    committed_off_paired = pd.read_csv(RESULTS / "finetune_gpu_official_splits_top1_paired.csv").set_index("cell")
+    # the committed intervals belong to these runs: their point estimates are the ones derived here
+    for mine, theirs in ((table, committed), (off_table, committed_off)):
+        columns = ["val_top1_mean", "test_top1_mean", "best_epoch", "test_top1_unseen_mean"]
+        assert np.allclose(mine.loc[list(CELLS), columns], theirs.loc[list(CELLS), columns])
+    assert np.allclose(off_paired.loc[list(CELLS[1:]), ["diff_test_top1", "diff_unseen", "diff_seen"]],
+                       committed_off_paired.loc[list(CELLS[1:]), ["diff_test_top1", "diff_unseen", "diff_seen"]])
+    base = baseline_tables(RESULTS / "finetune_gpu_vs_baselines_dedup.md")["all"]
+    base_off = baseline_tables(RESULTS / "finetune_gpu_vs_baselines_official.md")
+    zs, tfidf = base["zero-shot"], base["TF-IDF"]
+    mean = table["test_top1_mean"]
+    results, readme = [], []
+
+    # the ablation's tables
+    for cell in CELLS:
+        r, c = table.loc[cell], committed.loc[cell]
+        results.append(f"| {cell} | 5 | {num(r.val_top1_mean)} ± {num(r.val_top1_std)} | {num(r.test_top1_mean)} ± "
+                       f"{num(r.test_top1_std)} | [{num(c.test_ci_low)}, {num(c.test_ci_high)}] | {r.best_epoch:.1f} |")
+    results += [f"| *zero-shot MiniLM cosine, 128 tokens* | – | – | *{num(zs)}* | | |", f"| *TF-IDF* | – | – | *{num(tfidf)}* | | |"]
+    for cell in CELLS[1:]:
+        c = paired.loc[cell]
+        results.append(f"| {cell} | plain | 5 matched | {num(c.diff_test_top1, sign=True)} | [{num(c.ci_low, sign=True)}, "
+                       f"{num(c.ci_high, sign=True)}] | {pvalue(c.p)} | {pvalue(c.p_holm)} | {c.verdict} |")
+    for cell in CELLS:
+        assert num(base[cell, "zero-shot"]["mean"]) == num(mean[cell])  # the script read the same runs
+        rows = [base[cell, b] for b in ("zero-shot", "TF-IDF")]
+        results.append(f"| {cell} | {num(mean[cell])} | " + " | ".join(
+            f"{num(r['diff'], sign=True)} [{num(r['low'], sign=True)}, {num(r['high'], sign=True)}] | "
+            f"{pvalue(r['p_holm'])} | {r['verdict']}" for r in rows) + " |")
+
+    # the 8 tasks: the cells' means over seeds and the zero-shot evaluations
+    results.append("| avg false candidates | " + " | ".join(
+        f"{zero_shot(128)[t]['candidates'] / zero_shot(128)[t]['queries']:.1f}" for t in TASKS) + " |")
+    for tokens in (128, 256):
+        results.append(f"| MiniLM cosine, zero-shot, {tokens} tokens | "
+                       + " | ".join(num(zero_shot(tokens)[t]["accuracy_at_1"]) for t in TASKS) + " |")
+    for cell in CELLS:
+        results.append(f"| {cell} | " + " | ".join(num(table.loc[cell, f"{t}_acc1"]) for t in TASKS) + " |")
+
+    # the official splits, one seed
+    for cell in CELLS:
+        r, c = off_table.loc[cell], committed_off.loc[cell]
+        results.append(f"| {cell} | {num(r.val_top1_mean)} | {num(r.test_top1_mean)} | [{num(c.test_ci_low)}, "
+                       f"{num(c.test_ci_high)}] | {num(r.test_top1_unseen_mean)} | {num(r.test_top1_seen_mean)} | "
+                       f"{r.best_epoch:.0f} |")
+    results += [f"| *zero-shot MiniLM, 128 tokens* | – | *{num(base_off['all']['zero-shot'])}* | | "
+                f"*{num(base_off['unseen']['zero-shot'])}* | *{num(base_off['seen']['zero-shot'])}* | |",
+                f"| *TF-IDF* | – | *{num(base_off['all']['TF-IDF'])}* | | *{num(base_off['unseen']['TF-IDF'])}* | "
+                f"*{num(base_off['seen']['TF-IDF'])}* | |"]
+    for cell in CELLS[1:]:
+        d, c = off_paired.loc[cell], committed_off_paired.loc[cell]
+        groups = " | ".join(f"{num(d[f'diff_{g}'], sign=True)} [{num(c[f'ci_{g}_low'], sign=True)}, "
+                            f"{num(c[f'ci_{g}_high'], sign=True)}]" for g in ("unseen", "seen"))
+        results.append(f"| {cell} | {num(d.diff_test_top1, sign=True)} | [{num(c.ci_low, sign=True)}, "
+                       f"{num(c.ci_high, sign=True)}] | {pvalue(c.p_holm)} | {c.verdict} | {groups} |")
+
+    # lr × batch, one seed
+    runs = find_runs([GPU / "lr_batch_ln_relu"])
+    assign_cells(runs, also=("trainer.lr",))
+    for run, o in zip(runs, run_outcomes(runs, "trainer.lr").itertuples()):
+        results.append(f"| {lr(o.x)} | {run.flat['trainer.batch_size']} | {num(o.best_val)} | {num(o.test_at_best)} | "
+                       f"{o.best_epoch} |")
+
+    # same seed, different numbers
+    same = {}
+    for folder in ("smoke_ln_relu_2epochs", "finetune_dedup_5seeds/3_ln_relu_s0", "lr_batch_ln_relu/0_ln_relu_s0",
+                   "deterministic_3epochs/nondet", "deterministic_3epochs/det1", "deterministic_3epochs/det2"):
+        m, f = metrics(folder), final(folder)
+        test = m[m["split"] == "test"].set_index("epoch")["top1"]
+        after = " | ".join(num(test[e]) if e in test else "–" for e in (1, 2, 3))
+        loss = m[(m["split"] == "train") & (m["epoch"] == 0)]["loss"].iloc[0]
+        results.append(f"| {loss:.4f} | {after} | {f['best_epoch']} | {num(f['best']['test']['top1'])} |")
+        same[folder] = f
+    a, b = same["finetune_dedup_5seeds/3_ln_relu_s0"], same["lr_batch_ln_relu/0_ln_relu_s0"]
+    times = {k: metrics(f"deterministic_3epochs/{k}")["epoch_time_s"].dropna().to_numpy() for k in ("det1", "det2", "nondet")}
+    slower = np.mean([times["det1"][1:], times["det2"][1:]]) / np.mean(times["nondet"][1:])
+
+    # the sentences of "The answer" and of the section that quote the numbers
+    ranked = sorted(CELLS, key=lambda c: -mean[c])
+    results.append("Test top-1: " + ", ".join(f"`{c}` {num(mean[c])}" for c in ranked)
+                   + f"; zero-shot MiniLM cosine {num(zs)}")
+    better = [c for c in ranked if base[c, "zero-shot"]["verdict"] == "better"]
+    level = [c for c in ranked if base[c, "zero-shot"]["verdict"] != "better"]
+    vs_zs = lambda c, unit="": (f"`{c}` {points(base[c, 'zero-shot']['diff'])}{unit} "
+                                f"[{points(base[c, 'zero-shot']['low'])}, {points(base[c, 'zero-shot']['high'])}]")
+    results.append(f"{vs_zs(better[0], ' points')}, " + ", ".join(vs_zs(c) for c in better[1:-1])
+                   + f" and {vs_zs(better[-1])}, better; " + "; ".join(vs_zs(c) for c in level)
+                   + ", no significant difference")
+    vs_plain = lambda c: (f"`{c}` {points(paired.loc[c, 'diff_test_top1'])}", f"[{points(paired.loc[c, 'ci_low'])}, "
+                          f"{points(paired.loc[c, 'ci_high'])}]")
+    results.append(f"{vs_plain('ln')[0]} points {vs_plain('ln')[1]} (p_holm {pvalue(paired.loc['ln', 'p_holm'])}), worse")
+    results.append(f"{' '.join(vs_plain('ln_relu'))} and {' '.join(vs_plain('relu'))}, no significant difference")
+    frozen = pd.read_csv(RESULTS / "frozen_arguana_top1.csv").set_index("cell")["test_top1_mean"]
+    results.append(", ".join(f"`{c}` {num(frozen[c])} → {num(mean[c])}" for c in CELLS))
+    results.append(f"test top-1 {span(off_table['test_top1_mean'])} on all 1401 queries, "
+                   f"{span(off_table['test_top1_seen_mean'])} on the 795 seen in training and "
+                   f"{span(off_table['test_top1_unseen_mean'])} on the 606 unseen")
+    unseen = [base_off["unseen"][c, "zero-shot"]["diff"] for c in CELLS]
+    results.append(f"above zero-shot ({num(base_off['unseen']['zero-shot'])} there) by {points(min(unseen))} to "
+                   f"{points(max(unseen))} points")
+    for group, baseline in (("unseen", "TF-IDF"), ("seen", "zero-shot")):
+        diffs = [base_off[group][c, baseline]["diff"] for c in CELLS]
+        results.append(f"{points(min(diffs))} to {points(max(diffs))}")
+    results.append(f"differ by {num(b['best']['test']['top1'] - a['best']['test']['top1'])} test top-1, about the "
+                   f"seed-to-seed std of the `ln_relu` cell ({num(table.loc['ln_relu', 'test_top1_std'])})")
+    results.append(f"reached test top-1 {num(a['best']['test']['top1'])} and {num(b['best']['test']['top1'])} at their "
+                   f"best val epochs (epochs {a['best_epoch']} and {b['best_epoch']})")
+    results.append(f"at about {slower:.1f}× the epoch time")
+
+    readme.append(f"`relu` {num(mean['relu'])}, `plain` {num(mean['plain'])}, `ln_relu` {num(mean['ln_relu'])} ("
+                  + ", ".join(points(base[c, "zero-shot"]["diff"]) for c in ("relu", "plain", "ln_relu"))
+                  + f" points); `ln` {num(mean['ln'])} does not differ from it")
+    readme.append(f"LayerNorm hurts ({vs_plain('ln')[0].split()[1]} points {vs_plain('ln')[1]})")
+    readme.append(f"{span(off_table['test_top1_seen_mean'])} on the seen and {span(off_table['test_top1_unseen_mean'])} "
+                  "on the unseen ones")
+    readme.append(f"gave {num(a['best']['test']['top1'])} and {num(b['best']['test']['top1'])} test top-1")
+    readme.append(f"Deterministic algorithms cost about {slower:.1f}× per epoch")
+    return {"RESULTS.md": results, "README.md": readme, "BENCHMARKS.md": bench_rows(slower)}
+
+
+def bench_rows(slower: float) -> list[str]:
+    """BENCHMARKS.md's rows of the H100 machine, from bench.txt, profile_3epochs and deterministic_3epochs."""
+    text = (GPU / "bench.txt").read_text()
+    device = lambda d: "H100" if d.startswith("NVIDIA H100") else "CPU, 16 threads (H100 machine)"
+    rows = []
+    for m in re.finditer(r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +ArguAna test .*?\) +([\d.]+) +([\d.]+) +"
+                         r"([\d.]+) +([\d.]+)x +([\d.]+)x$", text, flags=re.M):
+        rows.append(f"| {device(m[1])} | {m[2]} s | {m[3]} s | {m[4]} s | {m[5]}× | {m[6]}× |")
+    models = {"tiny": "tiny (2 layers, 32 hidden)", "minilm": "MiniLM-sized (6 × 384)",
+              "bert-base": "bert-base-sized (12 × 768)"}
+    for m in re.finditer(r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(tiny|minilm|bert-base) +(\d+) triplets x "
+                         r"(\d+) tok +(\w+) +([\d.]+) +(\d+) +([\d.]+) +(\S+)$", text, flags=re.M):
+        tokens = f"{int(m[7]):,}".replace(",", " ")  # 1494974 → 1 494 974
+        rows.append(f"| {device(m[1])} | {models[m[2]]} | {m[3]} triplets × {m[4]} tok | {m[5]} | {m[6]} | {tokens} | "
+                    f"{m[8]} | {m[9]} |")
+    for m in re.finditer(r"^(CPU \(scikit-learn\)|CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(balltree|exact) +N=1k +"
+                         r"([\d.]+)s +N=4k +([\d.]+)s +N=16k +([\d.]+)s +b=([\d.]+)$", text, flags=re.M):
+        index = ("BallTree (scikit-learn), CPU 16 threads (H100 machine)" if m[2] == "balltree" else
+                 "exact (float32 shortlist, float64 re-rank), " + device(m[1]).replace("CPU, 16", "CPU 16"))
+        rows.append(f"| {index} | {m[3]} s | {m[4]} s | {m[5]} s | {m[6]} |")
+    assert len(rows) == 2 + 6 + 3, "bench.txt: a row the docs quote is missing"
+    for name in ("exact", "balltree", "compile", "b64"):
+        epochs = " / ".join(f"{t:.1f}" for t in metrics(f"profile_3epochs/{name}")["epoch_time_s"].dropna())
+        rows.append(f"| {epochs} s | {final(f'profile_3epochs/{name}')['wall_time_s']:.1f} s |")
+    for name in ("det1", "det2", "nondet"):
+        epochs = " / ".join(f"{t:.1f}" for t in metrics(f"deterministic_3epochs/{name}")["epoch_time_s"].dropna())
+        rows.append(f"| {epochs} s | {final(f'deterministic_3epochs/{name}')['wall_time_s']:.1f} s |")
+    rows.append(f"about {slower:.1f}× per epoch")
+    return rows
+
+
+def missing(docs: dict[str, str], wanted: dict[str, list[str]]) -> list[str]:
+    """The snippets a document lacks (``document: snippet``)."""
+    return [f"{name}: {snippet}" for name, snippets in wanted.items() for snippet in snippets
+            if normalise(snippet) not in normalise(docs[name])]
+
+
+@pytest.fixture(scope="module")
+def wanted(dedup, official) -> dict[str, list[str]]:
+    return expected(dedup, official)
+
+
+def test_the_docs_quote_the_logs(wanted, docs):
+    assert len(wanted["RESULTS.md"]) > 50  # every table row above, not an empty parse
+    assert missing(docs, wanted) == []
+
+
+def test_a_changed_number_is_caught(wanted, docs):
+    """Bump the last digit of the first number in each quoted snippet, in the document: the check must notice."""
+    for name, snippets in wanted.items():
+        for snippet in snippets:
+            number = re.search(r"\d+\.\d+", snippet)
+            assert number, snippet
+            bumped = snippet[:number.end() - 1] + str((int(number[0][-1]) + 1) % 10) + snippet[number.end():]
+            text = normalise(docs[name])
+            changed = {**docs, name: text.replace(normalise(snippet), normalise(bumped))}
+            assert missing(changed, {name: [snippet]}), f"{name}: a change in '{snippet}' went unnoticed"
+
+
+def decimals(text: str) -> set[str]:
+    """The unsigned decimal numbers in ``text`` as written."""
+    return {n.lstrip("+-−") for n in re.findall(r"[+\-−]?\d+\.\d+", text)}
+
+
+def test_every_decimal_of_the_gpu_section_has_a_source(docs):
+    """Every decimal number in the fine-tuned parts of RESULTS.md occurs in a source: the logs' text files, the
+    tables the scripts wrote, or the frozen part of RESULTS.md (which the fine-tuned part quotes for comparison),
+    written there as here or rounded to fewer decimals."""
+    results = docs["RESULTS.md"]
+    gpu_text = section(results, "### MiniLM fully fine-tuned") + section(results, "## Full fine-tuning on one GPU")
+    frozen_text = results.replace(section(results, "### MiniLM fully fine-tuned"), "").replace(
+        section(results, "## Full fine-tuning on one GPU"), "")
+    files = [f for f in GPU.rglob("*") if f.is_file() and f.suffix != ".npy"]
+    files += [*RESULTS.glob("finetune_gpu_*.md"), *RESULTS.glob("finetune_gpu_*.csv"), *RESULTS.glob("frozen_*.md")]
+    known = decimals(frozen_text)
+    for file in files:
+        for n in decimals(file.read_text()):
+            known |= {n} | {f"{float(n):.{d}f}" for d in range(1, len(n.split(".")[1]))}
+    # a difference in points has the digits of the three-decimal top-1 difference (0.046 → 4.6)
+    known |= {f"{100 * float(k):.1f}" for k in list(known) if k.startswith("0.") and len(k) == 5}
+    assert sorted(decimals(gpu_text) - known) == []
+
+
+@pytest.mark.slow
+def test_the_committed_tables_are_the_scripts_output():
+    """plot_top1.py's tables for the GPU runs, recomputed from the logs with its 10 000 resamples."""
+    for folder, stem in (("finetune_dedup_5seeds", "finetune_gpu_top1"),
+                         ("finetune_official_1seed", "finetune_gpu_official_splits_top1")):
+        runs = find_runs([GPU / folder])
+        assign_cells(runs)
+        table = summary_table(runs, n_boot=N_BOOT)
+        paired = paired_comparisons(runs, "plain", N_BOOT)
+        committed = pd.read_csv(RESULTS / f"{stem}.csv")
+        committed_paired = pd.read_csv(RESULTS / f"{stem}_paired.csv")
+        pd.testing.assert_frame_equal(table.reset_index(drop=True), committed, check_dtype=False)
+        pd.testing.assert_frame_equal(paired.reset_index(drop=True), committed_paired, check_dtype=False)
