@@ -123,7 +123,7 @@ class RandomRateSchema:
 class NegativesSchema:
     random_rate: RandomRateSchema = field(default_factory=RandomRateSchema)
     n_neighbors: int = 10
-    index: str = "balltree"
+    index: str = "exact"
 
 
 @dataclass
@@ -135,7 +135,7 @@ class EvalSchema:
     tasks: bool = True
     baselines: Any = "auto"  # auto | true | false
     pair_batch_size: int = 4096
-    index: str = "balltree"
+    index: str = "exact"
     train_queries: Optional[int] = None
     checkpoint: Optional[str] = None
     split: str = "test"
