@@ -133,7 +133,11 @@ def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
 
 
 class Runner:
-    """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``)."""
+    """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``).
+
+    ``runtime``: the start-up decision of device, precision and process group (:func:`start_up`, made here when
+    None); the runner never asks torch again.
+    """
 
     def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None):
         validate(cfg)
