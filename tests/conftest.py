@@ -110,3 +110,17 @@ def encoder_calls(monkeypatch):
 
     monkeypatch.setattr(torch.nn.Module, "__call__", spy)
     return calls
+
+
+@pytest.fixture
+def global_determinism(monkeypatch):
+    """Restores torch's determinism switches and CUBLAS_WORKSPACE_CONFIG after the test (``trainer.deterministic``
+    sets them for the whole process)."""
+    import torch
+
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
+             torch.backends.cudnn.benchmark)
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # monkeypatch puts back what was there
+    yield
+    torch.use_deterministic_algorithms(saved[0])
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1:]

@@ -1,4 +1,6 @@
-"""DDP on the CPU: torchrun with 2 gloo processes trains one run; rank 0 alone mines, evaluates and writes."""
+"""DDP on the CPU: torchrun with 2 gloo processes trains one run; rank 0 alone mines, evaluates and writes. The
+multi-node recipe (c10d rendezvous) as far as one machine allows, and the one-line refusal of more processes than
+GPUs (with the GPU count faked)."""
 
 import json
 import os
@@ -6,11 +8,15 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from biencoder.state import read_metrics
 from conftest import REPO
 
+# trainer.device=cpu: gloo, even on a machine with CUDA (auto would take the GPUs, one per process)
 ARGS = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8", "+variant=ln",
-        "trainer.keep_last=true"]
+        "trainer.keep_last=true", "trainer.device=cpu"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def free_port() -> int:
@@ -19,13 +25,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_processes_write_one_run(tmp_path):
-    logs = tmp_path / "logs"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", "-m", "biencoder.train", *ARGS, f"paths.log_dir={logs}"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+def check_one_run(logs, processes: int = 2):
+    """The single run folder two processes trained together."""
     folders = [p for p in (logs / "runs").iterdir()]
     assert len(folders) == 1, folders  # rank 1 works in rank 0's folder and leaves none of its own
     out = folders[0]
@@ -36,9 +37,68 @@ def test_two_gloo_processes_write_one_run(tmp_path):
     assert [r["queries"] for r in rows] == [30, 30, 32] * 2
     final = json.loads((out / "final.json").read_text())
     assert final["status"] == "done" and final["best_epoch"] in (0, 1)
-    assert "(2 processes)" in (out / "train.log").read_text()
+    assert final["runtime"] == {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": False,
+                                "processes": processes}
+    assert f"on cpu (fp32, {processes} processes)" in (out / "train.log").read_text()
     assert (out / "train.log").read_text().count("epoch 1  loss") == 1  # one rank logs
     import torch
 
     state = torch.load(out / "last.pt", weights_only=True)
-    assert isinstance(state["rng"], list) and len(state["rng"]) == 2  # each rank resumes its own RNG streams
+    assert isinstance(state["rng"], list) and len(state["rng"]) == processes  # each rank resumes its own RNG streams
+    return final
+
+
+def test_two_gloo_processes_write_one_run(tmp_path):
+    """One node, two processes, the c10d rendezvous of the multi-node recipe (README)."""
+    logs = tmp_path / "logs"
+    cmd = [*TORCHRUN, "--nnodes=1", "--nproc_per_node=2", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "biencoder.train", *ARGS, f"paths.log_dir={logs}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_one_run(logs)
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path):
+    """``torchrun --nnodes=2 --rdzv-backend=c10d --rdzv-endpoint=<host>:<port>`` started twice, as on two machines
+    (here both on this one, one gloo process each): they train one run together."""
+    logs = tmp_path / "logs"
+    endpoint = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
+                               f"--rdzv-endpoint={endpoint}", "--rdzv-id=biencoder-test",
+                               f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
+                               "-m", "biencoder.train", *ARGS, f"paths.log_dir={logs}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+             for node in (0, 1)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    for node, (_, err) in zip(nodes, outputs):
+        assert node.returncode == 0, err[-3000:]
+    check_one_run(logs)
+
+
+def test_more_processes_than_gpus_is_one_line_and_no_folder(tmp_path):
+    """``torchrun --nproc_per_node=2`` on a machine whose torch reports one CUDA device: every rank stops with the
+    same line naming both counts and the fixes, exit code 2, and no run folder is left."""
+    one_gpu = tmp_path / "one_gpu.py"
+    one_gpu.write_text("import torch\n"
+                       "torch.cuda.is_available = lambda: True\n"
+                       "torch.cuda.device_count = lambda: 1\n"
+                       "from biencoder.train import cli\n"
+                       "cli()\n")
+    logs = tmp_path / "logs"
+    # a monitor interval of 2 s: torchrun stops the other rank only after it has had time to clean up after itself
+    cmd = [*TORCHRUN, "--nproc_per_node=2", "--monitor-interval=2", "--master_addr=127.0.0.1",
+           f"--master_port={free_port()}", str(one_gpu), "model=tiny", "trainer.progress=false",
+           f"paths.log_dir={logs}"]
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, cwd=REPO,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "exitcode  : 2" in proc.stderr  # torchrun's report of its processes
+    errors = {line for line in proc.stderr.splitlines() if line.startswith("error:")}
+    assert errors == {"error: torchrun started 2 processes on this node but 1 CUDA device is visible (one per process "
+                      "is needed): start torchrun --nproc_per_node=1, or train with gloo on the CPU "
+                      "(trainer.device=cpu)"}
+    assert not list((logs / "runs").iterdir())

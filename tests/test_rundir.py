@@ -103,7 +103,7 @@ def test_resumed_jobs_stay_in_their_cell(finished_sweep, tmp_path):
     for name in ("final.json", "best.pt", "test_hits.npy"):  # as a kill before the end leaves it
         (killed / name).unlink()
     proc = train("-m", *TINY, "+variant=ln,plain", "seed=0,1", f"hydra.sweep.dir={sweep}", "trainer.resume=true",
-                 "trainer.keep_last=true", "trainer.num_workers=0", "trainer.device=cpu")
+                 "trainer.keep_last=true", "trainer.num_workers=0", "trainer.eval_batch_size=16")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trainer" in (killed / "config_resolved.yaml").read_text()
     runs = find_runs([sweep])
@@ -136,3 +136,63 @@ def test_unknown_keys_are_refused_even_with_plus():
     with pytest.raises(ConfigError, match=r"unknown config key trainer\.foo:"):
         validate(compose_cfg(["+trainer.foo=1"]))
     validate(compose_cfg(["model=tiny", "+model.encoder.random_init.hidden_dropout_prob=0.2"]))  # free-form
+
+
+def as_before_the_record(folder: Path) -> None:
+    """Rewrite a run's config_resolved.yaml as biencoder wrote it before it recorded the runtime: device and
+    precision as configured (auto), no trainer.deterministic, no runtime section."""
+    import yaml
+
+    path = folder / "config_resolved.yaml"
+    config = yaml.safe_load(path.read_text())
+    config.pop("runtime")
+    config["trainer"].pop("deterministic")
+    config["trainer"].update(device="auto", precision="auto")
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def test_the_precision_actually_used_separates_cells_and_older_runs_group_as_before(finished_sweep, tmp_path):
+    import shutil
+
+    import yaml
+
+    used = {yaml.safe_load((job / "config_resolved.yaml").read_text())["trainer"]["precision"]
+            for job in finished_sweep.iterdir() if job.is_dir()}
+    assert len(used) == 1 and used <= {"fp32", "bf16"}  # auto, resolved: fp32 on a CPU, bf16 on a recent GPU
+    (same,), (other,) = used, {"fp32", "bf16"} - used
+    run(compose_cfg(TINY + ["+variant=plain", f"trainer.precision={other}"]), tmp_path / "other")
+    runs = find_runs([finished_sweep, tmp_path / "other"])
+    assert assign_cells(runs) == ["trainer.precision"]
+    assert sorted({r.cell for r in runs}) == [f"ln precision={same}", f"plain precision={other}",
+                                              f"plain precision={same}"]
+    # runs from before the record (precision: auto, no runtime section) load and group as they did
+    old = tmp_path / "old"
+    shutil.copytree(finished_sweep, old)
+    for job in old.iterdir():
+        if job.is_dir():
+            as_before_the_record(job)
+    runs = find_runs([old])
+    assert assign_cells(runs) == [] and sorted({r.cell for r in runs}) == ["ln", "plain"]
+
+
+def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
+    import yaml
+
+    cfg = FAST + ["trainer.max_epochs=1", "eval.tasks=false", "trainer.device=cpu"]
+    out = tmp_path / "run"
+    run(compose_cfg(cfg), out)
+    before = snapshot(out)
+    with pytest.raises(ConfigError, match=r"trainer\.precision: 'fp32' -> 'bf16'"):
+        run(compose_cfg(cfg + ["trainer.precision=bf16", "trainer.resume=true"]), out)
+    # as a GPU run records itself; continued on the CPU
+    config = yaml.safe_load((out / "config_resolved.yaml").read_text())
+    config["trainer"].update(device="cuda", precision="bf16")
+    (out / "config_resolved.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    with pytest.raises(ConfigError, match="it ran on cuda, and this process would continue it on cpu") as err:
+        run(compose_cfg(cfg + ["trainer.precision=bf16", "trainer.resume=true"]), out)
+    assert "\n" not in str(err.value)
+    assert {k: v for k, v in snapshot(out).items() if k != "config_resolved.yaml"} == {
+        k: v for k, v in before.items() if k != "config_resolved.yaml"}
+    # a run recorded before device and precision were resolved is not checked on them, as before
+    as_before_the_record(out)
+    assert run(compose_cfg(cfg + ["trainer.resume=true"]), out) == json.loads((out / "final.json").read_text())

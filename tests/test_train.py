@@ -60,10 +60,13 @@ def test_run_folder_contents(demo_run):
     assert resolved["model"]["head"]["use_layernorm"] is True and "${" not in json.dumps(resolved)
 
 
-def test_same_seed_same_numbers(demo_run, tmp_path):
+def test_same_seed_same_numbers(demo_run, tmp_path, global_determinism):
     out, _ = demo_run
     run(compose_cfg(FAST + ["+variant=ln"]), tmp_path / "again")
     assert numbers(read_rows(tmp_path / "again" / "metrics.jsonl")) == numbers(read_rows(out / "metrics.jsonl"))
+    # torch's deterministic algorithms: on the CPU the same numbers again, to the last digit
+    run(compose_cfg(FAST + ["+variant=ln", "trainer.deterministic=true"]), tmp_path / "deterministic")
+    assert numbers(read_rows(tmp_path / "deterministic" / "metrics.jsonl")) == numbers(read_rows(out / "metrics.jsonl"))
     run(compose_cfg(FAST + ["+variant=ln", "seed=1"]), tmp_path / "other")
     assert numbers(read_rows(tmp_path / "other" / "metrics.jsonl")) != numbers(read_rows(out / "metrics.jsonl"))
 

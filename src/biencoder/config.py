@@ -1,4 +1,4 @@
-"""Config helpers shared by the Hydra apps: resolvers, validation, seeding, devices, run-folder names."""
+"""Config helpers shared by the Hydra apps: resolvers, validation, seeding, run-folder names."""
 
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
 #: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
 #: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
 #: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
-#: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`).
+#: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
+#: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
+#: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
 NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
                    "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
                    "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
-                   "eval.output", "eval.split")
+                   "eval.output", "eval.split", "runtime.")
 
 
 def is_non_result_key(key: str) -> bool:
@@ -93,6 +95,7 @@ class TrainerSchema:
     warmup_ratio: float = 0.0
     device: str = "auto"
     precision: str = "auto"
+    deterministic: bool = False
     compile: bool = False
     num_workers: int = 0
     progress: Any = "auto"  # auto | true | false
@@ -120,7 +123,7 @@ class RandomRateSchema:
 class NegativesSchema:
     random_rate: RandomRateSchema = field(default_factory=RandomRateSchema)
     n_neighbors: int = 10
-    index: str = "balltree"
+    index: str = "exact"
 
 
 @dataclass
@@ -132,7 +135,7 @@ class EvalSchema:
     tasks: bool = True
     baselines: Any = "auto"  # auto | true | false
     pair_batch_size: int = 4096
-    index: str = "balltree"
+    index: str = "exact"
     train_queries: Optional[int] = None
     checkpoint: Optional[str] = None
     split: str = "test"
@@ -304,6 +307,7 @@ def validate(cfg: DictConfig) -> None:
 
     _choice(cfg, "trainer.device", DEVICES)
     _choice(cfg, "trainer.precision", PRECISIONS)
+    _bool(cfg, "trainer.deterministic")
     _choice(cfg, "trainer.scheduler", SCHEDULERS)
     warmup = cfg.trainer.warmup_ratio
     if not 0 <= warmup < 1:
@@ -378,22 +382,6 @@ def set_seed_everywhere(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.cuda.manual_seed_all(seed)
-
-
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """``trainer.precision`` → the autocast dtype: ``auto`` is bf16 on CUDA and fp32 (no autocast) elsewhere."""
-    if precision == "auto":
-        precision = "bf16" if device.type == "cuda" else "fp32"
-    return torch.bfloat16 if precision == "bf16" else None
-
-
-def select_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when available; asking for ``cuda`` without one is a :class:`ConfigError`."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA device is visible: use trainer.device=auto or cpu")
-    return torch.device(name)
 
 
 def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:

@@ -1,17 +1,18 @@
 """DistributedDataParallel plumbing for ``torchrun --nproc_per_node=N -m biencoder.train ...``.
 
-torchrun sets ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``; with more than one process the group is started with NCCL
-on CUDA and gloo on the CPU. Rank 0 mines, evaluates and writes every file; the others train on their shard of
-the triplets and receive each epoch's negatives by broadcast. Without torchrun every helper is a no-op.
+torchrun sets ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``; with more than one process the group is started with the
+backend :func:`biencoder.runtime.decide` chose (NCCL on CUDA, gloo on the CPU). Rank 0 mines, evaluates and writes
+every file; the others train on their shard of the triplets and receive each epoch's negatives by broadcast.
+Without torchrun every helper is a no-op.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .runtime import Runtime
 
 
 def world_size() -> int:
@@ -26,20 +27,14 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def setup(device_name: str) -> str:
-    """Start the process group when launched by torchrun with WORLD_SIZE > 1; returns the device name to use.
-
-    On CUDA each process takes the GPU of its ``LOCAL_RANK``.
-    """
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or dist.is_initialized():
-        return device_name
-    use_cuda = device_name in ("auto", "cuda") and torch.cuda.is_available()
-    dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        return f"cuda:{local}"
-    return "cpu"
+def setup(runtime: Runtime) -> None:
+    """Start the process group that :func:`biencoder.runtime.decide` chose (``runtime.backend``; None: one process,
+    nothing to start). On CUDA each process first takes the GPU of its ``LOCAL_RANK`` (``runtime.device``)."""
+    if runtime.backend is None or dist.is_initialized():
+        return
+    if runtime.device.type == "cuda":
+        torch.cuda.set_device(runtime.device)
+    dist.init_process_group(backend=runtime.backend)
 
 
 def teardown() -> None:

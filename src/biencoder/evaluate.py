@@ -3,7 +3,8 @@
 Per-epoch protocol (``../shared/docs/protocol.md``): for every query point of a split the candidate pool is
 every argument of the split that belongs to a pair, except the query itself and the counters whose text equals
 its true counter's (textual duplicates of the true counter count as that counter). The k nearest candidates by
-Euclidean distance of the sim embeddings (BallTree; or by the encoder's cosine, ``eval.retrieve=encoder``) are rescored by the classifier (its logit margin l1 − l0,
+Euclidean distance of the sim embeddings (``eval.index``: exact search, or a BallTree; or by the encoder's cosine,
+``eval.retrieve=encoder``) are rescored by the classifier (its logit margin l1 − l0,
 which orders them as P(positive) does, without float32 ties).
 """
 
@@ -23,12 +24,10 @@ from .cache import CacheError, cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
 from .config import (
     ConfigError,
-    autocast_dtype,
     conf_dir,
     fail,
     hydra_cli,
     register,
-    select_device,
     set_seed_everywhere,
     show_progress,
     validate,
@@ -44,6 +43,7 @@ from .model import (
     encode_pooled,
     pair_margins,
 )
+from .runtime import decide
 from .search import NeighbourIndex
 from .state import write_json_atomic
 from .tasks import evaluate_tasks, format_tasks
@@ -128,7 +128,10 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     if split_name == "test":  # unseen / seen: does a query's text occur in the train/val pairs a run would use?
         seen = seen_queries(split, [corpus.paired(s, cfg.data.max_debates) for s in ("train", "val")])
         groups = {"unseen": ~seen, "seen": seen}
-    device = select_device(cfg.trainer.device)
+    # one process, whatever the environment says (never under torchrun)
+    runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic, environ={})
+    runtime.apply()
+    device = runtime.device
     set_seed_everywhere(cfg.seed)
     model = emb = None
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
@@ -140,7 +143,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
             model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
         model.to(device)
         kwargs = dict(batch_size=cfg.trainer.eval_batch_size, device=device, progress=show_progress(cfg),
-                      autocast_dtype=autocast_dtype(cfg.trainer.precision, device), desc=f"encode {split_name}")
+                      autocast_dtype=runtime.autocast_dtype, desc=f"encode {split_name}")
         if model_cfg["encoder"].get("freeze"):  # a frozen encoder's outputs come from (and go to) the cache
             pooled = cached_pooled(model, tokenizer, split.texts, model_cfg["max_length"], cfg.trainer.cache_dir,
                                    encoder_fingerprint(model.encoder), **kwargs)

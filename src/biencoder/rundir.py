@@ -11,7 +11,8 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
 * **A resumed run is the same run**: every setting but :data:`~biencoder.config.NON_RESULT_KEYS` must equal the
-  saved one, checked before anything else (a finished run with other settings is refused, not skipped).
+  saved one, checked before anything else (a finished run with other settings is refused, not skipped), and it
+  continues on the same device type with the same precision (``config_resolved.yaml`` records both resolved).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, is_non_result_key, resume_folder, resume_requested, run_settings
+from .runtime import Runtime
 from .state import (
     RunFolderError,
     append_rows,
@@ -100,6 +102,18 @@ def hydra_subdir_resolver(*, _root_: DictConfig) -> str | None:
     return ".hydra"
 
 
+def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
+    """``cfg`` with every interpolation resolved, as ``config_resolved.yaml`` records it: ``trainer.device`` and
+    ``trainer.precision`` as the runtime resolved them (``cpu``/``cuda``, ``fp32``/``bf16``; never ``auto``), and
+    ``runtime``: the record of the process (device name, precision, determinism, processes). The precision is thus
+    a setting summaries group by; ``runtime.`` is a non-result prefix."""
+    config = OmegaConf.to_container(cfg, resolve=True)
+    if runtime is not None:
+        config["trainer"].update(device=runtime.device.type, precision=runtime.precision)
+        config["runtime"] = runtime.record()
+    return config
+
+
 def discard_if_ours(path: str | Path) -> bool:
     """Remove ``path`` after a bad-input error, only if this process created it, wrote every file in it and
     trained nothing into it. Returns whether it was removed; anything else is left exactly as it was."""
@@ -131,20 +145,20 @@ class RunFolder:
         self.config = self.path / "config_resolved.yaml"
 
     # -- opening ------------------------------------------------------------------------------------------------
-    def open(self, cfg: DictConfig, main: bool = True) -> dict | None:
+    def open(self, cfg: DictConfig, main: bool = True, runtime: Runtime | None = None) -> dict | None:
         """Make the folder ready for ``cfg``. Returns the saved ``final.json`` when the run is done already and
         ``trainer.resume`` asks to continue it (a re-run sweep skips it); None when training should go on.
 
         Raises :class:`ConfigError` when a resume changes a setting that changes results (checked first, so a
         finished run is never silently "resumed" with other settings), or when the folder holds a run and
-        ``trainer.resume`` is off.
+        ``trainer.resume`` is off. ``runtime``: this process's decision (device type and precision must match).
         """
         self.path.mkdir(parents=True, exist_ok=True)
         if main:
             self.attach_log()
         resuming = resume_requested(cfg.trainer.resume)
         if resuming:
-            self.check_same_config(cfg)
+            self.check_same_config(cfg, runtime)
             if is_done(self.path):
                 log.info("%s is already done (final.json status done): skipping it", self.path)
                 return read_final(self.path)
@@ -153,20 +167,29 @@ class RunFolder:
                               "or choose another output folder")
         return None
 
-    def start(self, cfg: DictConfig) -> None:
+    def start(self, cfg: DictConfig, runtime: Runtime | None = None) -> None:
         """A (re)started attempt: the old verdict no longer holds; save the config with every value resolved."""
         self.final.unlink(missing_ok=True)
         # .hydra/config.yaml keeps interpolations (${minilm_path:}, ${oc.env:...}); this copy says what was used
-        OmegaConf.save(cfg, self.config, resolve=True)
+        OmegaConf.save(OmegaConf.create(recorded_config(cfg, runtime)), self.config)
 
-    def check_same_config(self, cfg: DictConfig) -> None:
-        """A resumed run must be the same run: every setting but the non-result ones as saved."""
+    def check_same_config(self, cfg: DictConfig, runtime: Runtime | None = None) -> None:
+        """A resumed run must be the same run: every setting but the non-result ones as saved, on the same device
+        type with the same precision (a run recorded before they were resolved, ``auto``, is not checked on them)."""
         if not self.config.exists():
             return
-        def flat(c):
-            return {k: v for k, v in run_settings(OmegaConf.to_container(c, resolve=True)).items()
-                    if not is_non_result_key(k)}
-        saved, now = flat(OmegaConf.load(self.config)), flat(cfg)
+        saved_config = OmegaConf.to_container(OmegaConf.load(self.config), resolve=True)
+        now_config = recorded_config(cfg, runtime)
+        ran_on = saved_config.get("trainer", {}).get("device")
+        if runtime is not None and ran_on in ("cpu", "cuda") and ran_on != runtime.device.type:
+            raise ConfigError(f"cannot resume {self.path}: it ran on {ran_on}, and this process would continue it on "
+                              f"{runtime.device.type}; resume it where trainer.device={ran_on} works, or start a new "
+                              "run without trainer.resume")
+        def flat(config):
+            return {k: v for k, v in run_settings(config).items() if not is_non_result_key(k)}
+        saved, now = flat(saved_config), flat(now_config)
+        if saved.get("trainer.precision") == "auto":  # recorded before the precision was resolved: unknown
+            now["trainer.precision"] = "auto"
         changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
         if changed:
             shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])

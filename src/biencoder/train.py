@@ -31,12 +31,10 @@ from .cache import CacheError, cached_pooled, encoder_fingerprint
 from .checkpoint import checkpoint_payload
 from .config import (
     ConfigError,
-    autocast_dtype,
     conf_dir,
     fail,
     hydra_cli,
     register,
-    select_device,
     set_seed_everywhere,
     show_progress,
     validate,
@@ -57,6 +55,7 @@ from .model import (
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
 from .rundir import RunFolder, discard_if_ours
+from .runtime import Runtime, decide, nondeterministic_op
 from .state import RunFolderError, rng_states, set_rng_states
 from .tasks import evaluate_tasks, format_tasks
 from .tracking import Tracker
@@ -134,14 +133,19 @@ def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
 
 
 class Runner:
-    """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``)."""
+    """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``).
 
-    def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs"):
+    ``runtime``: the start-up decision of device, precision and process group (:func:`start_up`, made here when
+    None); the runner never asks torch again.
+    """
+
+    def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None):
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
         corpus = read_corpus(cfg.data.root).used(cfg.data.dedup)
-        self.device = select_device(distributed.setup(cfg.trainer.device))
+        self.runtime = start_up(cfg) if runtime is None else runtime  # decided once, at start-up
+        self.device = self.runtime.device
         self.main = distributed.is_main()
         self.variant = variant_name(cfg)
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
@@ -156,7 +160,7 @@ class Runner:
                         "test_queries_seen": int(self.test_seen.sum()),
                         "test_queries_unseen": int((~self.test_seen).sum())}
         self.progress = show_progress(cfg) and self.main
-        self.amp_dtype = autocast_dtype(cfg.trainer.precision, self.device)
+        self.amp_dtype = self.runtime.autocast_dtype
         self.frozen = bool(cfg.model.encoder.freeze)
         groups = [{"params": self.model.head_parameters(), "lr": cfg.trainer.head_lr}]
         self.fingerprint = None
@@ -420,9 +424,11 @@ class Runner:
     def _fit(self) -> dict | None:
         cfg, start = self.cfg, time.time()
         base = {"variant": self.variant, "seed": int(cfg.seed)}
-        log.info("variant %s seed %d on %s (%d process%s) | %s | pairs train/val/test %s", self.variant, cfg.seed,
-                 self.device, distributed.world_size(), "es" if distributed.world_size() > 1 else "", cfg.data.name,
-                 "/".join(str(s.n_pairs) for s in self.splits.values()))
+        rt, n = self.runtime, distributed.world_size()
+        how = ([rt.device_name] if rt.device.type == "cuda" else []) + [rt.precision] + (
+            ["deterministic"] if rt.deterministic else []) + [f"{n} process{'es' if n > 1 else ''}"]
+        log.info("variant %s seed %d on %s (%s) | %s | pairs train/val/test %s", self.variant, cfg.seed, self.device,
+                 ", ".join(how), cfg.data.name, "/".join(str(s.n_pairs) for s in self.splits.values()))
         if cfg.data.dedup:
             log.info("data.dedup: dropped %s pairs that share a text with a later split (test untouched); test "
                      "queries seen in train/val: %d, unseen: %d", self.overlap["dropped_pairs"],
@@ -478,7 +484,7 @@ class Runner:
         final = {"status": "done", **base, "data": cfg.data.name, "model": cfg.model.name,
                  "best_epoch": best["epoch"], "best": best["metrics"], "epochs": cfg.trainer.max_epochs,
                  "pairs": {n: s.n_pairs for n, s in self.splits.items()},
-                 "overlap": self.overlap}
+                 "overlap": self.overlap, "runtime": self.runtime.record()}
         if cfg.eval.tasks:
             final["tasks"] = {"score": cfg.eval.score}
             embs = best.get("embs", {})
@@ -555,23 +561,35 @@ def summary_text(final: dict, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs") -> dict | None:
+def start_up(cfg: DictConfig) -> Runtime:
+    """Start-up: decide device, precision and process group once (:func:`biencoder.runtime.decide`), set torch's
+    determinism switches (before any CUDA work) and start the process group (only under torchrun with several
+    processes). Raises :class:`ConfigError` when the decision cannot work."""
+    runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic)
+    runtime.apply()
+    distributed.setup(runtime)
+    return runtime
+
+
+def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None) -> dict | None:
     """Train one cell into ``out_dir`` (or continue it, with ``trainer.resume``); returns what ``final.json`` holds.
 
     A finished folder (status ``done``) is left as it is when resuming, so a re-run sweep skips its done jobs.
     On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, the trackers close the run as
-    FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep).
+    FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep). ``runtime``: the
+    start-up decision (:func:`start_up`; made here when None).
     """
     validate(cfg)  # before the folder is touched
+    runtime = start_up(cfg) if runtime is None else runtime
     folder = RunFolder(out_dir)
     if not distributed.is_main():
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
-    done = folder.open(cfg, main=distributed.is_main())
+    done = folder.open(cfg, main=distributed.is_main(), runtime=runtime)
     if done is not None:
         return done
-    runner = Runner(cfg, folder.path, experiment)  # validates the config and reads the corpus first
+    runner = Runner(cfg, folder.path, experiment, runtime)  # validates the config and reads the corpus first
     if runner.main:
-        folder.start(cfg)
+        folder.start(cfg, runtime)
     try:
         return runner.fit()
     except Diverged as err:
@@ -598,14 +616,14 @@ def main(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
-        final = None
-        distributed.setup(cfg.trainer.device)  # a no-op unless launched by torchrun with several processes
+        final = runtime = None
+        runtime = start_up(cfg)  # the one decision; the process group only under torchrun with several processes
         shared = Path(distributed.broadcast_object(str(out_dir)))  # every rank works in rank 0's folder
         if shared != out_dir:
             discard_if_ours(out_dir)  # this rank's own (empty) Hydra folder
             out_dir = shared
         experiment = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else "runs"
-        final = run(cfg, out_dir, experiment)
+        final = run(cfg, out_dir, experiment, runtime)
     except (ConfigError, CorpusError, CacheError, RunFolderError) as err:
         fail(err, out_dir)
     except Diverged as err:
@@ -613,6 +631,11 @@ def main(cfg: DictConfig) -> float | None:
             log.error("%s: %s", out_dir, err)
             return None
         fail(err, None, code=3)
+    except RuntimeError as err:  # after Diverged (one too): an operation without a deterministic kernel
+        unsupported = nondeterministic_op(err, runtime.device.type if runtime else "this device")
+        if unsupported is None:
+            raise
+        fail(unsupported, out_dir)
     finally:
         distributed.teardown()
     return None if final is None else final["best"]["val"]["top1"]

@@ -1,0 +1,145 @@
+"""Where and how a process computes: device, precision, distributed backend and determinism, decided once.
+
+:func:`decide` reads ``trainer.device``, ``trainer.precision``, ``trainer.deterministic`` and torchrun's
+environment (``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) at start-up and returns a :class:`Runtime`;
+everything else (the process group, the runner, the evaluation app, the run record) receives that answer instead
+of asking torch again. Hydra-free: the apps pass the three config values in.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Mapping
+
+import torch
+
+from .config import DEVICES, PRECISIONS, ConfigError
+
+log = logging.getLogger("biencoder")
+
+#: cuBLAS workspace settings under which cuBLAS is deterministic (NVIDIA's cuBLAS docs, "Results reproducibility")
+DETERMINISTIC_CUBLAS = (":4096:8", ":16:8")
+#: how torch words the error of an operation without a deterministic kernel (``torch.use_deterministic_algorithms``)
+_NO_DETERMINISTIC_KERNEL = re.compile(r"(\S+) does not have a deterministic implementation")
+
+
+class NonDeterministicOp(RuntimeError):
+    """An operation without a deterministic kernel ran under ``trainer.deterministic=true``."""
+
+    def __init__(self, op: str, device: str):
+        super().__init__(f"{op} has no deterministic implementation on {device}, and trainer.deterministic=true "
+                         "asks for one: run with trainer.deterministic=false (results may then vary between runs), "
+                         "or on the CPU (trainer.device=cpu)")
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """One process's answer to "where and how does it compute".
+
+    Attributes:
+        device: ``cpu`` or ``cuda:<local rank>``.
+        precision: the precision actually used, ``fp32`` or ``bf16`` (autocast), never ``auto``.
+        deterministic: torch's deterministic algorithms are on (:meth:`apply`).
+        backend: ``nccl`` or ``gloo`` when torchrun started several processes, else None.
+        local_rank, world_size: from torchrun's environment (0 and 1 without it).
+    """
+
+    device: torch.device
+    precision: str
+    deterministic: bool = False
+    backend: str | None = None
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        """The dtype for ``torch.autocast``, or None: no autocast (fp32)."""
+        return torch.bfloat16 if self.precision == "bf16" else None
+
+    @property
+    def device_name(self) -> str:
+        """``cpu``, or the GPU's name as CUDA reports it (e.g. ``NVIDIA H100 80GB HBM3``)."""
+        return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
+
+    def record(self) -> dict:
+        """What the run record (``final.json``) states about the process that computed it."""
+        return {"device": self.device.type, "device_name": self.device_name, "precision": self.precision,
+                "deterministic": self.deterministic, "processes": self.world_size}
+
+    def apply(self) -> None:
+        """Set torch's global determinism switches to ``deterministic`` (both ways, so a second run in the same
+        process does not inherit the first one's). Call before any CUDA work: cuBLAS reads its workspace setting
+        when it starts."""
+        if self.deterministic:
+            set_cublas_workspace()
+        torch.use_deterministic_algorithms(self.deterministic)
+        torch.backends.cudnn.deterministic = self.deterministic
+        if self.deterministic:
+            torch.backends.cudnn.benchmark = False  # benchmarking picks the fastest kernel per run, not the same one
+
+
+def set_cublas_workspace(environ: os._Environ | dict | None = None) -> None:
+    """``CUBLAS_WORKSPACE_CONFIG=:4096:8`` unless a deterministic value is set already; says so in one log line when
+    CUDA started earlier in this process with another value (cuBLAS may then keep it)."""
+    environ = os.environ if environ is None else environ
+    old = environ.get("CUBLAS_WORKSPACE_CONFIG")
+    if old in DETERMINISTIC_CUBLAS:
+        return
+    environ["CUBLAS_WORKSPACE_CONFIG"] = DETERMINISTIC_CUBLAS[0]
+    if torch.cuda.is_initialized():
+        log.warning("CUDA started in this process with CUBLAS_WORKSPACE_CONFIG=%s; set to %s now, cuBLAS may not "
+                    "follow: export CUBLAS_WORKSPACE_CONFIG=%s before starting Python", old or "(unset)",
+                    DETERMINISTIC_CUBLAS[0], DETERMINISTIC_CUBLAS[0])
+
+
+def decide(device: str = "auto", precision: str = "auto", deterministic: bool = False,
+           environ: Mapping[str, str] | None = None) -> Runtime:
+    """The one decision of device, precision and process group; :class:`ConfigError` when it cannot work.
+
+    Args:
+        device: ``trainer.device``: ``auto`` (CUDA when visible), ``cpu`` or ``cuda``.
+        precision: ``trainer.precision``: ``auto`` (bf16 autocast on a CUDA device that supports it natively,
+            fp32 elsewhere), ``fp32`` or ``bf16``.
+        deterministic: ``trainer.deterministic``.
+        environ: torchrun's variables (default ``os.environ``): ``WORLD_SIZE`` > 1 means a process group, NCCL on
+            CUDA and gloo on the CPU; on CUDA each process takes the GPU of its ``LOCAL_RANK``, so a node must not
+            start more processes (``LOCAL_WORLD_SIZE``) than it has visible GPUs.
+    """
+    environ = os.environ if environ is None else environ
+    if device not in DEVICES:
+        raise ConfigError(f"trainer.device={device!r} is not valid: use one of {', '.join(DEVICES)}")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={precision!r} is not valid: use one of {', '.join(PRECISIONS)}")
+    world_size = int(environ.get("WORLD_SIZE", "1"))
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is visible: use trainer.device=auto or cpu")
+    if use_cuda:
+        visible = torch.cuda.device_count()
+        local = int(environ.get("LOCAL_WORLD_SIZE", str(local_rank + 1)))
+        if max(local, local_rank + 1) > visible:
+            raise ConfigError(
+                f"torchrun started {local} processes on this node but {visible} CUDA device"
+                f"{'s are' if visible != 1 else ' is'} visible (one per process is needed): start "
+                f"torchrun --nproc_per_node={visible}, or train with gloo on the CPU (trainer.device=cpu)")
+    if precision == "auto":
+        precision = "bf16" if use_cuda and torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
+    return Runtime(device=torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"),
+                   precision=precision, deterministic=bool(deterministic),
+                   backend=("nccl" if use_cuda else "gloo") if world_size > 1 else None,
+                   local_rank=local_rank, world_size=world_size)
+
+
+def nondeterministic_op(err: BaseException, device: str) -> NonDeterministicOp | None:
+    """``err`` as a :class:`NonDeterministicOp` naming the operation, when it is torch's error for an operation
+    without a deterministic kernel; else None."""
+    while err is not None:  # torch.compile and DDP may wrap it
+        match = _NO_DETERMINISTIC_KERNEL.search(str(err))
+        if match:
+            return NonDeterministicOp(match.group(1), device)
+        err = err.__cause__
+    return None
