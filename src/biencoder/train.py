@@ -254,7 +254,7 @@ class Runner:
         per-batch gathering. Trained encoder: a DataLoader pads the token batches (with workers if asked).
         """
         split = self.splits["train"]
-        text_id = torch.from_numpy(split.text_id).to(self.device)
+        text_id = torch.tensor(split.text_id, device=self.device)
         if not self.frozen:
             for batch in self.loader(epoch, negatives):
                 rows = batch.pop("rows")
