@@ -130,3 +130,17 @@ def test_loss_group_selects_the_loss_and_the_default_is_triplet_ce():
     validate(infonce)
     built = build_loss(infonce.loss)
     assert type(built) is InfoNCELoss and (built.scale, built.ce_weight, built.gather) == (10, 0, False)
+
+
+@pytest.mark.parametrize("preset, expect", [
+    ("loss_selection", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "eval.tasks": False}),
+    ("loss_arguana", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "model.encoder.freeze": True}),
+    ("finetune_arguana", {"loss.name": "infonce", "trainer.lr": 5e-5, "trainer.batch_size": 16,
+                          "model.encoder.freeze": False, "data.name": "arguana"}),
+])
+def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg([f"+experiment={preset}", "+variant=relu", f"data.root={tmp_path}"])
+    validate(cfg)
+    assert {k: OmegaConf.select(cfg, k) for k in expect} == expect
