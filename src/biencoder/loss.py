@@ -143,7 +143,8 @@ class InfoNCELoss(nn.Module):
         total = CE(scores[i], target = own counter) averaged over i
               + ce_weight · (CE(logits(p, c), 1) + CE(logits(p, n), 0))
 
-    ``ce_weight=0`` is InfoNCE alone (the classifier then never trains: rerank with ``eval.score=sim``).
+    ``ce_weight=0`` is InfoNCE alone (the classifier then gets no training signal: read ``retrieval_top1``, and
+    use ``eval.score=sim`` for the 8 tasks).
     Parts logged: loss, infonce, ce_pos, ce_neg, masked (candidates masked per query, a mean).
     """
 
