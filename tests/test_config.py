@@ -44,10 +44,17 @@ def test_unknown_variant_fails_at_composition():
     ("negatives.random_rate.decay=-0.1", "negatives.random_rate.decay"),
     ("trainer.precision=fp16", "trainer.precision"),
     ("negatives.index=faiss", "negatives.index"),
+    ("loss.name=focal", "loss.name"),
+    ("loss.scale=0", "loss.scale"),
+    ("loss.ce_weight=-1", "loss.ce_weight"),
+    # a key of the other loss would be silently ignored
+    ("loss.margin=0.5 loss=infonce", "loss.margin"),
+    ("loss.scale=10", "loss.scale"),
+    ("+loss.temperature=0.05", "loss.temperature"),  # + lets it past the schema, not past validate
 ])
 def test_bad_values_are_named(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate(compose_cfg([override]))
+        validate(compose_cfg(override.split()))
 
 
 @pytest.mark.parametrize("override, key", [
@@ -111,3 +118,29 @@ def test_help_says_how_to_start(module, says):
     assert shown.returncode == 0
     for text in says:
         assert text in shown.stdout
+
+
+def test_loss_group_selects_the_loss_and_the_default_is_triplet_ce():
+    from biencoder.loss import InfoNCELoss, TripletCELoss, build_loss
+
+    default, explicit = compose_cfg(), compose_cfg(["loss=triplet_ce"])
+    assert default.loss == explicit.loss and default.loss.name == "triplet_ce"
+    assert type(build_loss(default.loss)) is TripletCELoss
+    infonce = compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0"])
+    validate(infonce)
+    built = build_loss(infonce.loss)
+    assert type(built) is InfoNCELoss and (built.scale, built.ce_weight, built.gather) == (10, 0, False)
+
+
+@pytest.mark.parametrize("preset, expect", [
+    ("loss_selection", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "eval.tasks": False}),
+    ("loss_arguana", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "model.encoder.freeze": True}),
+    ("finetune_arguana", {"loss.name": "infonce", "trainer.lr": 5e-5, "trainer.batch_size": 16,
+                          "model.encoder.freeze": False, "data.name": "arguana"}),
+])
+def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
+    from omegaconf import OmegaConf
+
+    cfg = compose_cfg([f"+experiment={preset}", "+variant=relu", f"data.root={tmp_path}"])
+    validate(cfg)
+    assert {k: OmegaConf.select(cfg, k) for k in expect} == expect

@@ -48,3 +48,102 @@ def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
     out.total.backward()
     assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
     assert model.out.weight.grad.abs().sum() > 0 and model.sim_head.weight.grad.abs().sum() > 0
+
+
+# -- InfoNCE (in-batch + mined negatives) -------------------------------------------------------------------------
+from biencoder.loss import InfoNCELoss, same_text_mask  # noqa: E402
+
+E = torch.eye(3)
+
+
+def test_infonce_equals_the_hand_computed_value():
+    # queries e0, e1, e2; their counters e0, e1, e2; mined negatives e1, e2, e0. Candidates of query i:
+    # [c0, c1, c2, n0, n1, n2]; cos(q_i, ·) is 1 for its own counter and for the one negative equal to e_i, 0
+    # for the four others. Per query: -s + log(2 e^s + 4), the same for all three by symmetry.
+    loss = InfoNCELoss(scale=1.0)
+    text_id = torch.arange(9).view(3, 3)  # all texts distinct: nothing masked
+    scores, target, masked = loss.scores(E, E, E[[1, 2, 0]], text_id)
+    assert target.tolist() == [0, 1, 2] and not masked.any()
+    assert scores.tolist() == [[1, 0, 0, 0, 0, 1], [0, 1, 0, 1, 0, 0], [0, 0, 1, 0, 1, 0]]
+    value = torch.nn.functional.cross_entropy(scores, target).item()
+    assert value == pytest.approx(-1.0 + math.log(2 * math.e + 4), rel=1e-6)
+    # scale multiplies the cosines: with s = 2 the mined negative e0 of query 2 (row 2) still scores as high as c0
+    scores2, _, _ = InfoNCELoss(scale=2.0).scores(E, E, E[[1, 2, 0]], text_id)
+    assert torch.nn.functional.cross_entropy(scores2, target).item() == pytest.approx(
+        -2.0 + math.log(2 * math.e ** 2 + 4), rel=1e-6)
+
+
+def test_infonce_total_adds_the_weighted_pair_cross_entropy(tiny_model_and_tokenizer):
+    model = copy.deepcopy(tiny_model_and_tokenizer[0])
+    torch.manual_seed(0)
+    emb = [Embeddings(torch.randn(3, 128), torch.randn(3, 32)) for _ in range(3)]
+    text_id = torch.arange(9).view(3, 3)
+    out = InfoNCELoss(scale=20.0, ce_weight=0.5)(model, *emb, text_id=text_id)
+    assert out.parts["loss"] == pytest.approx(out.parts["infonce"] + 0.5 * (out.parts["ce_pos"] + out.parts["ce_neg"]),
+                                              rel=1e-5)
+    triplet = TripletCELoss()(model, *emb)  # the same pair classifier terms as the triplet loss
+    assert out.parts["ce_pos"] == triplet.parts["ce_pos"] and out.parts["ce_neg"] == triplet.parts["ce_neg"]
+    only = InfoNCELoss(scale=20.0, ce_weight=0.0)(model, *emb, text_id=text_id)
+    assert only.parts["loss"] == pytest.approx(only.parts["infonce"], rel=1e-6)
+
+
+def test_a_duplicate_of_the_positive_is_never_scored_as_a_negative():
+    # planted: the counter of query 1 has the same text (id 10) as the counter of query 0; the mined negative of
+    # query 2 too; the counter of query 2 has the text of point 0 (id 0). For query 0 all three must be masked,
+    # and the loss must equal the one computed with those candidates removed.
+    torch.manual_seed(1)
+    point, counter, negative = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    text_id = torch.tensor([[0, 1, 2], [10, 10, 0], [20, 21, 10]])
+    loss = InfoNCELoss(scale=5.0)
+    scores, target, masked = loss.scores(point, counter, negative, text_id)
+    assert masked[0].tolist() == [False, True, True, False, False, True]  # c1, c2 (its own point), n2
+    # query 1's positive (text 10) is c0's text too, and n2's; its own column (c1) stays
+    assert masked[1].tolist() == [True, False, False, False, False, True]
+    assert masked[2].tolist() == [False, False, False, False, False, False]
+    assert torch.isinf(scores[masked]).all() and torch.isfinite(scores[~masked]).all()
+    # no candidate with the positive's text ever keeps a finite score, except the positive itself
+    candidate_text = torch.cat([text_id[1], text_id[2]])
+    for i in range(3):
+        same = candidate_text == text_id[1, i]
+        same[target[i]] = False
+        assert torch.isinf(scores[i, same]).all()
+    keep = ~masked[0]
+    kept = 5.0 * torch.nn.functional.normalize(point[:1], dim=-1) @ torch.nn.functional.normalize(
+        torch.cat([counter, negative])[keep], dim=-1).T
+    by_hand = -kept[0, 0] + torch.logsumexp(kept[0], 0)
+    per_query = torch.nn.functional.cross_entropy(scores, target, reduction="none")
+    assert per_query[0].item() == pytest.approx(by_hand.item(), rel=1e-5)
+
+
+def test_same_text_mask_keeps_the_target():
+    mask = same_text_mask(torch.tensor([5]), torch.tensor([7]), torch.tensor([7, 7, 5, 6]), torch.tensor([1]))
+    assert mask.tolist() == [[True, False, True, False]]
+
+
+def test_ddp_shared_negatives_equal_the_local_ones_with_one_process(tmp_path):
+    """A 1-process gloo group: the gathered candidates (with gradients) are the local ones, so the loss and its
+    gradients are equal; without the group the gather is skipped altogether."""
+    import torch.distributed as dist
+
+    torch.manual_seed(2)
+    point, counter, negative = (torch.randn(4, 8, requires_grad=True) for _ in range(3))
+    text_id = torch.tensor([[0, 1, 2, 3], [4, 5, 4, 6], [7, 8, 9, 5]])  # a duplicate counter text (4) too
+
+    def loss_and_grads(gather):
+        for t in (point, counter, negative):
+            t.grad = None
+        scores, target, _ = InfoNCELoss(scale=10.0, gather=gather).scores(point, counter, negative, text_id)
+        value = torch.nn.functional.cross_entropy(scores, target)
+        value.backward()
+        return value.detach(), [t.grad.clone() for t in (point, counter, negative)]
+
+    local, local_grads = loss_and_grads(False)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        shared, shared_grads = loss_and_grads(True)
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(shared, local)
+    for a, b in zip(shared_grads, local_grads):
+        assert torch.allclose(a, b, atol=1e-7)
+    assert any(g.abs().sum() > 0 for g in shared_grads[1:])  # the gradient reached the gathered candidates

@@ -237,3 +237,45 @@ def test_wilson_interval_known_values():
     assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)  # z²/(n+z²)
     assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)
     assert wilson(5, 32) == pytest.approx((0.0686, 0.3175), abs=1e-4)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_infonce_trains_end_to_end(tmp_path, frozen):
+    overrides = FAST + ["+variant=ln_relu", "loss=infonce"] + (["model.encoder.freeze=true"] if frozen else [])
+    final = run(compose_cfg(overrides), tmp_path)
+    assert final["status"] == "done"
+    train = read_rows(tmp_path / "metrics.jsonl")[0]
+    assert {"loss", "infonce", "ce_pos", "ce_neg", "masked"} <= set(train) and "triplet" not in train
+    assert train["loss"] == pytest.approx(train["infonce"] + train["ce_pos"] + train["ce_neg"], rel=1e-5)
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path, frozen):
+    """A corpus with a planted duplicate: two training pairs share their counter text. In every batch the
+    runner builds, no candidate with the text of a query's counter (other than that counter) keeps a score."""
+    from conftest import grid_layout
+
+    layout = grid_layout()
+    pro = layout["training"]["theme0"]["debate00"]["pro"]
+    pro[1] = (pro[1][0], pro[0][1])  # the counter of pro01 is now word for word the counter of pro00
+    root = make_corpus(layout)
+    cfg = compose_cfg(FAST + ["loss=infonce", f"data.root={root}", "trainer.batch_size=64"]
+                      + (["model.encoder.freeze=true"] if frozen else []))
+    runner = Runner(cfg, tmp_path)
+    split = runner.splits["train"]
+    mined = runner.mine(0, runner.embed("train").sim)
+    masked_total = 0
+    for rows, inputs in runner.batches(0, mined):
+        text_id = inputs.pop("text_id")
+        assert text_id.tolist() == split.text_id[rows.T.ravel()].tolist()  # points, counters, negatives
+        emb = runner.model.from_pooled(inputs["pooled"]) if frozen else runner.model.embed(**inputs)
+        point, counter, negative = emb.chunk(3)
+        scores, target, masked = runner.loss_fn.scores(point.sim, counter.sim, negative.sim, text_id.view(3, -1))
+        candidate_text = split.text_id[np.concatenate([rows[:, 1], rows[:, 2]])]
+        for i, positive in enumerate(split.text_id[rows[:, 1]]):
+            same = candidate_text == positive
+            same[target[i].item()] = False
+            assert torch.isinf(scores[i, torch.from_numpy(same)]).all()
+            assert torch.isfinite(scores[i, target[i]])
+        masked_total += int(masked.sum())
+    assert masked_total >= 2  # the planted twin, once for each of the two queries

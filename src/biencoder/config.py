@@ -108,9 +108,14 @@ class TrainerSchema:
 
 @dataclass
 class LossSchema:
-    margin: float = 1.0
-    triplet_weight: float = 1.0
-    ce_weight: float = 1.0
+    """Keys of both losses (biencoder.loss.LOSSES says which loss reads which); a key the chosen loss does not
+    read must keep its default (:func:`validate`)."""
+    name: str = "triplet_ce"     # triplet_ce | infonce
+    margin: float = 1.0          # triplet_ce
+    triplet_weight: float = 1.0  # triplet_ce
+    ce_weight: float = 1.0       # both: the pair classifier's cross-entropy
+    scale: float = 20.0          # infonce: 1 / temperature on cosine similarities
+    gather: bool = False         # infonce: under DDP, every process's candidates are negatives for every query
 
 
 @dataclass
@@ -290,6 +295,27 @@ def check_known_keys(cfg: DictConfig) -> None:
         raise ConfigError(f"unknown config key {key}{hint}: fix its spelling, or see every key with --cfg job")
 
 
+def _loss(cfg: DictConfig) -> None:
+    """``loss.name`` is a known loss, its keys are in range, and no key of the other loss was changed (it would
+    be silently ignored)."""
+    from .loss import LOSSES
+
+    _choice(cfg, "loss.name", tuple(LOSSES))
+    _positive(cfg, "loss.margin", kind=float, minimum=0)
+    _positive(cfg, "loss.triplet_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.ce_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.scale", kind=float, minimum=0)
+    if cfg.loss.scale == 0:
+        raise ConfigError("loss.scale=0 is not valid: every score would be 0; use a number > 0 (20 is the usual one)")
+    _bool(cfg, "loss.gather")
+    reads = LOSSES[cfg.loss.name][1]
+    for key, default in vars(LossSchema()).items():
+        if key != "name" and key not in reads and cfg.loss[key] != default:
+            users = [name for name, (_, keys) in LOSSES.items() if key in keys]
+            raise ConfigError(f"loss.{key}={cfg.loss[key]!r} has no effect with loss={cfg.loss.name}: it belongs to "
+                              f"loss={'|'.join(users)}; drop it or pick that loss")
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one."""
     check_known_keys(cfg)
@@ -328,7 +354,7 @@ def validate(cfg: DictConfig) -> None:
     _positive(cfg, "trainer.checkpoint_every", minimum=0)
     _positive(cfg, "trainer.lr", kind=float, minimum=0)
     _positive(cfg, "trainer.head_lr", kind=float, minimum=0)
-    _positive(cfg, "loss.margin", kind=float, minimum=0)
+    _loss(cfg)
     _positive(cfg, "negatives.n_neighbors")
     for key in ("negatives.random_rate.start", "negatives.random_rate.decay"):
         _positive(cfg, key, kind=float, minimum=0)

@@ -1,12 +1,18 @@
-"""Triplet margin loss on sim embeddings + cross-entropy on the pair classifier.
+"""The training losses, chosen with ``loss=triplet_ce`` (the default) or ``loss=infonce`` (``loss.name``).
 
-Inputs: a :class:`~biencoder.model.BiModel` and the :class:`~biencoder.model.Embeddings` of a batch of
-(point, counter, negative) triplets, each [B, ·]. Requirements: the negative is never the counter (the miner
-guarantees it). Reference: Schroff et al. 2015 (FaceNet) for the triplet margin loss; the pair classifier is
-trained on (point, counter) → 1 and (point, negative) → 0.
+Both take a :class:`~biencoder.model.BiModel` and the :class:`~biencoder.model.Embeddings` of a batch of
+(point, counter, negative) triplets, each [B, ·], where the negative is the one mined for that pair
+(:mod:`biencoder.negatives`: never the point's or the counter's text). Both add the pair classifier's
+cross-entropy on (point, counter) → 1 and (point, negative) → 0 with its own weight ``ce_weight``; they differ
+in what trains the sim head, the space that retrieves the k candidates the classifier reranks.
 
-    total = triplet_weight · TripletMargin(s_p, s_c, s_n; margin, p=2)
-          + ce_weight · (CE(logits(p, c), 1) + CE(logits(p, n), 0))
+- :class:`TripletCELoss` (``triplet_ce``): one negative per query, a margin on Euclidean distances.
+- :class:`InfoNCELoss` (``infonce``): every other counter in the batch and every mined negative in the batch are
+  the query's negatives, in one softmax over cosine similarities (sentence-transformers'
+  MultipleNegativesRankingLoss with hard negatives).
+
+"The same text" is :attr:`biencoder.corpus.PairedSplit.text_id` equality: the identity the evaluation uses for
+its "duplicates of the true counter are that counter" rule.
 """
 
 from __future__ import annotations
@@ -14,7 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.nn.functional import all_gather
 from torch.nn import functional as F
 
 from .model import BiModel, Embeddings
@@ -23,13 +31,48 @@ from .model import BiModel, Embeddings
 @dataclass
 class LossOutput:
     total: Tensor
-    parts: dict[str, float]  # triplet, ce_pos, ce_neg (unweighted) and total, as floats for logging
+    parts: dict[str, float]  # the loss's unweighted terms and the total ("loss"), as floats for logging
     features: Tensor  # [2B, F] classifier input before LayerNorm/ReLU (positive pairs, then negative pairs)
     head_input: Tensor  # [2B, F] after them
 
 
+def _pair_cross_entropy(model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings):
+    """The pair classifier's two cross-entropy terms: (point, counter) → 1 and (point, negative) → 0.
+
+    Returns (ce_pos, ce_neg) as 0-d tensors (means over the B pairs), and the classifier's features and head
+    input [2B, F] (positive pairs first) for the head statistics.
+    """
+    batch = point.sim.shape[0]
+    # positives and negatives go through the head in one call so its statistics see both
+    features = model.pair_features(
+        Embeddings(torch.cat([point.sim, point.sim]), torch.cat([point.pooled, point.pooled])),
+        Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
+    )
+    head_input, logits = model.head(features)
+    labels = torch.cat([torch.ones(batch), torch.zeros(batch)]).long().to(logits.device)
+    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    return ce[:batch].mean(), ce[batch:].mean(), features, head_input
+
+
+def _parts(names: tuple[str, ...], values: list[Tensor]) -> dict[str, float]:
+    # one device→host copy for all the numbers (one sync per step on a GPU, not one per number)
+    return dict(zip(names, torch.stack(values).detach().float().tolist()))
+
+
 class TripletCELoss(nn.Module):
-    """Weighted sum of a triplet margin loss and the two cross-entropy terms (see module docstring)."""
+    """Triplet margin loss on the sim embeddings + the pair classifier's cross-entropy (``loss=triplet_ce``).
+
+    Inputs: the embeddings of (point, counter, negative) triplets, [B, ·] each.
+    Negatives: the one mined negative of each pair; no other example in the batch takes part.
+    Requirements: the negative never has the point's or the counter's text (the miner guarantees it); any batch
+    size works, and duplicate texts elsewhere in the batch do not matter.
+    Reference: Schroff et al. 2015 (FaceNet) for the triplet margin loss.
+
+        total = triplet_weight · TripletMargin(s_p, s_c, s_n; margin, p=2)
+              + ce_weight · (CE(logits(p, c), 1) + CE(logits(p, n), 0))
+
+    Parts logged: loss, triplet, ce_pos, ce_neg.
+    """
 
     def __init__(self, margin: float = 1.0, triplet_weight: float = 1.0, ce_weight: float = 1.0):
         super().__init__()
@@ -37,20 +80,119 @@ class TripletCELoss(nn.Module):
         self.triplet_weight = triplet_weight
         self.ce_weight = ce_weight
 
-    def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings) -> LossOutput:
-        batch = point.sim.shape[0]
+    def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings,
+                text_id: Tensor | None = None) -> LossOutput:
+        """``text_id`` ([3, B], ignored here): the triplet loss compares each query with its own two rows only."""
         triplet = self.triplet(point.sim, counter.sim, negative.sim)
-        # positives and negatives go through the head in one call so its statistics see both
-        features = model.pair_features(
-            Embeddings(torch.cat([point.sim, point.sim]), torch.cat([point.pooled, point.pooled])),
-            Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
-        )
-        head_input, logits = model.head(features)
-        labels = torch.cat([torch.ones(batch), torch.zeros(batch)]).long().to(logits.device)
-        ce = F.cross_entropy(logits.float(), labels, reduction="none")
-        ce_pos, ce_neg = ce[:batch].mean(), ce[batch:].mean()
+        ce_pos, ce_neg, features, head_input = _pair_cross_entropy(model, point, counter, negative)
         total = self.triplet_weight * triplet + self.ce_weight * (ce_pos + ce_neg)
-        # one device→host copy for the four numbers (one sync per step on a GPU, not four)
-        values = torch.stack([total, triplet, ce_pos, ce_neg]).detach().float().tolist()
-        parts = dict(zip(("loss", "triplet", "ce_pos", "ce_neg"), values))
+        parts = _parts(("loss", "triplet", "ce_pos", "ce_neg"), [total, triplet, ce_pos, ce_neg])
         return LossOutput(total, parts, features, head_input)
+
+
+def _group() -> bool:
+    # an initialised process group, even of one process (the test of the shared negatives runs one)
+    return dist.is_available() and dist.is_initialized()
+
+
+def gather_with_grad(tensor: Tensor) -> Tensor:
+    """[N, ·] on every process → [world·N, ·] in rank order, differentiable (each rank's gradient flows back to
+    the rank that made the rows). Without an initialised process group: ``tensor`` itself."""
+    if not _group():
+        return tensor
+    return torch.cat(all_gather(tensor))
+
+
+def _gather_ids(ids: Tensor) -> Tensor:
+    """[N] ints on every process → [world·N] in rank order (no gradient)."""
+    if not _group():
+        return ids
+    out = [torch.empty_like(ids) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, ids)
+    return torch.cat(out)
+
+
+def same_text_mask(query_text: Tensor, positive_text: Tensor, candidate_text: Tensor, target: Tensor) -> Tensor:
+    """[B, C] bool: candidate j must not count as a negative of query i.
+
+    True where the candidate's text equals the query's positive (a duplicate of its true counter) or the query
+    itself, except at the target column (the positive itself stays). Inputs: text ids [B], [B], [C]; target [B].
+    """
+    same = (candidate_text[None, :] == positive_text[:, None]) | (candidate_text[None, :] == query_text[:, None])
+    same[torch.arange(len(target), device=target.device), target] = False
+    return same
+
+
+class InfoNCELoss(nn.Module):
+    """In-batch negatives plus mined negatives on the sim head + the pair classifier's cross-entropy
+    (``loss=infonce``).
+
+    Inputs: the embeddings of (point, counter, negative) triplets, [B, ·] each, and their text ids [3, B]
+    (``PairedSplit.text_id`` of each row).
+    Negatives: for query i, every counter of the batch except its own, and every mined negative of the batch
+    (its own and the other queries'): 2B − 1 negatives, one softmax. With ``gather=True`` under DDP the
+    candidates of every process join (2·B·world − 1 negatives). A candidate whose text equals the query's
+    counter (a duplicate text: the corpus has them) or the query's own text is masked, never a negative.
+    Requirements: the batch is the only source of negatives, so a larger batch gives more of them (batch 1 leaves
+    just the mined negative). Every process must have the same batch size when ``gather`` is on.
+    Reference: Henderson et al. 2017 (Efficient Natural Language Response Suggestion for Smart Reply: in-batch
+    negatives); van den Oord et al. 2018 (Representation Learning with Contrastive Predictive Coding: InfoNCE);
+    sentence-transformers' MultipleNegativesRankingLoss (its scale 20 = temperature 0.05 is the default here).
+
+        scores[i, j] = scale · cos(s_p[i], cand[j]),  cand = [s_c (all B, or all ranks'), s_n (likewise)]
+        total = CE(scores[i], target = own counter) averaged over i
+              + ce_weight · (CE(logits(p, c), 1) + CE(logits(p, n), 0))
+
+    ``ce_weight=0`` is InfoNCE alone (the classifier then gets no training signal: read ``retrieval_top1``, and
+    use ``eval.score=sim`` for the 8 tasks).
+    Parts logged: loss, infonce, ce_pos, ce_neg, masked (candidates masked per query, a mean).
+    """
+
+    def __init__(self, scale: float = 20.0, ce_weight: float = 1.0, gather: bool = False):
+        super().__init__()
+        self.scale, self.ce_weight, self.gather = scale, ce_weight, gather
+
+    def scores(self, point: Tensor, counter: Tensor, negative: Tensor, text_id: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(scores [B, C], target [B], masked [B, C]) from sim vectors [B, D] and text ids [3, B]; C = 2B, or
+        2·B·world with ``gather`` under DDP. Masked entries are −inf in ``scores``."""
+        batch = point.shape[0]
+        query_text, positive_text, negative_text = text_id
+        counters, negatives = counter, negative
+        offset = 0
+        if self.gather:
+            counters, negatives = gather_with_grad(counter), gather_with_grad(negative)
+            positive_all, negative_all = _gather_ids(positive_text), _gather_ids(negative_text)
+            offset = (dist.get_rank() if _group() else 0) * batch
+        else:
+            positive_all, negative_all = positive_text, negative_text
+        candidates = F.normalize(torch.cat([counters, negatives]).float(), dim=-1)
+        candidate_text = torch.cat([positive_all, negative_all])
+        target = torch.arange(batch, device=point.device) + offset
+        scores = self.scale * F.normalize(point.float(), dim=-1) @ candidates.T
+        masked = same_text_mask(query_text, positive_text, candidate_text, target)
+        return scores.masked_fill(masked, float("-inf")), target, masked
+
+    def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings,
+                text_id: Tensor | None = None) -> LossOutput:
+        if text_id is None:
+            raise ValueError("InfoNCELoss needs the text ids of the batch (duplicate texts must be masked)")
+        scores, target, masked = self.scores(point.sim, counter.sim, negative.sim, text_id)
+        infonce = F.cross_entropy(scores, target)
+        ce_pos, ce_neg, features, head_input = _pair_cross_entropy(model, point, counter, negative)
+        total = infonce + self.ce_weight * (ce_pos + ce_neg)
+        parts = _parts(("loss", "infonce", "ce_pos", "ce_neg", "masked"),
+                       [total, infonce, ce_pos, ce_neg, masked.sum(1).float().mean()])
+        return LossOutput(total, parts, features, head_input)
+
+
+#: ``loss.name`` → the loss and the ``loss.*`` keys it reads (every other ``loss.*`` key must keep its default)
+LOSSES = {
+    "triplet_ce": (TripletCELoss, ("margin", "triplet_weight", "ce_weight")),
+    "infonce": (InfoNCELoss, ("scale", "ce_weight", "gather")),
+}
+
+
+def build_loss(loss_cfg) -> nn.Module:
+    """The loss named by ``loss_cfg.name`` (see :data:`LOSSES`), built from the ``loss.*`` keys it reads."""
+    cls, keys = LOSSES[loss_cfg.name]
+    return cls(**{key: loss_cfg[key] for key in keys})

@@ -42,7 +42,7 @@ from .config import (
 )
 from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
 from .evaluate import retrieve_rerank
-from .loss import LossOutput, TripletCELoss
+from .loss import LossOutput, build_loss
 from .model import (
     BiModel,
     Embeddings,
@@ -106,18 +106,19 @@ class TripletStep(nn.Module):
     """The whole training forward (triplet batch → :class:`LossOutput`) as one module, so DDP wraps all of it.
 
     Takes token ids (encoder trained) or the cached pooled vectors [3B, hidden] (encoder frozen), ordered
-    points, counters, negatives.
+    points, counters, negatives, and their text ids [3B] in the same order (``PairedSplit.text_id``: the loss
+    masks duplicate texts with them).
     """
 
-    def __init__(self, model: BiModel, loss_fn: TripletCELoss):
+    def __init__(self, model: BiModel, loss_fn: nn.Module):
         super().__init__()
         self.model, self.loss_fn = model, loss_fn
 
     def forward(self, pooled: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> LossOutput:
+                attention_mask: torch.Tensor | None = None, text_id: torch.Tensor | None = None) -> LossOutput:
         emb = self.model.from_pooled(pooled) if pooled is not None else self.model.embed(input_ids, attention_mask)
         point, counter, negative = emb.chunk(3)
-        return self.loss_fn(self.model, point, counter, negative)
+        return self.loss_fn(self.model, point, counter, negative, None if text_id is None else text_id.view(3, -1))
 
 
 def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
@@ -181,7 +182,7 @@ class Runner:
         else:
             self.tokens = {name: TokenizedTexts(s.texts, tokenizer, cfg.model.max_length) for name, s in self.splits.items()}
             groups.insert(0, {"params": self.model.encoder.parameters(), "lr": cfg.trainer.lr})
-        self.loss_fn = TripletCELoss(cfg.loss.margin, cfg.loss.triplet_weight, cfg.loss.ce_weight)
+        self.loss_fn = build_loss(cfg.loss)
         step = TripletStep(self.model, self.loss_fn)
         if distributed.world_size() > 1:
             step = nn.parallel.DistributedDataParallel(
@@ -249,17 +250,20 @@ class Runner:
                           pin_memory=self.device.type == "cuda")
 
     def batches(self, epoch: int, negatives: MinedNegatives):
-        """This epoch's batches: yields (rows [B, 3] of (point, counter, negative), :class:`TripletStep` inputs).
+        """This epoch's batches: yields (rows [B, 3] of (point, counter, negative), :class:`TripletStep` inputs,
+        with the rows' text ids [3B]).
 
         Frozen encoder: the cached pooled vectors of every triplet are gathered once per epoch into one
         [Q, 3, hidden] tensor on the device, in the order of a seeded permutation, and sliced: no DataLoader, no
         per-batch gathering. Trained encoder: a DataLoader pads the token batches (with workers if asked).
         """
         split = self.splits["train"]
+        text_id = torch.tensor(split.text_id, device=self.device)
         if not self.frozen:
             for batch in self.loader(epoch, negatives):
-                rows = batch.pop("rows").numpy()
-                yield rows, {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                rows = batch.pop("rows")
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                yield rows.numpy(), {**batch, "text_id": text_id[rows.T.reshape(-1).to(self.device)]}
             return
         if distributed.world_size() > 1:
             sampler = DistributedSampler(range(split.n_pairs), num_replicas=distributed.world_size(),
@@ -269,12 +273,13 @@ class Runner:
         else:
             order = torch.randperm(split.n_pairs, generator=self.loader_generator).numpy()
         rows = triplet_rows(split, negatives)[order]  # [Q, 3]
-        gathered = self.pooled["train"][torch.from_numpy(rows)]  # [Q, 3, hidden] on the device
+        index = torch.from_numpy(rows).to(self.device)
+        gathered = self.pooled["train"][index]  # [Q, 3, hidden] on the device
         size = self.cfg.trainer.batch_size
         for start in range(0, len(rows), size):
             # points, then counters, then negatives, as TripletStep splits them
             yield rows[start:start + size], {"pooled": gathered[start:start + size].transpose(0, 1).reshape(
-                -1, gathered.shape[-1])}
+                -1, gathered.shape[-1]), "text_id": text_id[index[start:start + size].T.reshape(-1)]}
 
     def train_epoch(self, epoch: int, negatives: MinedNegatives) -> dict[str, float]:
         """One pass over the training pairs with this epoch's negatives; returns mean loss parts and internals.
