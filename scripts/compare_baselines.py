@@ -1,14 +1,11 @@
 #!/usr/bin/env python
-"""Does any cell beat the untrained encoder? Paired test of every cell against zero-shot and TF-IDF on test.
+"""Does any cell beat the untrained encoder? The table of ``plot_top1.py <sweep> --baselines`` alone: no figure,
+nothing written.
 
     python scripts/compare_baselines.py logs/sweeps/<time> [--queries all|unseen|seen] [--n-boot 10000]
 
-For each cell of the sweep (its complete runs), the per-query test top-1 at the best val epoch (``test_hits.npy``)
-is compared with the zero-shot MiniLM cosine and TF-IDF top-1 of the same queries and pools (the epa task =
-the per-epoch pool), by the two-level paired bootstrap of ``biencoder.summary`` (seeds, then queries; a baseline
-has no seeds, so its row is repeated). One Holm family over every row of the table. ``--queries unseen`` keeps the
-test queries whose texts occur in no training or validation pair the runs used (``test_seen.npy``).
-The encoder's vectors come from the embedding cache the runs filled (the runs' own model config).
+Every cell against zero-shot and TF-IDF on the same test queries, each from the cell's own config; see
+:mod:`biencoder.report.baselines`.
 """
 
 from __future__ import annotations
@@ -16,57 +13,21 @@ from __future__ import annotations
 import argparse
 import sys
 
-import numpy as np
-import torch
-
-from biencoder.cache import cached_pooled, encoder_fingerprint
-from biencoder.corpus import read_corpus
-from biencoder.model import build_model
-from biencoder.summary import assign_cells, find_runs, holm, paired_bootstrap, verdict
-from biencoder.tasks import _cosine, candidate_types, query_ranks, task_masks, tfidf_scores
+from biencoder.errors import command
+from biencoder.report.baselines import baseline_markdown, baseline_table
+from biencoder.report.runs import QUERY_GROUPS, assign_cells, find_runs
 
 
-def baseline_hits(run) -> dict[str, np.ndarray]:
-    """Per-query epa top-1 of zero-shot cosine and TF-IDF on the test split this run used."""
-    cfg = run.config
-    split = read_corpus(cfg["data"]["root"]).used(cfg["data"]["dedup"]).paired("test", cfg["data"]["max_debates"])
-    model, tokenizer = build_model(cfg["model"], progress=False)
-    pooled = cached_pooled(model, tokenizer, split.texts, cfg["model"]["max_length"], cfg["trainer"]["cache_dir"],
-                           encoder_fingerprint(model.encoder))
-    mask = task_masks(candidate_types(split))["epa"]
-    scores = {"zero-shot": _cosine(pooled[split.query], pooled), "TF-IDF": tfidf_scores(split)}
-    return {name: query_ranks(s, mask, split.counter) == 1 for name, s in scores.items()}
-
-
-def main(argv=None) -> int:
+@command
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+")
-    parser.add_argument("--queries", choices=("all", "unseen", "seen"), default="all")
+    parser.add_argument("paths", nargs="+", help="logs folder(s) or run folders, searched recursively")
+    parser.add_argument("--queries", choices=QUERY_GROUPS, default="all")
     parser.add_argument("--n-boot", type=int, default=10000)
     args = parser.parse_args(argv)
-    runs = [r for r in find_runs(args.paths) if r.complete and r.hits is not None]
+    runs = find_runs(args.paths)
     assign_cells(runs)
-    if not runs[0].config["model"]["encoder"]["freeze"]:
-        print("error: the zero-shot vectors come from the embedding cache of frozen-encoder runs", file=sys.stderr)
-        return 2
-    torch.set_grad_enabled(False)
-    base = baseline_hits(runs[0])
-    seen = np.load(runs[0].path / "test_seen.npy")
-    keep = {"all": np.ones_like(seen), "unseen": ~seen, "seen": seen}[args.queries]
-    print(f"test queries: {args.queries} ({int(keep.sum())} of {len(keep)}); "
-          + ", ".join(f"{name} top-1 {hits[keep].mean():.3f}" for name, hits in base.items()))
-    rows = []
-    for cell in sorted({r.cell for r in runs}):
-        hits = np.stack([r.hits for r in runs if r.cell == cell]).astype(float)[:, keep]
-        for name, b in base.items():
-            diff, low, high, p = paired_bootstrap(hits, np.tile(b[keep].astype(float), (len(hits), 1)), args.n_boot)
-            rows.append((cell, len(hits), hits.mean(), name, diff, low, high, p))
-    adjusted = holm([r[-1] for r in rows])
-    print(f"| cell | seeds | test top1 | vs | Δ | 95% CI (seeds+queries) | p | p (Holm, {len(rows)}) | verdict |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for (cell, n, mean, name, diff, low, high, p), p_adj in zip(rows, adjusted):
-        print(f"| {cell} | {n} | {mean:.3f} | {name} | {diff:+.3f} | [{low:+.3f}, {high:+.3f}] | {p:.3f} | {p_adj:.3f} | "
-              f"{verdict(diff, p_adj)} |")
+    print(baseline_markdown(baseline_table(runs, args.queries, args.n_boot), args.queries))
     return 0
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from biencoder.config import ConfigError
-from biencoder.summary import assign_cells, find_runs, paired_comparisons, summary_table
+from biencoder.report.runs import assign_cells, find_runs
+from biencoder.report.tables import paired_comparisons, summary_table
 from biencoder.train import run
 from conftest import FAST, REPO, compose_cfg
 
