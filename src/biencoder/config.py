@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from .errors import BiencoderError
+
 POOLINGS = ("pooler", "cls", "mean")
 FUSIONS = ("concat", "sim", "cls")
 SIM_INITS = ("random", "pca")
@@ -41,7 +43,7 @@ def is_non_result_key(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
 
 
-class ConfigError(ValueError):
+class ConfigError(BiencoderError, ValueError):
     """A config value that cannot work; the message names the key and a fix."""
 
 
