@@ -137,3 +137,19 @@ def test_unknown_keys_are_refused_even_with_plus():
     with pytest.raises(ConfigError, match=r"unknown config key trainer\.foo:"):
         validate(compose_cfg(["+trainer.foo=1"]))
     validate(compose_cfg(["model=tiny", "+model.encoder.random_init.hidden_dropout_prob=0.2"]))  # free-form
+
+
+def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
+    """A resumed folder without last.pt (killed after logging epoch 0 but before its checkpoint, or last.pt
+    deleted) starts over: metrics.jsonl is emptied first, and the log says so with the count of rows dropped."""
+    from biencoder.state import read_metrics
+
+    out = tmp_path / "run"
+    overrides = FAST + ["trainer.max_epochs=1", "eval.tasks=false"]
+    run(compose_cfg(overrides), out)
+    rows = len(read_metrics(out / "metrics.jsonl")[0])
+    (out / "final.json").unlink()  # unfinished again; a finished run keeps no last.pt (trainer.keep_last=false)
+    assert rows > 0 and not (out / "last.pt").exists()
+    run(compose_cfg(overrides + ["trainer.resume=true"]), out)
+    assert f"no last.pt: {rows} rows of metrics.jsonl dropped, starting over" in (out / "train.log").read_text()
+    assert len(read_metrics(out / "metrics.jsonl")[0]) == rows  # the epoch logged once, not twice
