@@ -2,6 +2,8 @@
 
 import importlib
 import pkgutil
+import subprocess
+import sys
 
 import pytest
 
@@ -50,3 +52,13 @@ def test_command_turns_bad_input_into_one_line_and_exit_2_and_keeps_bugs_loud(ca
 def test_every_argparse_command_goes_through_the_one_path(module):
     main = importlib.import_module(f"biencoder.{module}").main
     assert main.__wrapped__ is not None and main.__code__ is command(lambda argv=None: 0).__code__
+
+
+def test_a_reader_that_leaves_ends_the_command_quietly():
+    """``biencoder-plot ... | head``: the rest of the output has no reader; exit 0, nothing on stderr."""
+    code = ("import sys\nfrom biencoder.errors import command\n@command\ndef main(argv=None):\n"
+            "    for _ in range(20000):\n        print('x' * 99)\n    return 0\nsys.exit(main())\n")
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert writer.stdout.read(10) == b"x" * 10
+    writer.stdout.close()  # the reader leaves after 10 of 2 MB
+    assert writer.wait(timeout=60) == 0 and writer.stderr.read() == b""

@@ -9,6 +9,7 @@ Every error a person can fix by changing an input (a config value, a corpus, a f
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Callable
 
@@ -28,7 +29,8 @@ def report(err: BaseException, code: int = BAD_INPUT) -> int:
 
 def command(main: Callable[..., int]) -> Callable[..., int]:
     """Decorate an argparse ``main(argv=None) -> int`` so that a :class:`BiencoderError` ends it with one line on
-    stderr and exit code :data:`BAD_INPUT`; anything else (a bug) keeps its traceback."""
+    stderr and exit code :data:`BAD_INPUT`; a reader that left (``... | head``) ends it quietly with 0, as in the
+    Hydra apps; anything else (a bug) keeps its traceback."""
 
     @functools.wraps(main)
     def run(argv: list[str] | None = None) -> int:
@@ -36,5 +38,8 @@ def command(main: Callable[..., int]) -> Callable[..., int]:
             return main(argv)
         except BiencoderError as err:
             return report(err)
+        except BrokenPipeError:  # nothing went wrong here; the rest of the output has nobody to read it
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes
+            return 0
 
     return run
