@@ -2,7 +2,7 @@
 
 ``results/gpu-h100-2026-11-23/`` holds the run folders of the fine-tuning runs on one H100 (2026-11-23) and the
 output of ``scripts/bench.py`` there. These tests re-derive the headline numbers from those folders with the
-project's own code (``biencoder.summary``, ``biencoder.stability``) and check that every table row and sentence of
+project's own code (``biencoder.report``) and check that every table row and sentence of
 the docs that quotes them holds exactly those numbers, so the text cannot drift from the logs. Two kinds of number
 need more than the logs and are read from the tables the scripts wrote from them: the 95 % intervals (10 000
 bootstrap resamples per cell; the slow test recomputes them) and the paired tests against zero-shot and TF-IDF
@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from biencoder.stability import run_outcomes
-from biencoder.summary import assign_cells, find_runs, paired_comparisons, summary_table
+from biencoder.report.stability import run_outcomes
+from biencoder.report.runs import assign_cells, find_runs
+from biencoder.report.tables import paired_comparisons, summary_table
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "results"

@@ -41,6 +41,9 @@ def test_the_wheel_runs_from_another_folder(tmp_path):
     stats = subprocess.run([str(venv / "bin" / "biencoder-corpus"), "stats", "demo"], capture_output=True, text=True,
                            cwd=elsewhere, env=env)
     assert stats.returncode == 0 and "pairs" in stats.stdout
+    plot = subprocess.run([str(venv / "bin" / "biencoder-plot"), str(elsewhere)], capture_output=True, text=True,
+                          cwd=elsewhere, env=env)  # biencoder.report ships in the wheel too
+    assert plot.returncode == 2 and "no run folders" in plot.stderr, plot.stderr
 
 
 def test_console_script_tab_completion(tmp_path):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from biencoder.config import ConfigError
-from biencoder.summary import assign_cells, find_runs, paired_comparisons, summary_table
+from biencoder.report.runs import assign_cells, find_runs
+from biencoder.report.tables import paired_comparisons, summary_table
 from biencoder.train import run
 from conftest import FAST, REPO, compose_cfg
 
@@ -196,3 +197,19 @@ def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
     # a run recorded before device and precision were resolved is not checked on them, as before
     as_before_the_record(out)
     assert run(compose_cfg(cfg + ["trainer.resume=true"]), out) == json.loads((out / "final.json").read_text())
+
+
+def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
+    """A resumed folder without last.pt (killed after logging epoch 0 but before its checkpoint, or last.pt
+    deleted) starts over: metrics.jsonl is emptied first, and the log says so with the count of rows dropped."""
+    from biencoder.state import read_metrics
+
+    out = tmp_path / "run"
+    overrides = FAST + ["trainer.max_epochs=1", "eval.tasks=false"]
+    run(compose_cfg(overrides), out)
+    rows = len(read_metrics(out / "metrics.jsonl")[0])
+    (out / "final.json").unlink()  # unfinished again; a finished run keeps no last.pt (trainer.keep_last=false)
+    assert rows > 0 and not (out / "last.pt").exists()
+    run(compose_cfg(overrides + ["trainer.resume=true"]), out)
+    assert f"no last.pt: {rows} rows of metrics.jsonl dropped, starting over" in (out / "train.log").read_text()
+    assert len(read_metrics(out / "metrics.jsonl")[0]) == rows  # the epoch logged once, not twice

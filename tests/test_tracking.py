@@ -2,6 +2,7 @@
 and a resumed run stays one run with no step logged twice."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -130,3 +131,23 @@ def test_a_missing_tracker_package_is_one_line(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow package: pip install -e '.\[tracking\]'"):
         validate(compose_cfg(FAST + ["logger=mlflow"]))
     torch.manual_seed(0)  # nothing else to undo
+
+
+def test_tracking_json_is_replaced_atomically_never_rewritten_in_place(tmp_path):
+    """tracking.json goes to a temporary name and is renamed over the old file, like every other run file: a kill
+    mid-write leaves the old file or the new one, never a torn one that blocks resume. A rename gives the path a new
+    inode; a write in place keeps the old one (and a second link to it sees the torn bytes)."""
+    from biencoder.tracking import Tracker
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    state_file = folder / "tracking.json"
+    state_file.write_text('{"note": "from the killed attempt"}\n')
+    os.link(state_file, tmp_path / "second_link")
+    tracker = Tracker(compose_cfg(BASE + ["logger=tensorboard"]), folder, "runs", "ln")
+    tracker.open(first_epoch=0)
+    tracker.finish({})
+    assert json.loads(state_file.read_text()) == {"note": "from the killed attempt"}
+    assert state_file.read_text().endswith("}\n")  # the file's format as before: indented JSON and a newline
+    assert not state_file.samefile(tmp_path / "second_link")  # replaced, not rewritten
+    assert sorted(p.name for p in folder.iterdir()) == ["tensorboard", "tracking.json"]  # no temporary file left

@@ -211,7 +211,7 @@ def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
     interval with the query count, a legend, and the best epoch counted from 0 (as in metrics.jsonl)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from biencoder.summary import wilson
+    from biencoder.report.statistics import wilson
     from biencoder.train import summary_text
 
     out, final = demo_run
@@ -232,7 +232,7 @@ def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
 
 
 def test_wilson_interval_known_values():
-    from biencoder.summary import wilson
+    from biencoder.report.statistics import wilson
 
     assert wilson(0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)  # z²/(n+z²)
     assert wilson(10, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)

@@ -32,11 +32,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from .errors import BiencoderError
+
 log = logging.getLogger("biencoder")
 FORMAT = 2  # 2: the tokenizer is part of the key
 
 
-class CacheError(RuntimeError):
+class CacheError(BiencoderError, RuntimeError):
     """The cache folder cannot be used (e.g. not writable); the message says how to fix it."""
 
 

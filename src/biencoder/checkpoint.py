@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 from .model import BiModel, bimodel
 
 

@@ -16,12 +16,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from .errors import ConfigError  # noqa: F401 - re-exported: the apps and tests import it from here
+from .runtime import DEVICES, PRECISIONS
+
 POOLINGS = ("pooler", "cls", "mean")
 FUSIONS = ("concat", "sim", "cls")
 SIM_INITS = ("random", "pca")
 RETRIEVE_SPACES = ("sim", "encoder")
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
 
@@ -41,10 +42,6 @@ NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.
 def is_non_result_key(key: str) -> bool:
     """True for a dotted key covered by :data:`NON_RESULT_KEYS`."""
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the key and a fix."""
 
 
 # -- the schema: registered with Hydra's ConfigStore as the base of conf/config.yaml, so composition rejects
@@ -461,6 +458,22 @@ def _one_line(err: BaseException) -> str:
     return first
 
 
+def _into_null(overrides: list[str]) -> str:
+    """One line for Hydra's "AssertionError: Unexpected type for root: NoneType", raised when an override sets a key
+    inside a node that is null in the schema: ``+logger.mlflow.experiment=x`` without ``logger=mlflow``."""
+    nulls = [k for k, v in flatten(OmegaConf.to_container(OmegaConf.structured(Schema))).items() if v is None]
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        node = next((n for n in nulls if key.startswith(n + ".")), None)
+        if node is None:
+            continue
+        group, _, option = node.partition(".")
+        if (Path(conf_dir()) / group / f"{option}.yaml").is_file():  # an optional subtree a config group turns on
+            return f"{override} sets a key of {node}, which is off: add {group}={option} to turn it on"
+        return f"{override} sets a key inside {node}, which is null in this config: set {node} in a config file first"
+    return "an override sets a key inside a config node that is null: select the config group that fills it first"
+
+
 def conf_dir() -> str:
     """The config tree: ``biencoder/conf`` inside an installed wheel, else ``conf/`` at the top of the repository
     (an editable install or a checkout)."""
@@ -485,6 +498,11 @@ def hydra_cli(app) -> None:
         return app()
     except (HydraException, OmegaConfBaseException) as err:
         print(f"error: {_one_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    except AssertionError as err:  # OmegaConf.update into a null node, asserted instead of raised
+        if "Unexpected type for root" not in str(err):
+            raise
+        print(f"error: {_into_null(sys.argv[1:])}", file=sys.stderr)
         sys.exit(2)
     except ValueError as err:
         if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else

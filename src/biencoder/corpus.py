@@ -26,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .errors import BiencoderError, command
+
 SPLITS = ("training", "validation", "test")
 #: the names printed everywhere (logs, metrics, tables, JSON) -> the corpus's folder names; either is accepted
 SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
@@ -47,7 +49,7 @@ ARGUMENT_COLUMNS = ["split", "theme", "debate", "stance", "number", "kind", "con
 PAIR_COLUMNS = ["split", "theme", "debate", "stance", "pair_id", "point_text", "counter_text"]
 
 
-class CorpusError(ValueError):
+class CorpusError(BiencoderError, ValueError):
     """The corpus on disk cannot be read as the ArguAna counterargs layout; the message says what to fix."""
 
 
@@ -390,6 +392,7 @@ def format_stats(counts: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m biencoder.corpus", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -400,11 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     start = time.perf_counter()
-    try:
-        corpus = read_corpus(args.root)
-    except CorpusError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    corpus = read_corpus(args.root)
     overlap = corpus.overlap()
     if args.json:
         print(json.dumps({"splits": corpus.counts, "overlap": overlap,

@@ -20,7 +20,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
 from .config import (
     ConfigError,
@@ -34,6 +34,7 @@ from .config import (
 )
 from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
 from .corpus import split_name as canonical_split
+from .errors import BiencoderError
 from .model import (
     BiModel,
     Embeddings,
@@ -181,7 +182,7 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         run_evaluation(cfg, out_dir)
-    except (ConfigError, CorpusError, CacheError) as err:
+    except BiencoderError as err:
         fail(err, out_dir)
 
 

@@ -30,6 +30,7 @@ from torch import nn
 
 from .checkpoint import load_checkpoint
 from .config import ConfigError
+from .errors import command
 from .model import Embeddings, PairHead
 
 CLASSIFIER = "pair_classifier"
@@ -125,17 +126,14 @@ def embed(model, texts: list[str], batch_size: int = 64) -> Embeddings:
     return Embeddings(model.encode(texts, **kwargs).cpu().float(), pooled_model.encode(texts, **kwargs).cpu().float())
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m biencoder.export",
                                      description="Export a run as a sentence-transformers model + pair classifier.")
     parser.add_argument("run", help="a run folder of biencoder.train (or its best.pt)")
     parser.add_argument("out_dir", help="a new (or empty) folder for the sentence-transformers model")
     args = parser.parse_args(argv)
-    try:
-        out = export(args.run, args.out_dir)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    out = export(args.run, args.out_dir)
     print(f"sentence-transformers model: {out}  (SentenceTransformer('{out}').encode(texts) = the sim embeddings)\n"
           f"pair classifier: {out / CLASSIFIER}  (biencoder.export.load_pair_classifier('{out}'))")
     return 0

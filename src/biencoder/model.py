@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from .config import ConfigError
+from .errors import ConfigError
 
 
 @dataclass

@@ -46,22 +46,22 @@ def forbidden_texts(split: PairedSplit) -> np.ndarray:
     return np.stack([split.text_id[split.query], split.text_id[split.counter]], axis=1)
 
 
-def _first_allowed(tree: NeighbourIndex, rows: np.ndarray, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
+def _first_allowed(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
                    text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest row of ``rows`` (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none."""
+    """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none."""
     best = np.full(len(queries), -1)
     dist = np.full(len(queries), np.inf)
     todo = np.arange(len(queries))
     while len(todo):
-        k = min(k, len(rows))
+        k = min(k, tree.n)
         d, i = tree.query(sim[queries[todo]], k)
-        cand = rows[i]  # [T, k] rows of the split table, nearest first
+        cand = i  # [T, k] rows of the split table, nearest first
         ok = np.all(text_id[cand][:, :, None] != banned[todo][:, None, :], axis=2)
         found = ok.any(axis=1)
         first = ok.argmax(axis=1)
         best[todo[found]] = cand[found, first[found]]
         dist[todo[found]] = d[found, first[found]]
-        if k == len(rows):
+        if k == tree.n:
             break
         todo, k = todo[~found], 2 * k
     return best, dist
@@ -84,8 +84,7 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
     text_id = split.text_id
     banned = forbidden_texts(split)
     queries = split.query
-    rows = np.arange(len(text_id))
-    row, _ = _first_allowed(NeighbourIndex(sim, index, device), rows, sim, queries, banned, text_id, n_neighbors)
+    row, _ = _first_allowed(NeighbourIndex(sim, index, device), sim, queries, banned, text_id, n_neighbors)
     if (row < 0).any():
         raise ValueError("a pair has no eligible negative: the split needs at least one argument with another text")
 

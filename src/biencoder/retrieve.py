@@ -30,17 +30,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
-from .config import ConfigError
-from .corpus import CorpusError, read_corpus, split_name
+from .corpus import read_corpus, split_name
+from .errors import BiencoderError, command
 from .model import Embeddings, TokenizedTexts, embed_pooled, encode_pooled, pair_margins
 from .search import NeighbourIndex
 
 DEFAULT_CACHE = os.environ.get("BIENCODER_CACHE_DIR", "~/.cache/biencoder")
 
 
-class InputError(ValueError):
+class InputError(BiencoderError, ValueError):
     """A query or candidate input that cannot be used; the message names it and the fix."""
 
 
@@ -174,7 +174,7 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "…"
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m biencoder.retrieve",
         description="Retrieve counter-arguments for new arguments with a trained run (retrieve, then rerank).")
@@ -195,32 +195,39 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-dir", default=DEFAULT_CACHE, help="embedding cache (default %(default)s)")
     parser.add_argument("--no-cache", action="store_true", help="embed the candidates without the cache")
     parser.add_argument("--width", type=int, default=100, help="text width in the terminal table")
-    args = parser.parse_args(argv)
-    try:
-        if args.k < 1:
-            raise InputError(f"-k {args.k} is not valid: ask for at least 1 candidate")
-        queries = list(args.query)
-        if args.queries is not None:
-            queries += read_texts(args.queries, "--queries")[0]
-        if not args.query and args.queries is None:
-            if sys.stdin.isatty():
-                raise InputError("no query: pass --query \"text\", --queries FILE, or pipe queries on stdin")
-            queries = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
-        if not queries or any(not q.strip() for q in queries):
-            raise InputError("an empty query: every query needs some text")
-        if args.corpus is not None:
-            texts, ids = corpus_candidates(args.corpus, args.split)
-        else:
-            texts, ids = read_texts(args.candidates, "--candidates", args.text_column, args.id_column)
-        start = time.time()
-        retriever = Retriever(args.run, texts, ids, args.device, None if args.no_cache else args.cache_dir)
-        loaded = time.time() - start
-        start = time.time()
-        results = retriever.search(queries, args.k)
-        searched = time.time() - start
-    except (InputError, ConfigError, CorpusError, CacheError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def _queries(args: argparse.Namespace) -> list[str]:
+    """The query texts of --query, --queries or stdin; :class:`InputError` for none or an empty one."""
+    queries = list(args.query)
+    if args.queries is not None:
+        queries += read_texts(args.queries, "--queries")[0]
+    if not args.query and args.queries is None:
+        if sys.stdin.isatty():
+            raise InputError("no query: pass --query \"text\", --queries FILE, or pipe queries on stdin")
+        queries = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+    if not queries or any(not q.strip() for q in queries):
+        raise InputError("an empty query: every query needs some text")
+    return queries
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.k < 1:
+        raise InputError(f"-k {args.k} is not valid: ask for at least 1 candidate")
+    queries = _queries(args)
+    if args.corpus is not None:
+        texts, ids = corpus_candidates(args.corpus, args.split)
+    else:
+        texts, ids = read_texts(args.candidates, "--candidates", args.text_column, args.id_column)
+    start = time.time()
+    retriever = Retriever(args.run, texts, ids, args.device, None if args.no_cache else args.cache_dir)
+    loaded = time.time() - start
+    start = time.time()
+    results = retriever.search(queries, args.k)
+    searched = time.time() - start
     records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results)]
     if args.json:
         print(json.dumps(records, indent=2, ensure_ascii=False))

@@ -210,8 +210,14 @@ class RunFolder:
         append_rows(self.metrics, rows)
 
     def truncate(self, last_epoch: int) -> int:
-        """Drop metric rows after ``last_epoch`` (an epoch logged but not checkpointed); returns how many."""
-        return truncate_metrics(self.metrics, last_epoch)
+        """Drop metric rows after ``last_epoch`` (an epoch logged but not checkpointed); returns how many.
+
+        ``last_epoch`` -1 (no ``last.pt``: the run starts over) drops every row, and says so in a warning with the
+        count, since those rows are the only record of the epochs the run already went through."""
+        dropped = truncate_metrics(self.metrics, last_epoch)
+        if last_epoch < 0 and dropped:
+            log.warning("%s: no last.pt: %d rows of metrics.jsonl dropped, starting over", self.path, dropped)
+        return dropped
 
     def save_state(self, state: dict) -> None:
         save_atomic(state, self.last)

@@ -16,7 +16,11 @@ from typing import Mapping
 
 import torch
 
-from .config import DEVICES, PRECISIONS, ConfigError
+from .errors import ConfigError
+
+#: the choices of trainer.device and trainer.precision (validated here and by config.validate)
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
 
 log = logging.getLogger("biencoder")
 

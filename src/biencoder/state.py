@@ -17,13 +17,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .errors import BiencoderError
+
 log = logging.getLogger("biencoder")
 
-#: what ``final.json``'s ``status`` can say; only ``done`` is a finished run
-STATUSES = ("done", "failed", "diverged")
-
-
-class RunFolderError(ValueError):
+class RunFolderError(BiencoderError, ValueError):
     """A run folder that cannot be used as asked (e.g. a corrupt file); the message says what to do."""
 
 
@@ -40,9 +38,14 @@ def _replace_atomic(path: Path, write) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) so that a reader never sees half a file (temp file + fsync + rename)."""
+    _replace_atomic(path, lambda f: f.write(text.encode()))
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON so that a reader never sees half a file (temp file + fsync + rename)."""
-    _replace_atomic(path, lambda f: f.write(json.dumps(obj, indent=2).encode()))
+    """Write JSON (indent 2, no final newline) so that a reader never sees half a file."""
+    write_text_atomic(path, json.dumps(obj, indent=2))
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -92,7 +95,7 @@ def truncate_metrics(path: Path, last_epoch: int) -> int:
     rows, torn = read_metrics(path)
     keep = [row for row in rows if row.get("epoch", -1) <= last_epoch]
     if len(keep) != len(rows) or torn:
-        _replace_atomic(path, lambda f: f.write("".join(json.dumps(r) + "\n" for r in keep).encode()))
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
     return len(rows) - len(keep)
 
 

@@ -21,7 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .corpus import CorpusError, PairedSplit, read_corpus, split_name
+from .corpus import PairedSplit, read_corpus, split_name
+from .errors import command
 from .model import BiModel, Embeddings, pair_margins
 
 TYPES = ("debate-same-counter", "debate-oppo-counter", "debate-oppo-point", "debate-same-point",
@@ -73,11 +74,6 @@ def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> n
     return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
 
 
-def rank_metrics(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> dict[str, float]:
-    """Accuracy@1 and MRR given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns [Q]."""
-    return _rank_summary(query_ranks(scores, mask, true_col))
-
-
 def _cdist(a: torch.Tensor, b: torch.Tensor, block: int = 1024) -> np.ndarray:
     return np.concatenate([torch.cdist(a[i:i + block].double(), b.double()).float().numpy() for i in range(0, len(a), block)])
 
@@ -93,6 +89,22 @@ def tfidf_scores(split: PairedSplit) -> np.ndarray:
 
     matrix = TfidfVectorizer(sublinear_tf=True).fit_transform(split.texts)  # rows are L2-normalised
     return (matrix[split.query] @ matrix.T).toarray().astype(np.float32)
+
+
+#: the two baselines every trained cell is compared with: score name (as in :func:`evaluate_tasks`) -> label
+BASELINES = {"encoder_cosine": "zero-shot", "tfidf": "TF-IDF"}
+
+
+def baseline_ranks(split: PairedSplit, pooled: torch.Tensor) -> dict[str, np.ndarray]:
+    """Per query, the rank of its true counter in the epa pool (the per-epoch top-1's pool) under each of
+    :data:`BASELINES`: ``{"encoder_cosine": [Q], "tfidf": [Q]}``, ranks from 1 (ties count against).
+
+    ``pooled``: [2Q, H] pooled vectors of the split's rows from the untrained encoder (zero-shot cosine); TF-IDF is
+    fit on the split's texts. The mean of ``rank == 1`` is what ``evaluate_tasks(split, score)["epa"]`` reports.
+    """
+    mask = task_masks(candidate_types(split))["epa"]
+    scores = {"encoder_cosine": _cosine(pooled[split.query], pooled), "tfidf": tfidf_scores(split)}
+    return {name: query_ranks(s, mask, split.counter) for name, s in scores.items()}
 
 
 def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None, emb: Embeddings | None = None,
@@ -200,6 +212,7 @@ def format_tasks(results: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+@command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m biencoder.tasks",
                                      description="Pool sizes of the 8 official tasks (queries, false candidates).")
@@ -208,12 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the split (the corpus's folder names training/validation work too)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    try:
-        name = split_name(args.split)
-        split = read_corpus(args.root).paired(name)
-    except CorpusError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    split = read_corpus(args.root).paired(split_name(args.split))
     sizes = pool_sizes(split)
     if args.json:
         print(json.dumps(sizes, indent=2))

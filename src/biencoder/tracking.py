@@ -24,10 +24,19 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from .config import ConfigError, flatten
+from .state import write_text_atomic
 
 #: logger → (module it needs, pip extra)
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
 ROW_KEYS = ("epoch", "split", "variant", "seed")
+#: a run's tracker state beside its metrics: the MLflow run (and store) a resumed run continues
+STATE_FILE = "tracking.json"
+
+
+def saved_state(folder: Path) -> dict:
+    """The tracker state of a run folder (``tracking.json``: ``mlflow_run_id``, ``mlflow_tracking_uri``), or {}."""
+    path = Path(folder) / STATE_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def selected(cfg: DictConfig) -> list[str]:
@@ -155,14 +164,14 @@ class Tracker:
     def __init__(self, cfg: DictConfig, folder: Path, experiment: str, variant: str):
         self.cfg, self.folder, self.experiment, self.variant = cfg, Path(folder), experiment, variant
         self.loggers: list = []
-        self.state_file = self.folder / "tracking.json"
+        self.state_file = self.folder / STATE_FILE
 
     def open(self, first_epoch: int) -> None:
         """Start (or, after a kill, continue) the run in every selected logger."""
         names = selected(self.cfg)
         if not names:
             return
-        state = json.loads(self.state_file.read_text()) if self.state_file.is_file() else {}
+        state = saved_state(self.folder)
         if "tensorboard" in names:
             self.loggers.append(TensorBoardLogger(self.folder / self.cfg.logger.tensorboard.dir, first_epoch))
         if "mlflow" in names:
@@ -170,7 +179,7 @@ class Tracker:
             tags = {"variant": self.variant, "seed": str(self.cfg.seed), "run_folder": str(self.folder),
                     "data": str(self.cfg.data.name)}
             self.loggers.append(MlflowLogger(self.cfg, self.folder, self.experiment, params, tags, state))
-        self.state_file.write_text(json.dumps(state, indent=2) + "\n")
+        write_text_atomic(self.state_file, json.dumps(state, indent=2) + "\n")  # a torn file would block resume
 
     def log_rows(self, rows: list[dict]) -> None:
         for logger in self.loggers:
@@ -181,25 +190,3 @@ class Tracker:
         for logger in self.loggers:
             logger.finish(final, status)
         self.loggers = []
-
-
-def log_summary(run_folders: list[Path], files: list[Path]) -> list[str]:
-    """Attach a sweep summary's figure and tables to the MLflow experiment(s) its runs were tracked in, as a run
-    named ``summary``. Returns the experiment names (none when no run used logger=mlflow)."""
-    states = [json.loads((f / "tracking.json").read_text()) for f in run_folders if (f / "tracking.json").is_file()]
-    states = [s for s in states if "mlflow_run_id" in s]
-    if not states:
-        return []
-    from mlflow.tracking import MlflowClient
-
-    names = []
-    for uri in sorted({s["mlflow_tracking_uri"] for s in states}):
-        client = MlflowClient(tracking_uri=uri)
-        ids = {client.get_run(s["mlflow_run_id"]).info.experiment_id for s in states if s["mlflow_tracking_uri"] == uri}
-        for experiment_id in sorted(ids):
-            summary = client.create_run(experiment_id, run_name="summary", tags={"summary": "true"})
-            for file in files:
-                client.log_artifact(summary.info.run_id, str(file))
-            client.set_terminated(summary.info.run_id, "FINISHED")
-            names.append(client.get_experiment(experiment_id).name)
-    return names

@@ -27,10 +27,9 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import distributed
-from .cache import CacheError, cached_pooled, encoder_fingerprint
+from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import checkpoint_payload
 from .config import (
-    ConfigError,
     conf_dir,
     fail,
     hydra_cli,
@@ -40,7 +39,8 @@ from .config import (
     validate,
     variant_name,
 )
-from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
+from .corpus import PairedSplit, read_corpus, seen_queries
+from .errors import BiencoderError
 from .evaluate import retrieve_rerank
 from .loss import LossOutput, build_loss
 from .model import (
@@ -528,7 +528,7 @@ def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
 def summary_text(final: dict, out_dir: Path) -> str:
     """The one-screen summary printed at the end of a run: metrics with a 95 % interval and the baselines on the
     same queries, what each metric means, the unseen/seen split, the 8 tasks."""
-    from .summary import wilson
+    from .report.statistics import wilson
 
     baselines = final.get("baselines", {})
     k = next(iter(final["best"].values()))["k"]
@@ -629,7 +629,7 @@ def main(cfg: DictConfig) -> float | None:
             out_dir = shared
         experiment = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else "runs"
         final = run(cfg, out_dir, experiment, runtime)
-    except (ConfigError, CorpusError, CacheError, RunFolderError) as err:
+    except BiencoderError as err:
         fail(err, out_dir)
     except Diverged as err:
         if hydra_cfg.mode == RunMode.MULTIRUN:  # one diverged cell must not end the sweep; final.json says it

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import yaml
 
-from biencoder.stability import run_outcomes, stability_tables
-from biencoder.summary import assign_cells, find_runs, main
-from test_summary import write_run
+from biencoder.report.runs import assign_cells, find_runs
+from biencoder.report.stability import run_outcomes, stability_tables
+from biencoder.summary import main
+from test_report_runs import write_run
 
 
 def lr_run(folder, variant, seed, lr, val, status="done"):

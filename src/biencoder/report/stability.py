@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .summary import MARKERS, Run, _best_rows, _queries, cell_colors, draw_baselines, legend_below
+from .figures import MARKERS, cell_colors, draw_baselines, legend_below
+from .runs import Run, best_rows, queries_label
 
 WITHIN = 0.01
 COLLAPSE_DROP = 0.05
@@ -42,7 +43,7 @@ def run_outcomes(runs: list[Run], key: str) -> pd.DataFrame:
         row = {"cell": r.cell, "x": r.flat[key], "seed": r.seed, "diverged": r.status == "diverged",
                "best_val": np.nan, "test_at_best": np.nan, "best_epoch": np.nan, "collapsed": False,
                "post_best_noise": np.nan}
-        best = _best_rows(r, "top1")
+        best = best_rows(r, "top1")
         if best is not None:
             epoch, val_row, test_row = best
             val = r.metrics[r.metrics["split"] == "val"].sort_values("epoch")["top1"].to_numpy()
@@ -142,7 +143,7 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
             ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.15, linewidth=0)
         if runs is not None:  # the zero-shot / TF-IDF top-1 the runs recorded, as reference lines
             draw_baselines(ax, runs, split)
-            title += _queries(runs, split)
+            title += queries_label(runs, split)
         if log_x:
             ax.set_xscale("log")
             ax.minorticks_off()

@@ -1,0 +1,150 @@
+"""Runs and cells: find run folders, read what each holds, and group runs into cells.
+
+A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml`` or Hydra's ``.hydra/config.yaml``),
+and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Runs whose settings differ in anything
+but the seed, the head flags (what the variant says) and the settings that change no result
+(:data:`biencoder.config.NON_RESULT_KEYS`) never share a cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from ..config import is_non_result_key, run_settings
+from ..state import read_final, read_metrics
+from . import SummaryError
+
+SPLITS = ("train", "val", "test")
+METRICS = ("top1", "retrieval_top1", "mrr", "recall_at_k")
+#: groups of test queries: all, those whose texts occur in no training or validation pair the run used (unseen, from
+#: ``test_seen.npy``), and the rest (seen)
+QUERY_GROUPS = ("all", "unseen", "seen")
+#: config keys that never separate cells beyond the settings that change no result (NON_RESULT_KEYS, shared with
+#: the resume check): the seed is aggregated over, and the head flags are what the variant label already says
+GROUPED_OVER = ("seed", "model.head.")
+
+
+@dataclass
+class Run:
+    """One run folder as read by :func:`find_runs`: its config (nested, and ``flat`` with schema defaults), its
+    ``metrics.jsonl`` rows, ``final.json`` (None while unfinished), per-query test hits [Q] and seen mask [Q]."""
+
+    path: Path
+    config: dict
+    metrics: pd.DataFrame
+    final: dict | None
+    hits: np.ndarray | None
+    variant: str
+    seed: int
+    cell: str = ""
+    flat: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)  # the keys that separate cells (set by assign_cells)
+    seen: np.ndarray | None = None  # test queries whose texts occur in the run's train/val pairs (test_seen.npy)
+
+    @property
+    def complete(self) -> bool:
+        return self.final is not None and self.final.get("status") == "done"
+
+    @property
+    def status(self) -> str:
+        """``done``, ``failed``, ``diverged`` (from final.json) or ``unfinished`` (running, or killed)."""
+        return "unfinished" if self.final is None else str(self.final.get("status", "unfinished"))
+
+
+def find_runs(paths: list[str | Path]) -> list[Run]:
+    """Every run folder (``metrics.jsonl`` beside its config) under ``paths``, recursively.
+
+    The config is the runner's ``config_resolved.yaml`` or, failing that, Hydra's ``.hydra/config.yaml``. Raises
+    :class:`SummaryError` (nothing to read) or :class:`~biencoder.state.RunFolderError` (a corrupt metrics.jsonl).
+    """
+    runs = []
+    for root in map(Path, paths):
+        if not root.exists():
+            raise SummaryError(f"'{root}' does not exist: pass the logs folder (e.g. logs/) or run folders")
+        candidates = [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else sorted(root.rglob("metrics.jsonl"))
+        for metrics_file in candidates:
+            folder = metrics_file.parent
+            config_file = next((f for f in (folder / "config_resolved.yaml", folder / ".hydra" / "config.yaml")
+                                if f.is_file()), None)
+            if config_file is None:
+                continue
+            lines, _ = read_metrics(metrics_file)  # a torn last line (killed run) is skipped with a warning
+            if not lines:
+                continue
+            hits_file, seen_file = folder / "test_hits.npy", folder / "test_seen.npy"
+            config = yaml.safe_load(config_file.read_text())
+            metrics = pd.DataFrame(lines)
+            runs.append(Run(path=folder, config=config, metrics=metrics,
+                            final=read_final(folder),
+                            hits=np.load(hits_file) if hits_file.is_file() else None,
+                            seen=np.load(seen_file) if seen_file.is_file() else None,
+                            variant=str(metrics["variant"].iloc[0]), seed=int(metrics["seed"].iloc[0]),
+                            flat=run_settings(config)))
+    if not runs:
+        raise SummaryError(f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
+                           "train some with python -m biencoder.train")
+    return runs
+
+
+def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
+    """Label each run by its variant plus every config key that differs between runs (seed excepted, and the
+    keys in ``also``, e.g. the key a stability plot puts on its x-axis).
+
+    Runs whose corpus, model or any other setting differs therefore never share a cell. Returns the keys used.
+    """
+    keys = sorted({k for r in runs for k in r.flat})
+    varying = [k for k in keys if not k.startswith(GROUPED_OVER + tuple(also)) and not is_non_result_key(k)
+               and len({repr(r.flat.get(k)) for r in runs}) > 1]
+    # labels stay short: a config group whose name differs (model=tiny) stands for the keys under it
+    named = {k[:-len(".name")] for k in varying if k.endswith(".name")}
+    shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
+    for run in runs:
+        run.cell = " ".join([run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k))}" for k in shown])
+        run.settings = {k: run.flat.get(k) for k in varying}
+    return varying
+
+
+def _label_key(key: str, keys: list[str]) -> str:
+    if key.endswith(".name"):
+        return key[:-len(".name")]
+    return key.split(".")[-1] if _unique_leaf(key, keys) else key
+
+
+def _label_value(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _unique_leaf(key: str, keys: list[str]) -> bool:
+    leaf = key.split(".")[-1]
+    return sum(k.split(".")[-1] == leaf for k in keys) == 1
+
+
+def best_rows(run: Run, metric: str) -> tuple[int, dict, dict] | None:
+    """(best epoch by val metric, its val row, its test row) or None if the run has no val rows."""
+    m = run.metrics
+    val = m[m["split"] == "val"]
+    if val.empty:
+        return None
+    best = val.loc[val[metric].idxmax()]  # first epoch with the maximum, as the runner picks it
+    epoch = int(best["epoch"])
+    test = m[(m["split"] == "test") & (m["epoch"] == epoch)]
+    return epoch, best.to_dict(), test.iloc[0].to_dict() if len(test) else {}
+
+
+def queries_label(runs: list[Run], split: str) -> str:
+    """`` (N queries)`` when every run evaluated ``split`` on the same number of queries (a train sample shows)."""
+    counts = {int(q) for r in runs for q in r.metrics.loc[r.metrics["split"] == split, "queries"].dropna().unique()} \
+        if all("queries" in r.metrics for r in runs) else set()
+    return f" ({counts.pop()} queries)" if len(counts) == 1 else ""
+
+
+def recorded_baseline(runs: list[Run], split: str, score: str = "encoder_cosine") -> float | None:
+    """The zero-shot (or TF-IDF) top-1 on ``split`` that the runs' final.json record, when they all agree."""
+    values = {round(r.final["baselines"][split][score]["top1"], 6) for r in runs
+              if r.complete and split in r.final.get("baselines", {})}
+    return values.pop() if len(values) == 1 else None

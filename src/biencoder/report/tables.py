@@ -1,0 +1,170 @@
+"""The tables of a comparison: one row per cell (:func:`summary_table`), every cell against its reference
+(:func:`paired_comparisons`), and both as Markdown (:func:`to_markdown`); the CSV files are these frames as
+pandas writes them.
+
+Per cell: the seeds, best val metric (mean ± std over seeds, ddof=1), test metric at the best-val epoch with a 95 %
+bootstrap CI, the best epoch (counted from 0, as everywhere), test top-1 on unseen / seen queries, and the 8-task
+test accuracies.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .runs import Run, best_rows
+from .statistics import MIN_SEEDS_FOR_SEED_LEVEL, bootstrap_ci, holm, paired_bootstrap, verdict
+
+def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) -> pd.DataFrame:
+    """One row per cell over its complete runs (see module docstring for the columns)."""
+    rows = []
+    complete = [r for r in runs if r.complete]
+    cells = sorted({r.cell for r in runs})
+    for cell in cells:
+        members = [r for r in complete if r.cell == cell]
+        incomplete = sum(1 for r in runs if r.cell == cell and not r.complete)
+        row = {"cell": cell, "seeds": len(members), "incomplete": incomplete}
+        best = [b for b in (best_rows(r, metric) for r in members) if b]
+        if best:
+            val = np.array([b[1][metric] for b in best])
+            test = np.array([b[2].get(metric, np.nan) for b in best])
+            # std over seeds with ddof=1 (NaN for one seed: no spread can be estimated)
+            std = lambda x: float(np.nanstd(x, ddof=1)) if np.isfinite(x).sum() > 1 else np.nan
+            row.update({f"val_{metric}_mean": val.mean(), f"val_{metric}_std": std(val),
+                        f"test_{metric}_mean": np.nanmean(test), f"test_{metric}_std": std(test),
+                        "best_epoch": float(np.mean([b[0] for b in best]))})
+            for group in ("unseen", "seen"):
+                values = [b[2].get(f"top1_{group}") for b in best]
+                if metric == "top1" and any(v is not None for v in values):
+                    row[f"test_top1_{group}_mean"] = float(np.mean([v for v in values if v is not None]))
+                    row[f"queries_{group}"] = int(best[0][2].get(f"queries_{group}", 0))
+        hits = [r.hits for r in members if r.hits is not None]
+        if metric == "top1" and hits and len({h.shape for h in hits}) == 1:
+            _, low, high = bootstrap_ci(np.stack(hits).astype(float), n_boot)
+            row.update({"test_ci_low": low, "test_ci_high": high,
+                        "ci_resamples": "seeds+queries" if len(hits) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
+        tasks = [r.final["tasks"]["test"] for r in members if r.final and "tasks" in r.final]
+        if tasks:
+            row["tasks_score"] = members[0].final["tasks"]["score"]
+            for task in tasks[0]:
+                row[f"{task}_acc1"] = float(np.mean([t[task]["accuracy_at_1"] for t in tasks]))
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_boot: int = 10000) -> pd.DataFrame:
+    """Test top-1 of each cell minus its reference cell, paired over test queries.
+
+    A reference is a variant (``plain``: every other variant against the ``plain`` cell with the same other
+    settings) or ``key=value`` (``eval.retrieve=sim``: every cell against the cell that differs only in that key
+    being ``value``). Several references make one table, and its Holm adjustment covers all its comparisons.
+    Per-query hits are matched by seed (pooled over seeds when the cells share none); queries (and, with 3+
+    matched seeds, seeds) are resampled jointly.
+    """
+    references = [reference] if isinstance(reference, str) else list(reference)
+    complete = [r for r in runs if r.complete and r.hits is not None]
+    by_cell: dict[str, list[Run]] = {}
+    for r in complete:
+        by_cell.setdefault(r.cell, []).append(r)
+    # a cell's identity: its variant and the settings that separate cells
+    identity = {cell: (members[0].variant, tuple(sorted(members[0].settings.items())))
+                for cell, members in by_cell.items()}
+    cell_of = {v: k for k, v in identity.items()}
+    rows = []
+    for ref in references:
+        for cell, members in sorted(by_cell.items()):
+            ref_cell = _reference_cell(ref, identity[cell], cell_of)
+            if ref_cell is None:
+                continue
+            ref_runs = {r.seed: r for r in by_cell[ref_cell]}
+            own = {r.seed: r for r in members}
+            shared = sorted(set(ref_runs) & set(own))
+            pairing = "matched" if shared else "pooled"
+            a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
+            b = np.stack([ref_runs[s].hits for s in (shared or ref_runs)]).astype(float)
+            diff, low, high, p = paired_bootstrap(a, b, n_boot)
+            row = {"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
+                   "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
+                   "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"}
+            seen = members[0].seen
+            if seen is not None and seen.any() and (~seen).any() and len(seen) == a.shape[1]:
+                for group, mask in (("unseen", ~seen), ("seen", seen)):  # the same test, per query group
+                    d, lo, hi, _ = paired_bootstrap(a[:, mask], b[:, mask], n_boot)
+                    row.update({f"diff_{group}": d, f"ci_{group}_low": lo, f"ci_{group}_high": hi,
+                                f"queries_{group}": int(mask.sum())})
+            rows.append(row)
+    out = pd.DataFrame(rows)
+    if len(out):  # several comparisons in one table: Holm-adjusted verdicts
+        out["p_holm"] = holm(out["p"])
+        out["verdict"] = [verdict(d, p) for d, p in zip(out["diff_test_top1"], out["p_holm"])]
+    return out
+
+
+def _reference_cell(ref: str, identity: tuple, cell_of: dict) -> str | None:
+    """The cell a cell of ``identity`` (variant, sorted settings) is compared with under the reference ``ref`` (a
+    variant or ``key=value``); None when it is the reference itself, or when no such cell ran."""
+    variant, settings = identity
+    if "=" not in ref:
+        return None if variant == ref else cell_of.get((ref, settings))
+    key, _, value = ref.partition("=")
+    current = dict(settings)
+    if key not in current or str(current[key]) == value:
+        return None
+    return cell_of.get((variant, tuple(sorted({**current, key: _typed(value, current[key])}.items()))))
+
+
+def _typed(value: str, like):
+    """``value`` (from the command line) as the type of a config value ``like``."""
+    if isinstance(like, bool):
+        return value.lower() == "true"
+    if isinstance(like, (int, float)):
+        return type(like)(float(value))
+    return value
+
+
+def _pm(mean, std) -> str:
+    if pd.isna(mean):
+        return "–"
+    return f"{mean:.3f}" + ("" if pd.isna(std) else f" ± {std:.3f}")
+
+
+def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> str:
+    """The summary and comparison tables as Markdown (no extra dependency)."""
+    task_cols = [c for c in table.columns if c.endswith("_acc1")]
+    groups = [g for g in ("unseen", "seen") if f"test_top1_{g}_mean" in table]
+    head = ["cell", "seeds", f"best val {metric}", f"test {metric} @ best val", "95% CI", "best epoch (from 0)"]
+    head += [f"test top1 {g} (queries)" for g in groups]
+    head += [c.replace("_acc1", "") for c in task_cols]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for _, r in table.iterrows():
+        seeds = f"{r['seeds']}" + (f" (+{r['incomplete']} incomplete)" if r["incomplete"] else "")
+        ci = f"[{r['test_ci_low']:.3f}, {r['test_ci_high']:.3f}]" if "test_ci_low" in r and not pd.isna(r.get("test_ci_low")) else "–"
+        cells = [r["cell"], seeds, _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
+                 _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")), ci,
+                 "–" if pd.isna(r.get("best_epoch")) else f"{r['best_epoch']:.1f}"]
+        cells += ["–" if pd.isna(r.get(f"test_top1_{g}_mean"))
+                  else f"{r[f'test_top1_{g}_mean']:.3f} (n={int(r[f'queries_{g}'])})" for g in groups]
+        cells += ["–" if pd.isna(r[c]) else f"{r[c]:.3f}" for c in task_cols]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    lines.append("\nmean ± std over seeds (ddof=1; no std for one seed). 95% CI: bootstrap over seeds and test queries "
+                 f"(two levels) with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; with fewer, over test queries only, and no "
+                 "claim about seed-to-seed variation is made. unseen/seen: test queries whose point or counter text "
+                 "does not / does occur in a training or validation pair the run used.")
+    if task_cols and "tasks_score" in table:
+        lines.append(f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds.")
+    if len(comparisons):
+        groups = [g for g in ("unseen", "seen") if f"diff_{g}" in comparisons]
+        extra = "".join(f" Δ {g} (n={int(comparisons[f'queries_{g}'].dropna().iloc[0])}) [95% CI] |" for g in groups)
+        lines += ["", f"| cell | vs | seeds | Δ test top1 | 95% CI (paired bootstrap) | p | p (Holm, "
+                      f"{len(comparisons)} comparisons) | verdict (Holm-adjusted, α=0.05) |{extra}",
+                  "|---|---|---|---|---|---|---|---|" + "---|" * len(groups)]
+        for _, c in comparisons.iterrows():
+            cells = "".join(" – |" if pd.isna(c.get(f"diff_{g}")) else
+                            f" {c[f'diff_{g}']:+.3f} [{c[f'ci_{g}_low']:+.3f}, {c[f'ci_{g}_high']:+.3f}] |" for g in groups)
+            lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}, {c['ci_resamples']}) | "
+                         f"{c['diff_test_top1']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['p']:.3f} | "
+                         f"{c['p_holm']:.3f} | {c['verdict']} |{cells}")
+        if groups:
+            lines.append("\nΔ unseen / seen: the same paired difference on the test queries whose texts do not / do "
+                         "occur in a training or validation pair (descriptive; the verdict is on all queries).")
+    return "\n".join(lines)

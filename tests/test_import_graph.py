@@ -1,0 +1,81 @@
+"""The import graph (scripts/import_graph.py), on a package drawn by hand and on biencoder itself."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
+graph_tool = sys.modules["import_graph"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
+spec.loader.exec_module(graph_tool)
+
+#: the one circle left for the next session (docs/architecture.md, "now vs target"): config.py imports rundir and
+#: tracking inside functions, both import config at the top
+KNOWN_CIRCLES = [["biencoder.config", "biencoder.rundir", "biencoder.tracking"]]
+
+
+def test_a_package_drawn_by_hand(tmp_path):
+    """a ↔ b at import time; a → c and c → a only inside functions (a hidden circle); sub.d imports Hydra, e imports
+    sub.d at the top (so Hydra too), a imports sub.d only in a function (so not)."""
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    files = {"__init__.py": "", "sub/__init__.py": "",
+             "a.py": "from . import b\n\ndef f():\n    from .c import x\n    from .sub import d\n",
+             "b.py": "import pkg.a\nimport numpy\n",
+             "c.py": "x = 1\n\ndef g():\n    from . import a\n",
+             "sub/d.py": "from ..a import f\ntry:\n    import hydra\nexcept ImportError:\n    pass\n",
+             "e.py": "class E:\n    from .sub.d import f\n"}
+    for name, text in files.items():
+        (pkg / name).write_text(text)
+    graph = graph_tool.import_graph(pkg)
+    got = {name: (m.top, m.local, m.lines) for name, m in graph.items()}
+    assert got == {"pkg": ([], [], 0), "pkg.sub": ([], [], 0),
+                   "pkg.a": (["pkg.b"], ["pkg.c", "pkg.sub.d"], 5), "pkg.b": (["pkg.a"], [], 2),
+                   "pkg.c": ([], ["pkg.a"], 4), "pkg.sub.d": (["pkg.a"], [], 5), "pkg.e": (["pkg.sub.d"], [], 2)}
+    assert graph_tool.circles(graph) == [["pkg.a", "pkg.b"]]
+    assert graph_tool.circles(graph, local=True) == [["pkg.a", "pkg.b", "pkg.c", "pkg.sub.d"]]
+    hydra = graph_tool.imports_hydra(graph)
+    assert {n for n, h in hydra.items() if h} == {"pkg.sub.d", "pkg.e"}
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return graph_tool.import_graph()
+
+
+def test_no_circle_at_import_time_and_no_new_hidden_one(graph):
+    assert graph_tool.circles(graph) == []
+    assert all(c in KNOWN_CIRCLES for c in graph_tool.circles(graph, local=True))
+
+
+def test_reporting_imports_point_down(graph):
+    """The report package and its app: no circle, and the only function-local import is the one that keeps the
+    encoder (transformers) out of a plain plot."""
+    ours = {n: m for n, m in graph.items() if n.startswith("biencoder.report") or n == "biencoder.summary"}
+    assert len(ours) >= 8
+    assert {n: m.local for n, m in ours.items() if m.local} == {"biencoder.summary": ["biencoder.report.baselines"]}
+    assert not any(n in c for c in graph_tool.circles(graph, local=True) for n in ours)
+    assert all("biencoder.summary" not in m.top + m.local for n, m in graph.items() if n.startswith("biencoder.report"))
+
+
+def test_reporting_does_not_import_hydra_or_draw_unasked():
+    """Importing the plot app and every report module loads neither Hydra nor Matplotlib (figures import it when
+    they draw); the statistics need numpy only."""
+    code = ("import sys, biencoder.summary, biencoder.report.baselines, biencoder.errors; "
+            "print(sorted(m for m in ('hydra', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    code = "import sys, biencoder.report.statistics; print(sorted(m for m in ('pandas', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_architecture_map_names_every_module(graph):
+    """Every module of today is named in the map (`report.runs`, or `cache.py` in its now-vs-target table)."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    short = [n[len("biencoder."):] for n in graph if n != "biencoder"]
+    missing = [n for n in short if f"`{n}`" not in text and f"`{n.replace('.', '/')}.py`" not in text]
+    assert missing == []

@@ -1,0 +1,77 @@
+"""Finding run folders and grouping runs into cells (biencoder.report.runs), on hand-made run folders."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from biencoder.report.runs import assign_cells, best_rows, find_runs, queries_label, recorded_baseline
+
+
+def write_run(folder: Path, variant: str, seed: int, val: list[float], test: list[float], hits=None,
+              complete=True, data="demo", tasks=None):
+    """A run folder in the runner's format with the given per-epoch val/test top1 (train rows too)."""
+    (folder / ".hydra").mkdir(parents=True)
+    ln, relu = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}[variant]
+    config = {"seed": seed, "data": {"name": data, "root": None}, "model": {"name": "tiny", "head": {"use_layernorm": ln, "use_relu": relu}}}
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = []
+    for epoch, (v, t) in enumerate(zip(val, test)):
+        base = {"epoch": epoch, "variant": variant, "seed": seed, "retrieval_top1": 0.0, "mrr": 0.0, "recall_at_k": 0.0}
+        rows += [{**base, "split": "train", "top1": 0.5, "loss": 2.0 - epoch, "head_post_sample_var": 1.0},
+                 {**base, "split": "val", "top1": v}, {**base, "split": "test", "top1": t}]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if hits is not None:
+        np.save(folder / "test_hits.npy", np.asarray(hits, dtype=bool))
+    if complete:
+        final = {"status": "done", "variant": variant, "seed": seed}
+        if tasks:
+            final["tasks"] = {"score": "rerank", "test": {k: {"accuracy_at_1": a} for k, a in tasks.items()}}
+        (folder / "final.json").write_text(json.dumps(final))
+    return folder
+
+
+def test_runs_from_before_a_new_key_share_its_default(tmp_path):
+    """A key added later (eval.retrieve) takes its schema default for older runs: no spurious cells, and an old
+    run and a new one with the same settings are one cell; a run that sets it otherwise is its own cell."""
+    from biencoder.config import run_settings
+
+    assert run_settings({"eval": {"k": 10}})["eval.retrieve"] == "sim"
+    assert run_settings({"eval": {"retrieve": "encoder"}})["eval.retrieve"] == "encoder"
+    write_run(tmp_path / "old", "plain", 0, [0.1], [0.1])
+    new = write_run(tmp_path / "new", "plain", 1, [0.2], [0.2])
+    other = write_run(tmp_path / "other", "plain", 0, [0.3], [0.3])
+    for folder, retrieve in ((new, "sim"), (other, "encoder")):
+        config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        config["eval"] = {"retrieve": retrieve}
+        (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = find_runs([tmp_path])
+    assert assign_cells(runs) == ["eval.retrieve"]
+    cells = {r.path.name: r.cell for r in runs}
+    assert cells["old"] == cells["new"] == "plain retrieve=sim" and cells["other"] == "plain retrieve=encoder"
+
+
+def test_best_epoch_query_count_and_recorded_baselines(tmp_path):
+    """The best val epoch is the first of a tie (as the runner picks it), the query count shows only when every run
+    agrees, and a recorded baseline is drawn only when every finished run recorded the same one."""
+    a = write_run(tmp_path / "a", "plain", 0, [0.1, 0.3, 0.3], [0.5, 0.2, 0.9])
+    b = write_run(tmp_path / "b", "plain", 1, [0.4, 0.2, 0.1], [0.7, 0.1, 0.1])
+    for folder, recorded in ((a, 0.25), (b, 0.25)):
+        final = json.loads((folder / "final.json").read_text())
+        final["baselines"] = {"test": {"encoder_cosine": {"top1": recorded}, "tfidf": {"top1": 0.5 - recorded}}}
+        (folder / "final.json").write_text(json.dumps(final))
+    runs = {r.path.name: r for r in find_runs([tmp_path])}
+    epoch, val_row, test_row = best_rows(runs["a"], "top1")
+    assert (epoch, val_row["top1"], test_row["top1"]) == (1, 0.3, 0.2)
+    assert best_rows(runs["b"], "top1")[0] == 0
+    assert queries_label(list(runs.values()), "val") == ""  # these runs logged no query counts
+    for run, n in ((runs["a"], 30), (runs["b"], 30)):
+        run.metrics["queries"] = n
+    assert queries_label(list(runs.values()), "val") == " (30 queries)"
+    runs["b"].metrics["queries"] = 31
+    assert queries_label(list(runs.values()), "val") == ""
+    assert recorded_baseline(list(runs.values()), "test") == 0.25
+    assert recorded_baseline(list(runs.values()), "test", "tfidf") == 0.25 and recorded_baseline([], "test") is None
+    runs["b"].final["baselines"]["test"]["encoder_cosine"]["top1"] = 0.3  # the runs disagree: no line to draw
+    assert recorded_baseline(list(runs.values()), "test") is None

@@ -1,0 +1,107 @@
+"""The per-cell table and the paired comparisons (biencoder.report.tables) on hand-made runs with known answers."""
+
+import numpy as np
+import pytest
+import yaml
+
+from biencoder.report.runs import assign_cells, find_runs
+from biencoder.report.statistics import holm
+from biencoder.report.tables import paired_comparisons, summary_table
+from test_report_runs import write_run
+
+
+def test_discovery_grouping_and_aggregation(tmp_path):
+    q = 100
+    plain_hits = np.zeros(q, bool)
+    plain_hits[:20] = True
+    ln_hits = np.zeros(q, bool)
+    ln_hits[:50] = True  # ln gets 30 more queries right, and loses none
+    write_run(tmp_path / "sweeps/a/0_plain_s0", "plain", 0, [0.1, 0.3, 0.2], [0.1, 0.2, 0.3], plain_hits, tasks={"sdoc": 0.5})
+    write_run(tmp_path / "sweeps/a/1_plain_s1", "plain", 1, [0.2, 0.1, 0.4], [0.0, 0.1, 0.2], plain_hits, tasks={"sdoc": 0.7})
+    write_run(tmp_path / "sweeps/a/2_ln_s0", "ln", 0, [0.5, 0.5, 0.1], [0.4, 0.9, 0.9], ln_hits)
+    write_run(tmp_path / "sweeps/a/3_ln_s1", "ln", 1, [0.1, 0.2, 0.3], [0.1, 0.2, 0.5], ln_hits)
+    write_run(tmp_path / "runs/crashed_ln_s2", "ln", 2, [0.9], [0.9], complete=False)
+    (tmp_path / "runs/not_a_run").mkdir()
+    (tmp_path / "runs/not_a_run/metrics.jsonl").write_text("{}\n")  # no .hydra/config.yaml: ignored
+
+    runs = find_runs([tmp_path])
+    assert len(runs) == 5 and sum(r.complete for r in runs) == 4
+    assert assign_cells(runs) == []  # only seeds and head flags differ: cells are the variants
+    table = summary_table(runs, n_boot=2000).set_index("cell")
+    # plain: best val epochs 1 (0.3) and 2 (0.4) → test 0.2 and 0.2; ln: epoch 0 (first of the tie) and 2
+    assert table.loc["plain", "val_top1_mean"] == pytest.approx(0.35)
+    assert table.loc["plain", "test_top1_mean"] == pytest.approx(0.2) and table.loc["plain", "test_top1_std"] == pytest.approx(0.0)
+    assert table.loc["ln", "val_top1_mean"] == pytest.approx(0.4) and table.loc["ln", "test_top1_mean"] == pytest.approx(0.45)
+    assert table.loc["ln", "best_epoch"] == pytest.approx(1.0)  # epochs 0 and 2, counted from 0 as everywhere
+    assert table.loc["ln", "seeds"] == 2 and table.loc["ln", "incomplete"] == 1  # the crashed run is not averaged in
+    assert table.loc["plain", "sdoc_acc1"] == pytest.approx(0.6)
+    assert table.loc["plain", "test_ci_low"] < 0.2 < table.loc["plain", "test_ci_high"]
+
+    comparisons = paired_comparisons(runs, n_boot=2000).set_index("cell")
+    assert comparisons.loc["ln", "diff_test_top1"] == pytest.approx(0.3)
+    assert comparisons.loc["ln", "verdict"] == "better" and comparisons.loc["ln", "pairing"] == "matched"
+    assert comparisons.loc["ln", "ci_resamples"] == "queries"  # 2 seeds: no seed-level claim
+
+
+def test_different_corpora_are_never_averaged(tmp_path):
+    write_run(tmp_path / "a", "plain", 0, [0.1], [0.1])
+    write_run(tmp_path / "b", "plain", 0, [0.9], [0.9], data="arguana")
+    runs = find_runs([tmp_path])
+    assert assign_cells(runs) == ["data.name"]
+    table = summary_table(runs)
+    assert sorted(table["cell"]) == ["plain data=arguana", "plain data=demo"] and (table["seeds"] == 1).all()
+
+
+def test_std_over_seeds_uses_ddof_1(tmp_path):
+    write_run(tmp_path / "a", "plain", 0, [0.2], [0.1])
+    write_run(tmp_path / "b", "plain", 1, [0.4], [0.3])
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    row = summary_table(runs, n_boot=100).iloc[0]
+    assert row["test_top1_std"] == pytest.approx(np.std([0.1, 0.3], ddof=1))  # 0.1414, not 0.1
+
+
+def test_comparisons_against_a_setting_and_a_variant_in_one_holm_family(tmp_path):
+    """--reference eval.retrieve=sim pairs each cell with the cell that differs only in that key; with --reference
+    plain as well, one table holds both kinds and Holm adjusts over all of them."""
+    q = 100
+    hits = {("plain", "sim"): 20, ("plain", "encoder"): 50, ("ln", "sim"): 30, ("ln", "encoder"): 30}
+    for i, ((variant, retrieve), n) in enumerate(hits.items()):
+        for seed in (0, 1):
+            h = np.zeros(q, bool)
+            h[:n] = True
+            folder = write_run(tmp_path / f"{i}_{seed}", variant, seed, [0.1], [n / q], h)
+            config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+            config["eval"] = {"retrieve": retrieve}
+            (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    table = paired_comparisons(runs, ["plain", "eval.retrieve=sim"], n_boot=500)
+    got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
+    assert got == pytest.approx({("ln retrieve=encoder", "plain retrieve=encoder"): -0.2,
+                                 ("ln retrieve=sim", "plain retrieve=sim"): 0.1,
+                                 ("ln retrieve=encoder", "ln retrieve=sim"): 0.0,
+                                 ("plain retrieve=encoder", "plain retrieve=sim"): 0.3})
+    assert np.allclose(table["p_holm"], holm(table["p"]))  # one family of 4
+    assert dict(zip(table["vs"] + "|" + table["cell"], table["verdict"]))[
+        "plain retrieve=sim|plain retrieve=encoder"] == "better"
+
+
+def test_paired_comparison_splits_unseen_and_seen(tmp_path):
+    """On official splits (test_seen.npy has both groups) the paired table also gives the difference on each group:
+    ln gains 40 points on the 50 seen queries and loses 20 on the 50 unseen ones, +10 overall."""
+    seen = np.zeros(100, bool)
+    seen[50:] = True
+    plain, ln = np.zeros(100, bool), np.zeros(100, bool)
+    plain[:20] = True            # plain: 20 unseen hits
+    ln[:10], ln[50:70] = True, True  # ln: 10 unseen, 20 seen
+    for seed in (0, 1, 2):
+        for variant, hits in (("plain", plain), ("ln", ln)):
+            folder = write_run(tmp_path / f"{variant}_{seed}", variant, seed, [0.1], [hits.mean()], hits)
+            np.save(folder / "test_seen.npy", seen)
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    c = paired_comparisons(runs, n_boot=500).set_index("cell").loc["ln"]
+    assert c["diff_test_top1"] == pytest.approx(0.1)
+    assert c["diff_unseen"] == pytest.approx(-0.2) and c["diff_seen"] == pytest.approx(0.4)
+    assert c["queries_unseen"] == 50 and c["ci_unseen_high"] < 0 < c["ci_seen_low"]
