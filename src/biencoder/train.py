@@ -42,7 +42,7 @@ from .config import (
     validate,
     variant_name,
 )
-from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
+from .corpus import CorpusError, PairedSplit, run_splits, seen_queries
 from .evaluate import retrieve_rerank
 from .loss import LossOutput, TripletCELoss
 from .model import (
@@ -140,7 +140,7 @@ class Runner:
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
-        corpus = read_corpus(cfg.data.root).used(cfg.data.dedup)
+        corpus, self.splits = run_splits(cfg.data)
         self.device = select_device(distributed.setup(cfg.trainer.device))
         self.main = distributed.is_main()
         self.variant = variant_name(cfg)
@@ -149,7 +149,6 @@ class Runner:
         self.model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
         self.tokenizer = tokenizer  # saved into best.pt
         self.model.to(self.device)
-        self.splits = {name: corpus.paired(name, cfg.data.max_debates) for name in SPLITS}
         # test queries whose point or counter text occurs in a training or validation pair this run uses
         self.test_seen = seen_queries(self.splits["test"], [self.splits["train"], self.splits["val"]])
         self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
@@ -277,10 +276,7 @@ class Runner:
 
         Raises :class:`Diverged` at the first non-finite loss.
         """
-        encoder_params = list(self.model.encoder.parameters())
-        head_params = self.model.head_parameters()
-        part_sums: dict[str, float] = {}
-        stat_sums: dict[str, torch.Tensor] = {}  # stay on the device: one host sync per step (the loss), not 15
+        sums: dict[str, dict] = {"parts": {}, "stats": {}}
         self.model.train()
         self.model.encoder.train(not self.frozen)
         steps = 0
@@ -288,24 +284,34 @@ class Runner:
                    leave=False, total=self.steps_per_epoch)
         for _, inputs in bar:
             steps += 1
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                out = self.step(**inputs)
-            if not all(map(math.isfinite, out.parts.values())):
-                raise Diverged(epoch, "loss", out.parts)
-            self.optimizer.zero_grad(set_to_none=True)
-            out.total.backward()
-            stats = {**head_statistics(out.features, out.head_input),
-                     "grad_norm_encoder": _grad_norm(encoder_params, self.device),
-                     "grad_norm_head": _grad_norm(head_params, self.device)}
-            self.optimizer.step()
-            self.scheduler.step()
-            for key, value in out.parts.items():
-                part_sums[key] = part_sums.get(key, 0.0) + value
-            for key, value in stats.items():
-                stat_sums[key] = stat_sums[key] + value if key in stat_sums else value
-            bar.set_postfix(loss=f"{out.parts['loss']:.3f}")
-        means = {**part_sums, **{k: v.item() for k, v in stat_sums.items()}}
+            parts = self.train_step(epoch, inputs, sums)
+            bar.set_postfix(loss=f"{parts['loss']:.3f}")
+        means = {**sums["parts"], **{k: v.item() for k, v in sums["stats"].items()}}
         return distributed.mean_over_ranks({key: value / steps for key, value in means.items()})
+
+    def train_step(self, epoch: int, inputs: dict[str, torch.Tensor], sums: dict[str, dict]) -> dict[str, float]:
+        """One optimisation step on one batch (:class:`TripletStep` inputs); adds the loss parts (floats) and the
+        head statistics and gradient norms (0-d tensors) to ``sums["parts"]`` / ``sums["stats"]``; returns the parts.
+
+        Raises :class:`Diverged` on a non-finite loss.
+        """
+        part_sums, stat_sums = sums["parts"], sums["stats"]
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            out = self.step(**inputs)
+        if not all(map(math.isfinite, out.parts.values())):
+            raise Diverged(epoch, "loss", out.parts)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.total.backward()
+        stats = {**head_statistics(out.features, out.head_input),
+                 "grad_norm_encoder": _grad_norm(self.model.encoder.parameters(), self.device),
+                 "grad_norm_head": _grad_norm(self.model.head_parameters(), self.device)}
+        self.optimizer.step()
+        self.scheduler.step()
+        for key, value in out.parts.items():
+            part_sums[key] = part_sums.get(key, 0.0) + value
+        for key, value in stats.items():
+            stat_sums[key] = stat_sums[key] + value if key in stat_sums else value
+        return out.parts
 
     def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
         """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``."""

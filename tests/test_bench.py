@@ -1,0 +1,33 @@
+"""scripts/bench.py: importable without Hydra, and its epoch-by-phase and per-step items run on the CPU (tiny settings)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench  # noqa: E402
+
+
+def test_importing_the_bench_imports_no_hydra():
+    code = "import sys; sys.path.insert(0, 'scripts'); import bench; assert 'hydra' not in sys.modules, 'hydra'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_finetune_epoch_by_phase_on_cpu():
+    result = bench.bench_epoch_phases(bench.finetune_overrides(cuda=False) + ["trainer.batch_size=8"], epochs=1)
+    phases = result["phases"]
+    expected = {f"tokenise {s} (once)" for s in ("train", "val", "test")} | {"mine", "train", "log + checkpoint",
+                                                                             "epoch"}
+    expected |= {f"{what} {s}" for what in ("encode", "retrieve+rerank") for s in ("train", "val", "test")}
+    assert set(phases) == expected
+    assert result["steps"] == 4  # 32 demo training pairs in batches of 8
+    assert all(seconds > 0 for seconds in phases.values())
+    # the phases are measured inside the epoch, so they cannot add up to more than it
+    inside = sum(v for k, v in phases.items() if k != "epoch" and not k.startswith("tokenise"))
+    assert inside <= phases["epoch"]
