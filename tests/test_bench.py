@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -31,3 +29,24 @@ def test_finetune_epoch_by_phase_on_cpu():
     # the phases are measured inside the epoch, so they cannot add up to more than it
     inside = sum(v for k, v in phases.items() if k != "epoch" and not k.startswith("tokenise"))
     assert inside <= phases["epoch"]
+
+
+def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
+    """Runner.train_step leaves every value on the device: no .item()/tolist()/bool() of a tensor per step (only
+    AdamW's own CPU step counters are read), and the count would see one if it were added."""
+    before = bench.bench_step_counts(frozen=True, steps=3)
+    assert before["syncs"] == 0, before["sync_names"]
+    assert before["exempt"] == 12  # the frozen ln_relu head's 6 parameters, 2 reads each (foreach AdamW, CPU)
+
+    from biencoder import train
+
+    original = train.EpochSums.add
+
+    def reads_the_loss(self, parts, stats):
+        parts["loss"].item()  # what a per-step log line would do
+        return original(self, parts, stats)
+
+    monkeypatch.setattr(train.EpochSums, "add", reads_the_loss)
+    after = bench.bench_step_counts(frozen=True, steps=3)
+    assert after["syncs"] == 1 and after["sync_names"] == {"aten::_local_scalar_dense": 1}
+    assert after["ops"] > before["ops"]

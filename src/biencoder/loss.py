@@ -23,7 +23,9 @@ from .model import BiModel, Embeddings
 @dataclass
 class LossOutput:
     total: Tensor
-    parts: dict[str, float]  # triplet, ce_pos, ce_neg (unweighted) and total, as floats for logging
+    #: loss (the weighted total), triplet, ce_pos, ce_neg (unweighted): detached 0-d tensors on the loss's device, so
+    #: that a step never waits for the device; the runner sums them there and reads them once an epoch
+    parts: dict[str, Tensor]
     features: Tensor  # [2B, F] classifier input before LayerNorm/ReLU (positive pairs, then negative pairs)
     head_input: Tensor  # [2B, F] after them
 
@@ -36,6 +38,7 @@ class TripletCELoss(nn.Module):
         self.triplet = nn.TripletMarginLoss(margin=margin, p=2)
         self.triplet_weight = triplet_weight
         self.ce_weight = ce_weight
+        self._labels: dict[tuple[int, torch.device], Tensor] = {}  # [2B] (1s then 0s) per batch size and device
 
     def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings) -> LossOutput:
         batch = point.sim.shape[0]
@@ -46,11 +49,12 @@ class TripletCELoss(nn.Module):
             Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
         )
         head_input, logits = model.head(features)
-        labels = torch.cat([torch.ones(batch), torch.zeros(batch)]).long().to(logits.device)
+        key = (batch, logits.device)
+        if key not in self._labels:  # made once, not every step (five small ops and a host-to-device copy)
+            self._labels[key] = torch.cat([torch.ones(batch), torch.zeros(batch)]).long().to(logits.device)
+        labels = self._labels[key]
         ce = F.cross_entropy(logits.float(), labels, reduction="none")
         ce_pos, ce_neg = ce[:batch].mean(), ce[batch:].mean()
         total = self.triplet_weight * triplet + self.ce_weight * (ce_pos + ce_neg)
-        # one device→host copy for the four numbers (one sync per step on a GPU, not four)
-        values = torch.stack([total, triplet, ce_pos, ce_neg]).detach().float().tolist()
-        parts = dict(zip(("loss", "triplet", "ce_pos", "ce_neg"), values))
+        parts = {"loss": total.detach(), "triplet": triplet.detach(), "ce_pos": ce_pos.detach(), "ce_neg": ce_neg.detach()}
         return LossOutput(total, parts, features, head_input)
