@@ -131,7 +131,7 @@ class EvalSchema:
     score: str = "rerank"
     tasks: bool = True
     baselines: Any = "auto"  # auto | true | false
-    pair_batch_size: int = 4096
+    pair_batch_size: int = 1024
     index: str = "balltree"
     train_queries: Optional[int] = None
     checkpoint: Optional[str] = None

@@ -304,7 +304,7 @@ def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
     return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind()))
 
 
-def pair_margins(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 4096,
+def pair_margins(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 1024,
                  device: str | torch.device = "cpu") -> np.ndarray:
     """Classifier logit margins l1 − l0 [P] (float32) for the pairs (emb[rows_a[i]], emb[rows_b[i]]), in blocks.
 

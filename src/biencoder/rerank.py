@@ -34,7 +34,7 @@ def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree
     return np.take_along_axis(rows, order, 1), np.take_along_axis(dist, order, 1)
 
 
-def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 4096,
+def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 1024,
                     device="cpu", index: str = "balltree", pairs: np.ndarray | None = None,
                     space: str = "sim") -> tuple[dict[str, float], np.ndarray]:
     """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``, indices of pairs).
