@@ -2,7 +2,7 @@
 
     python scripts/bench.py                         # CPU: all items, a few minutes on 2 cores
     python scripts/bench.py --items frozen steps    # only some items (eval train mining frozen steps finetune)
-    python scripts/bench.py --gpu-only             # on a CUDA machine: items 2 (GPU rows, MFU), 5 and 6
+    python scripts/bench.py --gpu-only             # on a CUDA machine: items 2 (GPU rows, MFU), 5, 6 and 7
 
 1. Evaluation of one split (the real test split when the corpus is found, else the demo's): the batched
    retrieve-and-rerank of :func:`biencoder.rerank.retrieve_rerank` against a faithful re-implementation of the
@@ -21,6 +21,8 @@
    counted with ``torch.profiler``, and ms per step.
 6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log): the default
    run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints ``finetune_epoch_s``.
+7. (CUDA; with ``--gpu-only`` or ``--items sweep``) the 20-run fine-tuning ablation on ``data=arguana`` as a real
+   Hydra multirun with ``--jobs`` concurrent jobs; prints ``ablation_wall_s: <seconds> (jobs N)`` per job count.
 
 Importing this file imports neither Hydra nor the packaged MiniLM (items 4-6 import them when run), so items 1-3
 run on a bare GPU image. The last line printed is ``eval_speedup_vs_seed_style: <ratio>`` when item 1 ran.
@@ -313,6 +315,34 @@ def finetune_overrides(cuda: bool) -> list[str]:
     return common + (["data=arguana"] if cuda else ["model=tiny"])
 
 
+# -- 7. the 20-run fine-tuning ablation, wall clock -------------------------------------------------------------------
+def sweep_command(jobs: int, log_dir: Path, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The 20-run ablation (4 cells x 5 seeds, data=arguana, defaults otherwise) as a Hydra multirun of ``jobs``
+    concurrent jobs on this machine (hydra/launcher=parallel), and its environment (one CPU thread share per job)."""
+    command = [sys.executable, "-m", "biencoder.train", "-m", "hydra/launcher=parallel", "data=arguana",
+               "+variant=glob(*)", "seed=0,1,2,3,4", "trainer.progress=false", f"paths.log_dir={log_dir}", *extra]
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env = {**os.environ, "BIENCODER_JOBS": str(jobs), "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    return command, env
+
+
+def bench_sweep(jobs: int, extra: list[str]) -> float:
+    """Wall seconds of :func:`sweep_command` (its run folders go to a temporary folder, removed after)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    try:
+        command, env = sweep_command(jobs, log_dir, extra)
+        start = time.perf_counter()
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)  # the temporary folder this function made
+
+
 # -- 5. operator calls and host synchronisations per training step -------------------------------------------------
 #: ops whose result is read by the host: .item(), bool(t), float(t), int(t) (aten::is_nonzero calls item)
 SYNC_OPS = ("aten::_local_scalar_dense",)
@@ -420,7 +450,7 @@ def print_phases(result: dict) -> None:
         print(f"   {name:<28} {1000 * seconds:9.1f} {'' if cpu is None else f'{1000 * cpu:9.1f}':>9}")
 
 
-ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune")
+ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune", "sweep")
 
 
 def main(argv=None) -> int:
@@ -432,10 +462,14 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per row")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs of items 4 and 6 (after one warm-up)")
     parser.add_argument("--skip-frozen", action="store_true", help="skip item 4 (the frozen real-corpus epoch)")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[4, 8],
+                        help="item 7: concurrent jobs of the 20-run sweep, one timing per value (CUDA only)")
     args = parser.parse_args(argv)
     items = set(args.items) - ({"frozen"} if args.skip_frozen else set())
     if args.gpu_only:
-        items &= {"train", "steps", "finetune"}
+        items &= {"train", "steps", "finetune", "sweep"}
+    elif args.items == list(ITEMS):
+        items.discard("sweep")  # the whole ablation: only when asked for (--items sweep) or with --gpu-only
     cpu = torch.device("cpu")
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
     print(f"biencoder bench | torch {torch.__version__} | CPU threads {torch.get_num_threads()} | "
@@ -510,6 +544,15 @@ def main(argv=None) -> int:
         result = bench_epoch_phases(overrides, args.epochs)
         print_phases(result)
         print(f"finetune_epoch_s: {result['phases']['epoch']:.3f}")
+
+    if "sweep" in items:
+        print("\n7. the 20-run fine-tuning ablation (data=arguana, 4 cells x 5 seeds, defaults; hydra/launcher=parallel)")
+        if not cuda:
+            print("   skipped (no CUDA device: 20 fine-tuning runs take days on a CPU)")
+        else:
+            os.environ["ARGUANA_ROOT"] = str(args.corpus)
+            for jobs in args.jobs:
+                print(f"ablation_wall_s: {bench_sweep(jobs, []):.1f} (jobs {jobs})")
 
     if speedup is not None:
         print(f"\neval_speedup_vs_seed_style: {speedup:.1f}")
