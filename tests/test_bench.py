@@ -50,3 +50,17 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
     after = bench.bench_step_counts(frozen=True, steps=3)
     assert after["syncs"] == 1 and after["sync_names"] == {"aten::_local_scalar_dense": 1}
     assert after["ops"] > before["ops"]
+
+
+def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
+    """The bench's cold-cache check and the runner agree on a run's texts: after the runner has filled the cache,
+    nothing is missing (the old check also asked for texts of pairs that data.dedup drops)."""
+    from biencoder.corpus import run_splits
+    from biencoder.train import Runner
+
+    cfg = bench.compose_config(bench.step_overrides(frozen=True, cache_dir=tmp_path / "cache"))
+    _, splits = run_splits(cfg.data)
+    texts = {text for split in splits.values() for text in split.texts}
+    assert bench.cache_report(cfg).startswith(f"embedding cache cold: {len(texts)} of {len(texts)} texts missing")
+    Runner(cfg, tmp_path / "run")  # encodes and caches them
+    assert bench.cache_report(cfg) is None
