@@ -1,10 +1,11 @@
 """Benchmarks of biencoder's hot paths, printed as one table (see BENCHMARKS.md for recorded figures).
 
-    python scripts/bench.py                  # CPU: about 2 minutes on 2 cores
-    python scripts/bench.py --gpu-only       # on a CUDA machine: the GPU training rows (MFU) only
+    python scripts/bench.py                         # CPU: all items, a few minutes on 2 cores
+    python scripts/bench.py --items frozen steps    # only some items (eval train mining frozen steps finetune)
+    python scripts/bench.py --gpu-only             # on a CUDA machine: items 2 (GPU rows, MFU), 5, 6 and 7
 
 1. Evaluation of one split (the real test split when the corpus is found, else the demo's): the batched
-   retrieve-and-rerank of :func:`biencoder.evaluate.retrieve_rerank` against a faithful re-implementation of the
+   retrieve-and-rerank of :func:`biencoder.rerank.retrieve_rerank` against a faithful re-implementation of the
    seed scripts' evaluator (a BallTree query per query, then one classifier call per (query, candidate) pair with
    a host→device copy each time), on the same embeddings; both must give the same top-1.
 2. Training throughput (full fine-tuning step: encoder forward + backward + AdamW) in triplets/s and tokens/s:
@@ -12,13 +13,19 @@
    estimate for bf16 (6·params·tokens + attention FLOPs, against the GPU's dense bf16 peak).
 3. Mining cost: all-points k-NN (k = 10) over N = 1k, 4k, 16k synthetic 128-d embeddings, BallTree vs exact
    search, with the growth exponent b of seconds ∝ N^b.
-4. One frozen real-corpus epoch of ``+experiment=frozen_arguana`` (``ln_relu``), by phase: mine, train, and per
-   split embed + retrieve + rerank, then logging and checkpoint; the runner's own methods, timed over 3 epochs
-   after one warm-up. Needs Hydra, the packaged MiniLM and a warm embedding cache (it says how to warm it).
+4. One frozen real-corpus epoch of ``+experiment=frozen_arguana`` (``ln_relu``), by phase, through the runner's
+   own methods (mean of ``--epochs`` after one warm-up); prints ``frozen_epoch_s: <seconds>``. A cold embedding
+   cache is warmed first (it says so; 5-10 min on 2 cores).
+5. One training step (:meth:`biencoder.train.Runner.train_step` on a ready batch, demo corpus) of the MiniLM-sized
+   encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
+   counted with ``torch.profiler``, and ms per step.
+6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log): the default
+   run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints ``finetune_epoch_s``.
+7. (CUDA; with ``--gpu-only`` or ``--items sweep``) the 20-run fine-tuning ablation on ``data=arguana`` as a real
+   Hydra multirun with ``--jobs`` concurrent jobs; prints ``ablation_wall_s: <seconds> (jobs N)`` per job count.
 
-Items 1-3 need only torch, transformers, scikit-learn and numpy (Hydra is not imported), so they run on a bare
-GPU image; item 4 is skipped where Hydra or the corpus is missing.
-The last line printed is ``eval_speedup_vs_seed_style: <ratio>`` (the CPU ratio of item 1).
+Importing this file imports neither Hydra nor the packaged MiniLM (items 4-6 import them when run), so items 1-3
+run on a bare GPU image. The last line printed is ``eval_speedup_vs_seed_style: <ratio>`` when item 1 ran.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from biencoder.corpus import read_corpus  # noqa: E402
-from biencoder.evaluate import retrieve_rerank  # noqa: E402
+from biencoder.rerank import retrieve_rerank  # noqa: E402
 from biencoder.model import BiModel, Embeddings  # noqa: E402
 from biencoder.search import NeighbourIndex  # noqa: E402
 
@@ -66,13 +73,17 @@ def timed(fn, repeat: int = 1, sync: torch.device | None = None) -> tuple[float,
     return best, out
 
 
+def bert_sizes() -> dict[str, dict[str, int]]:
+    """Layers and widths of the random-init BERT encoders benchmarked here."""
+    return {"tiny": dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64),
+             "minilm": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536),
+             "bert-base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072)}
+
+
 def bert_config(kind: str):
     from transformers import BertConfig
 
-    sizes = {"tiny": dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64),
-             "minilm": dict(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536),
-             "bert-base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072)}
-    return BertConfig(vocab_size=30522, max_position_embeddings=512, **sizes[kind])
+    return BertConfig(vocab_size=30522, max_position_embeddings=512, **bert_sizes()[kind])
 
 
 def random_model(kind: str, device: torch.device, use_layernorm=True, use_relu=True) -> BiModel:
@@ -192,88 +203,280 @@ def bench_mining(device: torch.device, sizes=(1000, 4000, 16000), dim: int = 128
     return rows
 
 
-# -- 4. a frozen real-corpus epoch, by phase -------------------------------------------------------------------
-def bench_frozen_epoch(corpus_root: Path, epochs: int = 3) -> dict | str:
-    """Seconds per phase of one frozen epoch (mean over ``epochs`` after a warm-up), or why it was skipped."""
-    try:
-        from hydra import compose, initialize_config_dir
+# -- 4 and 6. an epoch by phase, through the runner's own methods ---------------------------------------------------
+def compose_config(overrides: list[str]):
+    """The real configs of ``conf/`` composed with ``overrides`` (Hydra is imported here, not at module level)."""
+    from hydra import compose, initialize_config_dir
 
-        from biencoder.cache import EmbeddingCache, encoder_fingerprint, tokenizer_fingerprint
-        from biencoder.config import register
-        from biencoder.state import rng_states
-        from biencoder.train import Runner
-    except ImportError as err:
-        return f"skipped ({err})"
-    if not ((corpus_root / "02-extracted-arguments").is_dir() or (corpus_root / "test").is_dir()):
-        return f"skipped (no corpus at {corpus_root})"
+    from biencoder.config import register
+
     register()
-    os.environ["ARGUANA_ROOT"] = str(corpus_root)
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", ["+experiment=frozen_arguana", "+variant=ln_relu", "trainer.progress=false"])
-    # a cold cache would turn this item into a 5-10 minute encoding run: check first, encode nothing
+        return compose("config", list(overrides))
+
+
+def cache_report(cfg) -> str | None:
+    """For a frozen-encoder config: None when the embedding cache holds every text the run encodes, else a line
+    saying how many are missing (the runner then encodes them). The texts are the runner's own
+    (:func:`biencoder.corpus.run_splits`), the cache the one :func:`biencoder.cache.cached_pooled` fills."""
+    from biencoder.cache import encoder_fingerprint, model_cache
+    from biencoder.config import autocast_dtype, select_device
+    from biencoder.corpus import run_splits
     from biencoder.model import build_model
 
+    _, splits = run_splits(cfg.data)
+    texts = [text for split in splits.values() for text in split.texts]
     model, tokenizer = build_model(cfg.model, progress=False)
-    pairs = read_corpus(corpus_root).pairs  # the texts a run encodes: those of pairs
-    texts = sorted(set(pairs["point_text"]) | set(pairs["counter_text"]))
-    cache = EmbeddingCache(cfg.trainer.cache_dir, encoder_fingerprint(model.encoder), tokenizer_fingerprint(tokenizer),
-                           cfg.model.pooling, cfg.model.max_length)
+    dtype = autocast_dtype(cfg.trainer.precision, select_device(cfg.trainer.device))
+    cache = model_cache(model, tokenizer, cfg.model.max_length, cfg.trainer.cache_dir,
+                        encoder_fingerprint(model.encoder), dtype)
+    missing = cache.missing(texts)
+    if not missing:
+        return None
+    return (f"embedding cache cold: {missing} of {len(set(texts))} texts missing in {cache.folder}; warming it now "
+            "(the runner encodes them: 5-10 min on 2 CPU cores)")
 
-    class Cold(Exception):
-        pass
 
-    def cold(rows):
-        raise Cold(len(rows))
-
-    try:
-        cache.get(texts, cold)
-    except Cold as err:
-        return (f"skipped (embedding cache cold: {err.args[0]} texts missing; warm it once with python -m "
-                "biencoder.train +experiment=frozen_arguana trainer.max_epochs=1, 5-10 min on 2 cores)")
+def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict:
+    """Seconds per phase of one epoch (mean over ``epochs`` after one warm-up epoch) of the run ``overrides`` make,
+    through the runner's own methods in :meth:`Runner._fit`'s order: tokenise (trained encoder: the three splits,
+    timed once, not per epoch), mine, train, then per split encode and retrieve + rerank, then log + checkpoint.
+    A frozen run whose embedding cache is cold warms it first (and ``say`` says so)."""
+    import shutil
     import tempfile
 
-    runner = Runner(cfg, Path(tempfile.mkdtemp(prefix="bench-frozen-")))
-    times: dict[str, float] = {}
+    from biencoder.model import TokenizedTexts
+    from biencoder.state import rng_states
+    from biencoder.train import SPLITS, Runner
 
-    def timed_phase(name, fn):
+    cfg = compose_config(overrides)
+    if cfg.model.encoder.freeze:
+        cold = cache_report(cfg)
+        if cold:
+            say(f"   {cold}")
+    out = Path(tempfile.mkdtemp(prefix="bench-epoch-"))
+    try:
         start = time.perf_counter()
-        out = fn()
-        times[name] = times.get(name, 0.0) + time.perf_counter() - start
-        return out
+        runner = Runner(cfg, out)
+        setup = time.perf_counter() - start
+        times: dict[str, float] = {}
+        cpu_times: dict[str, float] = {}
 
-    train_sim = runner.embed("train").sim
-    best = {"epoch": -1, "val_top1": 0.0, "metrics": None, "state": None, "hits": None}
-    for epoch in range(epochs + 1):
-        if epoch == 1:
-            times.clear()  # epoch 0 warms caches and allocators
+        def timed_phase(name, fn):
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
+            begin, begin_cpu = time.perf_counter(), time.process_time()
+            result = fn()
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)
+            times[name] = times.get(name, 0.0) + time.perf_counter() - begin
+            cpu_times[name] = cpu_times.get(name, 0.0) + time.process_time() - begin_cpu
+            return result
+
+        tokenise = {}
+        if not runner.frozen:
+            for name in SPLITS:  # what Runner.__init__ did, timed again on its own
+                begin = time.perf_counter()
+                TokenizedTexts(runner.splits[name].texts, runner.tokenizer, cfg.model.max_length)
+                tokenise[f"tokenise {name} (once)"] = time.perf_counter() - begin
+        train_sim = runner.embed("train").sim
+        best = {"epoch": -1, "val_top1": 0.0, "metrics": None, "state": None, "hits": None}
+        for epoch in range(epochs + 1):
+            if epoch == 1:
+                times.clear(), cpu_times.clear()  # epoch 0 warms caches and allocators
+            begin, begin_cpu = time.perf_counter(), time.process_time()
+            negatives = timed_phase("mine", lambda: runner.mine(epoch, train_sim))
+            timed_phase("train", lambda: runner.train_epoch(epoch, negatives))
+            for name in SPLITS:
+                emb = timed_phase(f"encode {name}", lambda: runner.embed(name))
+                timed_phase(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
+                if name == "train":
+                    train_sim = emb.sim
+            timed_phase("log + checkpoint", lambda: (runner.folder.append([{"epoch": epoch}]),
+                                                     runner.save_last(epoch, best, train_sim, [rng_states()])))
+            times["epoch"] = times.get("epoch", 0.0) + time.perf_counter() - begin
+            cpu_times["epoch"] = cpu_times.get("epoch", 0.0) + time.process_time() - begin_cpu
+        phases = {name: seconds / epochs for name, seconds in times.items()}
+        return {"device": device_label(runner.device), "steps": runner.steps_per_epoch, "setup_s": setup,
+                "phases": {**tokenise, **phases}, "cpu": {name: seconds / epochs for name, seconds in cpu_times.items()}}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # the temporary folder this function made
+
+
+def frozen_overrides() -> list[str]:
+    return ["+experiment=frozen_arguana", "+variant=ln_relu", "trainer.progress=false"]
+
+
+def finetune_overrides(cuda: bool) -> list[str]:
+    """The default fine-tuning run (data=arguana, MiniLM, exact search) on CUDA; the tiny model on the demo corpus on a
+    CPU, so CI runs the same code."""
+    common = ["+variant=ln_relu", "trainer.progress=false", "eval.tasks=false", "eval.index=exact",
+              "negatives.index=exact"]
+    return common + (["data=arguana"] if cuda else ["model=tiny"])
+
+
+# -- 7. the 20-run fine-tuning ablation, wall clock -------------------------------------------------------------------
+def sweep_command(jobs: int, log_dir: Path, extra: list[str]) -> tuple[list[str], dict[str, str]]:
+    """The 20-run ablation (4 cells x 5 seeds, data=arguana, defaults otherwise) as a Hydra multirun of ``jobs``
+    concurrent jobs on this machine (hydra/launcher=parallel), and its environment (one CPU thread share per job)."""
+    command = [sys.executable, "-m", "biencoder.train", "-m", "hydra/launcher=parallel", "data=arguana",
+               "+variant=glob(*)", "seed=0,1,2,3,4", "trainer.progress=false", f"paths.log_dir={log_dir}", *extra]
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    env = {**os.environ, "BIENCODER_JOBS": str(jobs), "OMP_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
+    return command, env
+
+
+def bench_sweep(jobs: int, extra: list[str]) -> float:
+    """Wall seconds of :func:`sweep_command` (its run folders go to a temporary folder, removed after)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    log_dir = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+    try:
+        command, env = sweep_command(jobs, log_dir, extra)
         start = time.perf_counter()
-        negatives = timed_phase("mine", lambda: runner.mine(epoch, train_sim))
-        timed_phase("train", lambda: runner.train_epoch(epoch, negatives))
-        for name in ("train", "val", "test"):
-            emb = timed_phase(f"embed {name}", lambda: runner.embed(name))
-            timed_phase(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
-            if name == "train":
-                train_sim = emb.sim
-        timed_phase("log + checkpoint", lambda: (runner.folder.append([{"epoch": epoch}]),
-                                                 runner.save_last(epoch, best, train_sim, [rng_states()])))
-        times["epoch"] = times.get("epoch", 0.0) + time.perf_counter() - start
-    return {name: seconds / epochs for name, seconds in times.items()}
+        subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)  # the temporary folder this function made
+
+
+# -- 5. operator calls and host synchronisations per training step -------------------------------------------------
+#: ops whose result is read by the host: .item(), bool(t), float(t), int(t) (aten::is_nonzero calls item)
+SYNC_OPS = ("aten::_local_scalar_dense",)
+#: CUDA runtime calls that block the host until the device is done
+CUDA_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+#: Tensor methods that read data into Python without dispatching an op on a CPU tensor (on CUDA they copy and sync)
+HOST_READS = ("tolist", "numpy")
+
+
+def count_step(step, device: torch.device, steps: int, exempt=lambda: []) -> dict:
+    """Profile ``steps`` calls of ``step()`` (after 2 warm-up calls); per step: ``ops`` (aten:: calls, nested ones
+    included), ``syncs`` (host synchronisations: on CUDA the runtime's synchronising calls; on a CPU the host reads of
+    tensor values, :data:`SYNC_OPS` plus Tensor.tolist()/numpy() and copies of a non-CPU tensor to the CPU, caught
+    by a TorchFunctionMode since a CPU tensor's tolist() dispatches no op) with the names behind them, and ``exempt``:
+    reads of the tensors ``exempt()`` returns after the warm-up (AdamW's step counters, which torch keeps on the
+    CPU unless fused or capturable: reading them waits for no device), not counted as syncs."""
+    from torch.overrides import TorchFunctionMode
+    from torch.profiler import ProfilerActivity, profile
+
+    reads: dict[str, int] = {}
+    exempt_reads = [0]
+
+    class HostReads(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name = getattr(func, "__name__", "")
+            tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
+            to_cpu = name in ("cpu", "to") and tensor is not None and tensor.device.type != "cpu" and (
+                name == "cpu" or "cpu" in map(str, list(args[1:]) + list((kwargs or {}).values())))
+            if name == "item" and any(tensor is t for t in exempt_tensors):
+                exempt_reads[0] += 1
+            elif name in HOST_READS or to_cpu:
+                reads[f"Tensor.{name}"] = reads.get(f"Tensor.{name}", 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    for _ in range(2):
+        step()
+    exempt_tensors = list(exempt())
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof, HostReads():
+        for _ in range(steps):
+            step()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    ops, named = 0, {}
+    for event in prof.events():
+        ops += event.name.startswith("aten::")
+        if event.name in (CUDA_SYNCS if device.type == "cuda" else SYNC_OPS):
+            named[event.name] = named.get(event.name, 0) + 1
+    if device.type != "cuda":
+        named.update(reads)
+        if exempt_reads[0]:  # each exempt .item() is one aten::_local_scalar_dense
+            named["aten::_local_scalar_dense"] -= exempt_reads[0]
+    named = {k: v for k, v in named.items() if v}
+    seconds, _ = timed(lambda: [step() for _ in range(steps)], sync=device)
+    return {"ops": ops / steps, "syncs": sum(named.values()) / steps, "exempt": exempt_reads[0] / steps,
+            "sync_names": {k: v / steps for k, v in sorted(named.items())}, "ms": 1000 * seconds / steps}
+
+
+def step_overrides(frozen: bool, cache_dir: Path) -> list[str]:
+    """One MiniLM-sized training step on the demo corpus: the encoder trained (random init, 16 triplets) or frozen
+    (the packaged MiniLM's cached pooled vectors, the frozen_arguana head settings: 32 triplets)."""
+    if frozen:
+        return ["+variant=ln_relu", "trainer.progress=false", "model.encoder.freeze=true", "model.pooling=mean",
+                "trainer.batch_size=32", "trainer.head_lr=3e-4", f"trainer.cache_dir={cache_dir}",
+                "eval.baselines=false"]
+    return ["+variant=ln_relu", "trainer.progress=false", "model=tiny", "model.max_length=128",
+            *(f"model.encoder.random_init.{k}={v}" for k, v in bert_sizes()["minilm"].items()), "eval.baselines=false"]
+
+
+def bench_step_counts(frozen: bool, steps: int) -> dict:
+    """:func:`count_step` of :meth:`Runner.train_step` for the MiniLM-sized model trained or frozen (demo corpus)."""
+    import itertools
+    import shutil
+    import tempfile
+
+    from biencoder.train import EpochSums, Runner
+
+    scratch = Path(tempfile.mkdtemp(prefix="bench-step-"))
+    try:
+        runner = Runner(compose_config(step_overrides(frozen, scratch / "cache")), scratch / "run")
+        negatives = runner.mine(0, runner.embed("train").sim)
+        runner.model.train()
+        runner.model.encoder.train(not runner.frozen)
+        # the batches are assembled beforehand: a step here is Runner.train_step on a ready batch
+        batches = itertools.islice((inputs for epoch in itertools.count()
+                                    for _, inputs in runner.batches(epoch, negatives)), 2 * steps + 2)
+        batches = iter(list(batches))
+        sums = EpochSums()
+        result = count_step(lambda: runner.train_step(next(batches), sums), runner.device, steps,
+                            exempt=lambda: [state["step"] for state in runner.optimizer.state.values()])
+        return {"model": "MiniLM frozen head" if frozen else "MiniLM-sized", "device": device_label(runner.device),
+                "batch": runner.cfg.trainer.batch_size, **result}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # the temporary folder this function made
+
+
+def print_phases(result: dict) -> None:
+    """Wall and process CPU milliseconds per phase. On a CPU shared with other work, CPU time (all threads of this
+    process) is the steadier figure: with one thread (OMP_NUM_THREADS=1) it is the wall time the phase would take
+    on an idle core."""
+    print(f"   {result['device']}, {result['steps']} steps per epoch, runner set-up {result['setup_s']:.1f} s")
+    print(f"   {'phase':<28} {'wall ms':>9} {'CPU ms':>9}")
+    for name, seconds in result["phases"].items():
+        cpu = result["cpu"].get(name)
+        print(f"   {name:<28} {1000 * seconds:9.1f} {'' if cpu is None else f'{1000 * cpu:9.1f}':>9}")
+
+
+ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune", "sweep")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="ArguAna root (default: ARGUANA_ROOT)")
-    parser.add_argument("--gpu-only", action="store_true", help="only the CUDA training rows")
+    parser.add_argument("--items", nargs="+", choices=ITEMS, default=list(ITEMS), help="which items to run")
+    parser.add_argument("--gpu-only", action="store_true",
+                        help="on a CUDA machine: the GPU rows of item 2, the per-step counts and the fine-tuning epoch")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per row")
+    parser.add_argument("--epochs", type=int, default=3, help="timed epochs of items 4 and 6 (after one warm-up)")
     parser.add_argument("--skip-frozen", action="store_true", help="skip item 4 (the frozen real-corpus epoch)")
+    parser.add_argument("--jobs", type=int, nargs="+", default=[4, 8],
+                        help="item 7: concurrent jobs of the 20-run sweep, one timing per value (CUDA only)")
     args = parser.parse_args(argv)
+    items = set(args.items) - ({"frozen"} if args.skip_frozen else set())
+    if args.gpu_only:
+        items &= {"train", "steps", "finetune", "sweep"}
+    elif args.items == list(ITEMS):
+        items.discard("sweep")  # the whole ablation: only when asked for (--items sweep) or with --gpu-only
     cpu = torch.device("cpu")
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
     print(f"biencoder bench | torch {torch.__version__} | CPU threads {torch.get_num_threads()} | "
           f"GPU {device_label(cuda) if cuda else 'none'}")
 
     speedup = None
-    if not args.gpu_only:
+    if "eval" in items:
         print("\n1. evaluation of one split: batched retrieve+rerank vs seed-style per-pair loop (same top-1)")
         print(f"{'device':<22} {'split':<36} {'ours s':>8} {'ours(exact) s':>14} {'seed-style s':>13} {'speedup':>9} {'(exact)':>9}")
         for device in [cpu] + ([cuda] if cuda else []):
@@ -283,25 +486,26 @@ def main(argv=None) -> int:
             if device == cpu:
                 speedup = r["speedup"]
 
-    print("\n2. training throughput (encoder fwd+bwd+AdamW, random init)")
-    print(f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'triplets/s':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
-    rows = []
-    if not args.gpu_only:
-        rows.append((cpu, bench_train("tiny", cpu, 16, 128, args.steps, None)))
-        rows.append((cpu, bench_train("minilm", cpu, 16, 128, max(2, args.steps // 5), None)))
-    if cuda:
-        for kind, batch in (("minilm", 64), ("bert-base", 32)):
-            rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, torch.bfloat16)))
-            rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, None)))
-    for device, r in rows:
-        mfu = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "n/a"
-        print(f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} {r['triplets_s']:>11.1f} "
-              f"{r['tokens_s']:>10.0f} {r['tflops']:>8.2f} {mfu:>6}")
-    if not cuda:
-        print(f"{'GPU':<22} {'minilm':<10} {'64 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
-        print(f"{'GPU':<22} {'bert-base':<10} {'32 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
+    if "train" in items:
+        print("\n2. training throughput (encoder fwd+bwd+AdamW, random init)")
+        print(f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'triplets/s':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+        rows = []
+        if not args.gpu_only:
+            rows.append((cpu, bench_train("tiny", cpu, 16, 128, args.steps, None)))
+            rows.append((cpu, bench_train("minilm", cpu, 16, 128, max(2, args.steps // 5), None)))
+        if cuda:
+            for kind, batch in (("minilm", 64), ("bert-base", 32)):
+                rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, torch.bfloat16)))
+                rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, None)))
+        for device, r in rows:
+            mfu = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "n/a"
+            print(f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} {r['triplets_s']:>11.1f} "
+                  f"{r['tokens_s']:>10.0f} {r['tflops']:>8.2f} {mfu:>6}")
+        if not cuda:
+            print(f"{'GPU':<22} {'minilm':<10} {'64 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
+            print(f"{'GPU':<22} {'bert-base':<10} {'32 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
 
-    if not args.gpu_only:
+    if "mining" in items:
         print("\n3. mining: k-NN (k=10) of all N points, 128-d, seconds (growth exponent b: s ~ N^b)")
         for device in [cpu] + ([cuda] if cuda else []):
             for r in bench_mining(device):
@@ -310,14 +514,47 @@ def main(argv=None) -> int:
                 print(f"{device_label(device) if r['index'] == 'exact' else 'CPU (scikit-learn)':<22} {r['index']:<9} "
                       + "  ".join(f"N={n // 1000}k {t:7.3f}s" for n, t in zip((1000, 4000, 16000), r["times"]))
                       + f"   b={r['exponent']:.2f}")
-        if not args.skip_frozen:
-            print("\n4. one frozen real-corpus epoch (+experiment=frozen_arguana, ln_relu; mean of 3 after a warm-up)")
-            phases = bench_frozen_epoch(args.corpus)
-            if isinstance(phases, str):
-                print(f"   {phases}")
-            else:
-                for name, seconds in phases.items():
-                    print(f"   {name:<26} {1000 * seconds:8.1f} ms")
+
+    if "steps" in items:
+        print("\n5. one training step (Runner.train_step, demo corpus): operator calls and host syncs per step")
+        for frozen in (False, True):
+            r = bench_step_counts(frozen, steps=20 if frozen else 2)
+            names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
+            print(f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "
+                  f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {r['exempt']:g} reads of AdamW's CPU "
+                  f"step counters)  {r['ms']:8.1f} ms/step")
+
+    if "frozen" in items:
+        print(f"\n4. one frozen real-corpus epoch (+experiment=frozen_arguana, ln_relu; mean of {args.epochs} after a "
+              "warm-up)")
+        if not ((args.corpus / "02-extracted-arguments").is_dir() or (args.corpus / "training").is_dir()):
+            print(f"   skipped (no corpus at {args.corpus}; set ARGUANA_ROOT)")
+        else:
+            os.environ["ARGUANA_ROOT"] = str(args.corpus)
+            result = bench_epoch_phases(frozen_overrides(), args.epochs)
+            print_phases(result)
+            print(f"frozen_epoch_s: {result['phases']['epoch']:.3f}")
+            print(f"frozen_epoch_cpu_s: {result['cpu']['epoch']:.3f}")
+
+    if "finetune" in items:
+        overrides = finetune_overrides(cuda is not None)
+        print(f"\n6. one fine-tuning epoch by phase ({' '.join(overrides)}; mean of {args.epochs} after a warm-up)")
+        if cuda:
+            os.environ["ARGUANA_ROOT"] = str(args.corpus)
+        result = bench_epoch_phases(overrides, args.epochs)
+        print_phases(result)
+        print(f"finetune_epoch_s: {result['phases']['epoch']:.3f}")
+
+    if "sweep" in items:
+        print("\n7. the 20-run fine-tuning ablation (data=arguana, 4 cells x 5 seeds, defaults; hydra/launcher=parallel)")
+        if not cuda:
+            print("   skipped (no CUDA device: 20 fine-tuning runs take days on a CPU)")
+        else:
+            os.environ["ARGUANA_ROOT"] = str(args.corpus)
+            for jobs in args.jobs:
+                print(f"ablation_wall_s: {bench_sweep(jobs, []):.1f} (jobs {jobs})")
+
+    if speedup is not None:
         print(f"\neval_speedup_vs_seed_style: {speedup:.1f}")
     return 0
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.evaluate import retrieve, retrieve_rerank
+from biencoder.rerank import retrieve, retrieve_rerank
 from biencoder.model import Embeddings, TokenizedTexts, encode
 from biencoder.tasks import evaluate_tasks
 from test_negatives import paired_split

@@ -19,12 +19,14 @@ def test_loss_parts_by_hand(tiny_model_and_tokenizer):
         model.out.weight.zero_(), model.out.bias.zero_()
         model.out.weight[1, 128] = 1.0  # features = [s_a, s_b, |s_a - s_b|, ...]; index 128 = s_b[0]
     out = TripletCELoss(margin=1.0, triplet_weight=2.0, ce_weight=0.5)(model, point, counter, negative)
-    assert out.parts["triplet"] == pytest.approx(1.5, abs=1e-3)  # torch adds eps=1e-6 inside the distance
+    assert all(v.dim() == 0 and not v.requires_grad for v in out.parts.values())  # 0-d, detached: no host read
+    parts = {k: v.item() for k, v in out.parts.items()}
+    assert parts["triplet"] == pytest.approx(1.5, abs=1e-3)  # torch adds eps=1e-6 inside the distance
     ce_pos = -math.log(1 / (1 + math.exp(-1.0)))  # label 1, logit difference 1.0
     ce_neg = -math.log(1 - 1 / (1 + math.exp(-0.5)))  # label 0, logit difference 0.5
-    assert out.parts["ce_pos"] == pytest.approx(ce_pos, rel=1e-5)
-    assert out.parts["ce_neg"] == pytest.approx(ce_neg, rel=1e-5)
-    assert out.parts["loss"] == pytest.approx(2.0 * out.parts["triplet"] + 0.5 * (ce_pos + ce_neg), rel=1e-5)
+    assert parts["ce_pos"] == pytest.approx(ce_pos, rel=1e-5)
+    assert parts["ce_neg"] == pytest.approx(ce_neg, rel=1e-5)
+    assert parts["loss"] == pytest.approx(2.0 * parts["triplet"] + 0.5 * (ce_pos + ce_neg), rel=1e-5)
     assert out.features.shape[0] == 2 and out.head_input.shape == out.features.shape
 
 
@@ -34,7 +36,7 @@ def test_triplet_is_zero_when_negative_far_enough(tiny_model_and_tokenizer):
     a = Embeddings(torch.zeros(2, 128), pooled)
     p = Embeddings(torch.full((2, 128), 0.01), pooled)
     n = Embeddings(torch.full((2, 128), 1.0), pooled)
-    assert TripletCELoss()(model, a, p, n).parts["triplet"] == 0.0
+    assert TripletCELoss()(model, a, p, n).parts["triplet"].item() == 0.0
 
 
 def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):

@@ -4,7 +4,7 @@ same mined negatives and retrieved candidates."""
 import numpy as np
 import pytest
 
-from biencoder.evaluate import retrieve
+from biencoder.rerank import retrieve
 from biencoder.negatives import mine_negatives
 from biencoder.search import NeighbourIndex
 

@@ -146,6 +146,11 @@ class EmbeddingCache:
                              "set trainer.cache_dir to a writable folder") from None
         return path
 
+    def missing(self, texts: list[str]) -> int:
+        """How many distinct texts of ``texts`` the cache lacks (:meth:`get` would compute them)."""
+        table = self._load_shards()
+        return len({h.tobytes() for h in text_hashes(texts)} - table.keys())
+
     def get(self, texts: list[str], compute: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """Vectors [N, H] float32 for ``texts``; ``compute(rows)`` embeds the rows missing from the cache."""
         hashes = text_hashes(texts)
@@ -164,6 +169,14 @@ class EmbeddingCache:
         return np.stack([table[h.tobytes()] for h in hashes]) if len(texts) else np.zeros((0, 0), np.float32)
 
 
+def model_cache(model, tokenizer, max_length: int, cache_dir: str | Path, fingerprint: str,
+                autocast_dtype: torch.dtype | None = None) -> EmbeddingCache:
+    """The :class:`EmbeddingCache` that :func:`cached_pooled` reads and fills for ``model`` (a BiModel) run with
+    ``autocast_dtype`` (None: fp32)."""
+    precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
+    return EmbeddingCache(cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision)
+
+
 def cached_pooled(model, tokenizer, texts: list[str], max_length: int, cache_dir: str | Path, fingerprint: str,
                   batch_size: int = 64, device="cpu", autocast_dtype: torch.dtype | None = None,
                   progress: bool = False, desc: str = "encode") -> torch.Tensor:
@@ -171,8 +184,7 @@ def cached_pooled(model, tokenizer, texts: list[str], max_length: int, cache_dir
     tokenised and encoded (with a texts/s progress bar) and added to it."""
     from .model import TokenizedTexts, encode_pooled
 
-    precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
-    cache = EmbeddingCache(cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision)
+    cache = model_cache(model, tokenizer, max_length, cache_dir, fingerprint, autocast_dtype)
 
     def compute(rows: np.ndarray) -> np.ndarray:
         start = time.time()

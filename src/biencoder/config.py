@@ -136,7 +136,7 @@ class EvalSchema:
     score: str = "rerank"
     tasks: bool = True
     baselines: Any = "auto"  # auto | true | false
-    pair_batch_size: int = 4096
+    pair_batch_size: int = 1024
     index: str = "exact"
     train_queries: Optional[int] = None
     checkpoint: Optional[str] = None

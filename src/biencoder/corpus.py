@@ -319,6 +319,14 @@ class Corpus:
         return PairedSplit(name=split, table=table)
 
 
+def run_splits(data) -> tuple[Corpus, dict[str, PairedSplit]]:
+    """The corpus a run uses and its paired splits ``{"train", "val", "test"}``, from the ``data`` config group
+    (``root``, ``dedup``, ``max_debates``; a DictConfig or a dict): the one definition of which pairs, and so which
+    texts, a run reads and encodes (the runner, and ``scripts/bench.py``'s embedding-cache check)."""
+    corpus = read_corpus(data["root"]).used(data["dedup"])
+    return corpus, {name: corpus.paired(name, data["max_debates"]) for name in SPLIT_NAMES}
+
+
 def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:
     """[Q] bool: the query's point or counter text occurs among the texts of the pairs in ``used`` (the training
     and validation pairs a run actually used). False everywhere after :meth:`Corpus.deduplicated`."""

@@ -17,6 +17,7 @@ its "duplicates of the true counter are that counter" rule.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -31,7 +32,9 @@ from .model import BiModel, Embeddings
 @dataclass
 class LossOutput:
     total: Tensor
-    parts: dict[str, float]  # the loss's unweighted terms and the total ("loss"), as floats for logging
+    #: loss (the weighted total), triplet, ce_pos, ce_neg (unweighted): detached 0-d tensors on the loss's device, so
+    #: that a step never waits for the device; the runner sums them there and reads them once an epoch
+    parts: dict[str, Tensor]
     features: Tensor  # [2B, F] classifier input before LayerNorm/ReLU (positive pairs, then negative pairs)
     head_input: Tensor  # [2B, F] after them
 
@@ -49,14 +52,20 @@ def _pair_cross_entropy(model: BiModel, point: Embeddings, counter: Embeddings, 
         Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
     )
     head_input, logits = model.head(features)
-    labels = torch.cat([torch.ones(batch), torch.zeros(batch)]).long().to(logits.device)
-    ce = F.cross_entropy(logits.float(), labels, reduction="none")
+    ce = F.cross_entropy(logits.float(), _pair_labels(batch, logits.device), reduction="none")
     return ce[:batch].mean(), ce[batch:].mean(), features, head_input
 
 
-def _parts(names: tuple[str, ...], values: list[Tensor]) -> dict[str, float]:
-    # one device→host copy for all the numbers (one sync per step on a GPU, not one per number)
-    return dict(zip(names, torch.stack(values).detach().float().tolist()))
+@functools.lru_cache(maxsize=16)
+def _pair_labels(batch: int, device: torch.device) -> Tensor:
+    """[2B] int64: 1 for the B (point, counter) pairs, then 0 for the B (point, negative) pairs. Made once per batch
+    size and device, not every step (five small ops and a host-to-device copy)."""
+    return torch.cat([torch.ones(batch), torch.zeros(batch)]).long().to(device)
+
+
+def _parts(names: tuple[str, ...], values: list[Tensor]) -> dict[str, Tensor]:
+    # detached, left on the device: reading them here would stall every step; the runner reads them once an epoch
+    return {name: value.detach() for name, value in zip(names, values)}
 
 
 class TripletCELoss(nn.Module):
@@ -79,6 +88,7 @@ class TripletCELoss(nn.Module):
         self.triplet = nn.TripletMarginLoss(margin=margin, p=2)
         self.triplet_weight = triplet_weight
         self.ce_weight = ce_weight
+        self._labels: dict[tuple[int, torch.device], Tensor] = {}  # [2B] (1s then 0s) per batch size and device
 
     def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings,
                 text_id: Tensor | None = None) -> LossOutput:

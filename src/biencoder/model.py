@@ -273,29 +273,38 @@ def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: 
     return embed_pooled(model, pooled, device=device)
 
 
+#: what :func:`head_statistics` reports per tensor (``pre``, ``post``), in the order of its [2, 6] table
+HEAD_STATISTICS = ("sample_mean", "sample_mean_std", "sample_var", "sample_var_std", "feature_var_std", "zero_share")
+#: the names of :func:`head_statistics_vector`'s 12 values
+HEAD_STATISTIC_NAMES = tuple(f"head_{tag}_{name}" for tag in ("pre", "post") for name in HEAD_STATISTICS)
+
+
+def head_statistics_vector(features: Tensor, head_input: Tensor) -> Tensor:
+    """:func:`head_statistics` as one float32 vector [12] on the inputs' device, named by :data:`HEAD_STATISTIC_NAMES`
+    (what the training step sums on the device: no per-statistic tensors, no host read)."""
+    # both tensors at once ([2, B, F]): each statistic is one op for the pair, with the same reductions per row (and
+    # so the same float32 values) as when they were computed one tensor at a time
+    x = torch.stack([features.detach(), head_input.detach()]).float()
+    mean = x.mean(dim=2)  # [2, B]
+    # variances from centred squares: torch's var() takes a slow path on a CPU for these shapes (4-5x)
+    var = (x - mean[:, :, None]).square_().mean(dim=2)
+    feature_var = (x - x.mean(dim=1, keepdim=True)).square_().mean(dim=1)  # [2, F]
+    return torch.stack([mean.mean(dim=1), mean.std(dim=1, unbiased=False), var.mean(dim=1),
+                        var.std(dim=1, unbiased=False), feature_var.std(dim=1, unbiased=False),
+                        (x == 0).float().mean(dim=(1, 2))], dim=1).view(-1)  # [2, 6] → [12]
+
+
 def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
     """Statistics of the classifier input before (``pre``) and after (``post``) the optional LayerNorm/ReLU.
 
     Both tensors are [B, F]. Per-sample mean/variance (averaged over samples, and their std across samples),
     the spread (std) of per-feature variances, and the share of exact zeros. Values are 0-d tensors on the
-    input's device, so a training step does not wait for them (the runner sums them and reads them once an epoch).
+    input's device, keyed ``head_{pre|post}_{name}`` (name in :data:`HEAD_STATISTICS`).
     """
-    stats = {}
-    for tag, x in (("pre", features.detach().float()), ("post", head_input.detach().float())):
-        # variances from centred squares: torch's var() takes a slow path on a CPU for these shapes (4-5x)
-        mean = x.mean(dim=1)
-        var = (x - mean[:, None]).square_().mean(dim=1)
-        stats[f"head_{tag}_sample_mean"] = mean.mean()
-        stats[f"head_{tag}_sample_mean_std"] = mean.std(unbiased=False)
-        stats[f"head_{tag}_sample_var"] = var.mean()
-        stats[f"head_{tag}_sample_var_std"] = var.std(unbiased=False)
-        feature_var = (x - x.mean(dim=0)).square_().mean(dim=0)
-        stats[f"head_{tag}_feature_var_std"] = feature_var.std(unbiased=False)
-        stats[f"head_{tag}_zero_share"] = (x == 0).float().mean()
-    return stats
+    return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind()))
 
 
-def pair_margins(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 4096,
+def pair_margins(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 1024,
                  device: str | torch.device = "cpu") -> np.ndarray:
     """Classifier logit margins l1 − l0 [P] (float32) for the pairs (emb[rows_a[i]], emb[rows_b[i]]), in blocks.
 

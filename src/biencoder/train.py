@@ -39,11 +39,12 @@ from .config import (
     validate,
     variant_name,
 )
-from .corpus import PairedSplit, read_corpus, seen_queries
+from .corpus import PairedSplit, run_splits, seen_queries
 from .errors import BiencoderError
-from .evaluate import retrieve_rerank
+from .rerank import retrieve_rerank
 from .loss import LossOutput, build_loss
 from .model import (
+    HEAD_STATISTIC_NAMES,
     BiModel,
     Embeddings,
     TokenizedTexts,
@@ -51,7 +52,7 @@ from .model import (
     embed_pooled,
     encode,
     encode_pooled,
-    head_statistics,
+    head_statistics_vector,
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
 from .rundir import RunFolder, discard_if_ours
@@ -86,10 +87,42 @@ def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
     return np.stack([split.query, split.counter, negatives.row], axis=1)
 
 
-def _grad_norm(params, device) -> torch.Tensor:
-    """L2 norm (0-d tensor, on ``device``) over the gradients of ``params`` (after backward, before the step)."""
-    norms = [p.grad.detach().norm() for p in params if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.zeros((), device=device)
+def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
+    """L2 norm (0-d tensor, on ``device``) over ``grads``: the norm of the per-tensor norms, one foreach call for those."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros((), device=device)
+
+
+class EpochSums:
+    """Per-step values summed on the device over an epoch and read by the host once (:meth:`means`): no step waits.
+
+    The loss parts are summed in float64 and the statistics in float32, as when the parts were host floats and the
+    statistics 0-d tensors, so the means are the same numbers to the last digit.
+    """
+
+    def __init__(self):
+        self.steps, self.part_names, self.parts, self.stats = 0, (), None, None
+
+    def add(self, parts: dict[str, torch.Tensor], stats: torch.Tensor) -> None:
+        """Add one step's loss ``parts`` (0-d tensors) and ``stats`` [S] (names: :data:`STEP_STATISTICS`)."""
+        vector = torch.stack(list(parts.values()))
+        if self.parts is None:
+            self.part_names, self.parts, self.stats = tuple(parts), vector.to(torch.float64), stats.float()
+        else:
+            self.parts.add_(vector)
+            self.stats.add_(stats)
+        self.steps += 1
+
+    def means(self) -> dict[str, float]:
+        """Mean per step of every part and statistic (two host reads); empty before the first step."""
+        if self.parts is None:
+            return {}
+        values = dict(zip(self.part_names, self.parts.tolist()))
+        values.update(zip(STEP_STATISTICS, self.stats.tolist()))
+        return {key: value / self.steps for key, value in values.items()}
+
+
+#: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
+STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
 
 
 class Diverged(RuntimeError):
@@ -144,7 +177,7 @@ class Runner:
         validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
-        corpus = read_corpus(cfg.data.root).used(cfg.data.dedup)
+        corpus, self.splits = run_splits(cfg.data)
         self.runtime = start_up(cfg) if runtime is None else runtime  # decided once, at start-up
         self.device = self.runtime.device
         self.main = distributed.is_main()
@@ -154,7 +187,6 @@ class Runner:
         self.model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
         self.tokenizer = tokenizer  # saved into best.pt
         self.model.to(self.device)
-        self.splits = {name: corpus.paired(name, cfg.data.max_debates) for name in SPLITS}
         # test queries whose point or counter text occurs in a training or validation pair this run uses
         self.test_seen = seen_queries(self.splits["test"], [self.splits["train"], self.splits["val"]])
         self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
@@ -190,8 +222,13 @@ class Runner:
                 # with cls/mean pooling the encoder's pooler computes an output no loss uses
                 find_unused_parameters=not self.frozen and cfg.model.pooling != "pooler")
         self.step = torch.compile(step) if cfg.trainer.compile else step
-        # foreach: one multi-tensor update instead of a Python loop over parameters (the frozen step is that small)
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, foreach=True)
+        # CUDA: fused, one kernel per step and group, its step counters on the device (nothing read by the host).
+        # Elsewhere foreach, one multi-tensor update instead of a Python loop over parameters: on a CPU the fused
+        # kernel rounds differently (about 2e-7 apart per step), which would move same-seed CPU numbers
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=fused, foreach=not fused)
+        # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
+        self.grad_groups = ([] if self.frozen else list(self.model.encoder.parameters()), self.model.head_parameters())
         self.steps_per_epoch = math.ceil(math.ceil(self.splits["train"].n_pairs / distributed.world_size())
                                          / cfg.trainer.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
@@ -284,37 +321,36 @@ class Runner:
     def train_epoch(self, epoch: int, negatives: MinedNegatives) -> dict[str, float]:
         """One pass over the training pairs with this epoch's negatives; returns mean loss parts and internals.
 
-        Raises :class:`Diverged` at the first non-finite loss.
+        The step sums everything on the device; the host reads the sums once, here. Raises :class:`Diverged` when
+        the epoch's loss is not finite (a NaN or inf in any step makes the sum so).
         """
-        encoder_params = list(self.model.encoder.parameters())
-        head_params = self.model.head_parameters()
-        part_sums: dict[str, float] = {}
-        stat_sums: dict[str, torch.Tensor] = {}  # stay on the device: one host sync per step (the loss), not 15
+        sums = EpochSums()
         self.model.train()
         self.model.encoder.train(not self.frozen)
-        steps = 0
         bar = tqdm(self.batches(epoch, negatives), desc=f"epoch {epoch} train", disable=not self.progress,
                    leave=False, total=self.steps_per_epoch)
         for _, inputs in bar:
-            steps += 1
-            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-                out = self.step(**inputs)
-            if not all(map(math.isfinite, out.parts.values())):
-                raise Diverged(epoch, "loss", out.parts)
-            self.optimizer.zero_grad(set_to_none=True)
-            out.total.backward()
-            stats = {**head_statistics(out.features, out.head_input),
-                     "grad_norm_encoder": _grad_norm(encoder_params, self.device),
-                     "grad_norm_head": _grad_norm(head_params, self.device)}
-            self.optimizer.step()
-            self.scheduler.step()
-            for key, value in out.parts.items():
-                part_sums[key] = part_sums.get(key, 0.0) + value
-            for key, value in stats.items():
-                stat_sums[key] = stat_sums[key] + value if key in stat_sums else value
-            bar.set_postfix(loss=f"{out.parts['loss']:.3f}")
-        means = {**part_sums, **{k: v.item() for k, v in stat_sums.items()}}
-        return distributed.mean_over_ranks({key: value / steps for key, value in means.items()})
+            self.train_step(inputs, sums)
+            if self.progress and sums.steps % 20 == 0:  # a host read, only for a person watching the bar
+                bar.set_postfix(loss=f"{sums.parts[0].item() / sums.steps:.3f}")
+        means = distributed.mean_over_ranks(sums.means())
+        parts = {key: means[key] for key in sums.part_names}
+        if not all(map(math.isfinite, parts.values())):
+            raise Diverged(epoch, "loss", parts)
+        return means
+
+    def train_step(self, inputs: dict[str, torch.Tensor], sums: EpochSums) -> None:
+        """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts, head statistics and
+        gradient norms are added to ``sums`` on the device. Nothing here waits for the device."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            out = self.step(**inputs)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.total.backward()
+        grad_norms = [_grad_norm([p.grad for p in params if p.grad is not None], self.device)
+                      for params in self.grad_groups]
+        sums.add(out.parts, torch.cat([head_statistics_vector(out.features, out.head_input), torch.stack(grad_norms)]))
+        self.optimizer.step()
+        self.scheduler.step()
 
     def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
         """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``."""

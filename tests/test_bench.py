@@ -1,0 +1,66 @@
+"""scripts/bench.py: importable without Hydra, and its epoch-by-phase and per-step items run on the CPU (tiny settings)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import bench  # noqa: E402
+
+
+def test_importing_the_bench_imports_no_hydra():
+    code = "import sys; sys.path.insert(0, 'scripts'); import bench; assert 'hydra' not in sys.modules, 'hydra'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_finetune_epoch_by_phase_on_cpu():
+    result = bench.bench_epoch_phases(bench.finetune_overrides(cuda=False) + ["trainer.batch_size=8"], epochs=1)
+    phases = result["phases"]
+    expected = {f"tokenise {s} (once)" for s in ("train", "val", "test")} | {"mine", "train", "log + checkpoint",
+                                                                             "epoch"}
+    expected |= {f"{what} {s}" for what in ("encode", "retrieve+rerank") for s in ("train", "val", "test")}
+    assert set(phases) == expected
+    assert result["steps"] == 4  # 32 demo training pairs in batches of 8
+    assert all(seconds > 0 for seconds in phases.values())
+    # the phases are measured inside the epoch, so they cannot add up to more than it
+    inside = sum(v for k, v in phases.items() if k != "epoch" and not k.startswith("tokenise"))
+    assert inside <= phases["epoch"]
+
+
+def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
+    """Runner.train_step leaves every value on the device: no .item()/tolist()/bool() of a tensor per step (only
+    AdamW's own CPU step counters are read), and the count would see one if it were added."""
+    before = bench.bench_step_counts(frozen=True, steps=3)
+    assert before["syncs"] == 0, before["sync_names"]
+    assert before["exempt"] == 12  # the frozen ln_relu head's 6 parameters, 2 reads each (foreach AdamW, CPU)
+
+    from biencoder import train
+
+    original = train.EpochSums.add
+
+    def reads_the_loss(self, parts, stats):
+        parts["loss"].item()  # what a per-step log line would do
+        return original(self, parts, stats)
+
+    monkeypatch.setattr(train.EpochSums, "add", reads_the_loss)
+    after = bench.bench_step_counts(frozen=True, steps=3)
+    assert after["syncs"] == 1 and after["sync_names"] == {"aten::_local_scalar_dense": 1}
+    assert after["ops"] > before["ops"]
+
+
+def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
+    """The bench's cold-cache check and the runner agree on a run's texts: after the runner has filled the cache,
+    nothing is missing (the old check also asked for texts of pairs that data.dedup drops)."""
+    from biencoder.corpus import run_splits
+    from biencoder.train import Runner
+
+    cfg = bench.compose_config(bench.step_overrides(frozen=True, cache_dir=tmp_path / "cache"))
+    _, splits = run_splits(cfg.data)
+    texts = {text for split in splits.values() for text in split.texts}
+    assert bench.cache_report(cfg).startswith(f"embedding cache cold: {len(texts)} of {len(texts)} texts missing")
+    Runner(cfg, tmp_path / "run")  # encodes and caches them
+    assert bench.cache_report(cfg) is None
