@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from biencoder.checkpoint import load_checkpoint
-from biencoder.evaluate import retrieve
+from biencoder.rerank import retrieve
 from biencoder.model import TokenizedTexts, encode, pair_margins
 from biencoder.retrieve import Retriever, main, read_texts
 from biencoder.train import run
