@@ -220,14 +220,14 @@ def cache_report(cfg) -> str | None:
     saying how many are missing (the runner then encodes them). The texts are the runner's own
     (:func:`biencoder.corpus.run_splits`), the cache the one :func:`biencoder.cache.cached_pooled` fills."""
     from biencoder.cache import encoder_fingerprint, model_cache
-    from biencoder.config import autocast_dtype, select_device
     from biencoder.corpus import run_splits
     from biencoder.model import build_model
+    from biencoder.runtime import decide
 
     _, splits = run_splits(cfg.data)
     texts = [text for split in splits.values() for text in split.texts]
     model, tokenizer = build_model(cfg.model, progress=False)
-    dtype = autocast_dtype(cfg.trainer.precision, select_device(cfg.trainer.device))
+    dtype = decide(cfg.trainer.device, cfg.trainer.precision, environ={}).autocast_dtype  # as the runner decides
     cache = model_cache(model, tokenizer, cfg.model.max_length, cfg.trainer.cache_dir,
                         encoder_fingerprint(model.encoder), dtype)
     missing = cache.missing(texts)

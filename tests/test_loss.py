@@ -75,18 +75,22 @@ def test_infonce_equals_the_hand_computed_value():
         -2.0 + math.log(2 * math.e ** 2 + 4), rel=1e-6)
 
 
+def floats(parts: dict) -> dict[str, float]:
+    """LossOutput.parts (detached 0-d tensors) as Python floats."""
+    return {k: float(v) for k, v in parts.items()}
+
+
 def test_infonce_total_adds_the_weighted_pair_cross_entropy(tiny_model_and_tokenizer):
     model = copy.deepcopy(tiny_model_and_tokenizer[0])
     torch.manual_seed(0)
     emb = [Embeddings(torch.randn(3, 128), torch.randn(3, 32)) for _ in range(3)]
     text_id = torch.arange(9).view(3, 3)
-    out = InfoNCELoss(scale=20.0, ce_weight=0.5)(model, *emb, text_id=text_id)
-    assert out.parts["loss"] == pytest.approx(out.parts["infonce"] + 0.5 * (out.parts["ce_pos"] + out.parts["ce_neg"]),
-                                              rel=1e-5)
-    triplet = TripletCELoss()(model, *emb)  # the same pair classifier terms as the triplet loss
-    assert out.parts["ce_pos"] == triplet.parts["ce_pos"] and out.parts["ce_neg"] == triplet.parts["ce_neg"]
-    only = InfoNCELoss(scale=20.0, ce_weight=0.0)(model, *emb, text_id=text_id)
-    assert only.parts["loss"] == pytest.approx(only.parts["infonce"], rel=1e-6)
+    out = floats(InfoNCELoss(scale=20.0, ce_weight=0.5)(model, *emb, text_id=text_id).parts)
+    assert out["loss"] == pytest.approx(out["infonce"] + 0.5 * (out["ce_pos"] + out["ce_neg"]), rel=1e-5)
+    triplet = floats(TripletCELoss()(model, *emb).parts)  # the same pair classifier terms as the triplet loss
+    assert out["ce_pos"] == triplet["ce_pos"] and out["ce_neg"] == triplet["ce_neg"]
+    only = floats(InfoNCELoss(scale=20.0, ce_weight=0.0)(model, *emb, text_id=text_id).parts)
+    assert only["loss"] == pytest.approx(only["infonce"], rel=1e-6)
 
 
 def test_a_duplicate_of_the_positive_is_never_scored_as_a_negative():
