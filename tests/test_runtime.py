@@ -54,6 +54,14 @@ def test_auto_precision_is_fp32_on_a_gpu_without_native_bf16(gpus):
     assert decide("auto", "bf16", environ={}).precision == "bf16"  # asked for: given
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_on_a_torch_whose_bf16_check_takes_no_argument(gpus, monkeypatch, native):
+    """torch < 2.4: ``is_bf16_supported()`` has no ``including_emulation`` and reports native support only."""
+    gpus(1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: native)
+    assert decide("auto", "auto", environ={}).precision == ("bf16" if native else "fp32")
+
+
 @pytest.mark.parametrize("env", [TORCHRUN_2, {**TORCHRUN_2, "RANK": "0", "LOCAL_RANK": "0"}])
 def test_more_processes_than_gpus_is_one_line_naming_both_counts_and_the_fixes(gpus, env):
     gpus(1)

@@ -88,7 +88,6 @@ class TripletCELoss(nn.Module):
         self.triplet = nn.TripletMarginLoss(margin=margin, p=2)
         self.triplet_weight = triplet_weight
         self.ce_weight = ce_weight
-        self._labels: dict[tuple[int, torch.device], Tensor] = {}  # [2B] (1s then 0s) per batch size and device
 
     def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings,
                 text_id: Tensor | None = None) -> LossOutput:

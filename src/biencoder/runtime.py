@@ -131,11 +131,19 @@ def decide(device: str = "auto", precision: str = "auto", deterministic: bool = 
                 f"{'s are' if visible != 1 else ' is'} visible (one per process is needed): start "
                 f"torchrun --nproc_per_node={visible}, or train with gloo on the CPU (trainer.device=cpu)")
     if precision == "auto":
-        precision = "bf16" if use_cuda and torch.cuda.is_bf16_supported(including_emulation=False) else "fp32"
+        precision = "bf16" if use_cuda and _native_bf16() else "fp32"
     return Runtime(device=torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"),
                    precision=precision, deterministic=bool(deterministic),
                    backend=("nccl" if use_cuda else "gloo") if world_size > 1 else None,
                    local_rank=local_rank, world_size=world_size)
+
+
+def _native_bf16() -> bool:
+    """The visible GPU computes bf16 natively (Ampere or newer), not by emulation."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch < 2.4 has no such argument and counts native support only
+        return torch.cuda.is_bf16_supported()
 
 
 def nondeterministic_op(err: BaseException, device: str) -> NonDeterministicOp | None:
