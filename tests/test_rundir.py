@@ -213,3 +213,15 @@ def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
     run(compose_cfg(overrides + ["trainer.resume=true"]), out)
     assert f"no last.pt: {rows} rows of metrics.jsonl dropped, starting over" in (out / "train.log").read_text()
     assert len(read_metrics(out / "metrics.jsonl")[0]) == rows  # the epoch logged once, not twice
+
+
+def test_a_run_made_with_balltree_resumes_and_groups_under_the_exact_default(tmp_path):
+    """The index changed its default from balltree to exact; both find the same neighbours, so a run made with
+    BallTree is not refused on resume and shares its cell with one made with exact search."""
+    cfg = FAST + ["trainer.max_epochs=1", "eval.tasks=false", "+variant=plain"]
+    old, new = tmp_path / "old", tmp_path / "new"
+    done = run(compose_cfg(cfg + ["negatives.index=balltree", "eval.index=balltree"]), old)
+    assert run(compose_cfg(cfg + ["trainer.resume=true"]), old) == done  # finished: skipped, not refused
+    assert run(compose_cfg(cfg), new)["best"] == done["best"]  # the same numbers with exact search
+    runs = find_runs([old, new])
+    assert assign_cells(runs) == [] and {r.cell for r in runs} == {"plain"}

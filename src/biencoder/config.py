@@ -33,10 +33,13 @@ SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
 #: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
 #: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
 #: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
+#: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
+#: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
+#: cells and resume under today's default.
 NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
                    "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
                    "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
-                   "eval.output", "eval.split", "runtime.")
+                   "eval.output", "eval.split", "negatives.index", "eval.index", "runtime.")
 
 
 def is_non_result_key(key: str) -> bool:
