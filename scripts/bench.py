@@ -16,7 +16,7 @@
 4. One frozen real-corpus epoch of ``+experiment=frozen_arguana`` (``ln_relu``), by phase, through the runner's
    own methods (mean of ``--epochs`` after one warm-up); prints ``frozen_epoch_s: <seconds>``. A cold embedding
    cache is warmed first (it says so; 5-10 min on 2 cores).
-5. One training step (:meth:`biencoder.train.Runner.train_step` on a ready batch, demo corpus) of the MiniLM-sized
+5. One training step (:meth:`biencoder.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
    encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
    counted with ``torch.profiler``, and ms per step.
 6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log): the default
@@ -247,7 +247,7 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
 
     from biencoder.model import TokenizedTexts
     from biencoder.state import rng_states
-    from biencoder.train import SPLITS, Runner
+    from biencoder.runner import SPLITS, Runner
 
     cfg = compose_config(overrides)
     if cfg.model.encoder.freeze:
@@ -285,8 +285,8 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
             if epoch == 1:
                 times.clear(), cpu_times.clear()  # epoch 0 warms caches and allocators
             begin, begin_cpu = time.perf_counter(), time.process_time()
-            negatives = timed_phase("mine", lambda: runner.mine(epoch, train_sim))
-            timed_phase("train", lambda: runner.train_epoch(epoch, negatives))
+            negatives = timed_phase("mine", lambda: runner.trainer.mine(epoch, train_sim))
+            timed_phase("train", lambda: runner.trainer.train_epoch(epoch, negatives))
             for name in SPLITS:
                 emb = timed_phase(f"encode {name}", lambda: runner.embed(name))
                 timed_phase(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
@@ -297,7 +297,7 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
             times["epoch"] = times.get("epoch", 0.0) + time.perf_counter() - begin
             cpu_times["epoch"] = cpu_times.get("epoch", 0.0) + time.process_time() - begin_cpu
         phases = {name: seconds / epochs for name, seconds in times.items()}
-        return {"device": device_label(runner.device), "steps": runner.steps_per_epoch, "setup_s": setup,
+        return {"device": device_label(runner.device), "steps": runner.trainer.steps_per_epoch, "setup_s": setup,
                 "phases": {**tokenise, **phases}, "cpu": {name: seconds / epochs for name, seconds in cpu_times.items()}}
     finally:
         shutil.rmtree(out, ignore_errors=True)  # the temporary folder this function made
@@ -413,26 +413,27 @@ def step_overrides(frozen: bool, cache_dir: Path) -> list[str]:
 
 
 def bench_step_counts(frozen: bool, steps: int) -> dict:
-    """:func:`count_step` of :meth:`Runner.train_step` for the MiniLM-sized model trained or frozen (demo corpus)."""
+    """:func:`count_step` of :meth:`EpochTrainer.train_step` for the MiniLM-sized model trained or frozen (demo corpus)."""
     import itertools
     import shutil
     import tempfile
 
-    from biencoder.train import EpochSums, Runner
+    from biencoder.epoch import EpochSums
+    from biencoder.runner import Runner
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-step-"))
     try:
         runner = Runner(compose_config(step_overrides(frozen, scratch / "cache")), scratch / "run")
-        negatives = runner.mine(0, runner.embed("train").sim)
+        negatives = runner.trainer.mine(0, runner.embed("train").sim)
         runner.model.train()
         runner.model.encoder.train(not runner.frozen)
-        # the batches are assembled beforehand: a step here is Runner.train_step on a ready batch
+        # the batches are assembled beforehand: a step here is EpochTrainer.train_step on a ready batch
         batches = itertools.islice((inputs for epoch in itertools.count()
-                                    for _, inputs in runner.batches(epoch, negatives)), 2 * steps + 2)
+                                    for _, inputs in runner.trainer.batches(epoch, negatives)), 2 * steps + 2)
         batches = iter(list(batches))
         sums = EpochSums()
-        result = count_step(lambda: runner.train_step(next(batches), sums), runner.device, steps,
-                            exempt=lambda: [state["step"] for state in runner.optimizer.state.values()])
+        result = count_step(lambda: runner.trainer.train_step(next(batches), sums), runner.device, steps,
+                            exempt=lambda: [state["step"] for state in runner.trainer.optimizer.state.values()])
         return {"model": "MiniLM frozen head" if frozen else "MiniLM-sized", "device": device_label(runner.device),
                 "batch": runner.cfg.trainer.batch_size, **result}
     finally:
@@ -516,7 +517,7 @@ def main(argv=None) -> int:
                       + f"   b={r['exponent']:.2f}")
 
     if "steps" in items:
-        print("\n5. one training step (Runner.train_step, demo corpus): operator calls and host syncs per step")
+        print("\n5. one training step (EpochTrainer.train_step, demo corpus): operator calls and host syncs per step")
         for frozen in (False, True):
             r = bench_step_counts(frozen, steps=20 if frozen else 2)
             names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"

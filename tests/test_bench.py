@@ -32,21 +32,21 @@ def test_finetune_epoch_by_phase_on_cpu():
 
 
 def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
-    """Runner.train_step leaves every value on the device: no .item()/tolist()/bool() of a tensor per step (only
+    """EpochTrainer.train_step leaves every value on the device: no .item()/tolist()/bool() of a tensor per step (only
     AdamW's own CPU step counters are read), and the count would see one if it were added."""
     before = bench.bench_step_counts(frozen=True, steps=3)
     assert before["syncs"] == 0, before["sync_names"]
     assert before["exempt"] == 12  # the frozen ln_relu head's 6 parameters, 2 reads each (foreach AdamW, CPU)
 
-    from biencoder import train
+    from biencoder import epoch
 
-    original = train.EpochSums.add
+    original = epoch.EpochSums.add
 
     def reads_the_loss(self, parts, stats):
         parts["loss"].item()  # what a per-step log line would do
         return original(self, parts, stats)
 
-    monkeypatch.setattr(train.EpochSums, "add", reads_the_loss)
+    monkeypatch.setattr(epoch.EpochSums, "add", reads_the_loss)
     after = bench.bench_step_counts(frozen=True, steps=3)
     assert after["syncs"] == 1 and after["sync_names"] == {"aten::_local_scalar_dense": 1}
     assert after["ops"] > before["ops"]
@@ -56,7 +56,7 @@ def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
     """The bench's cold-cache check and the runner agree on a run's texts: after the runner has filled the cache,
     nothing is missing (the old check also asked for texts of pairs that data.dedup drops)."""
     from biencoder.corpus import run_splits
-    from biencoder.train import Runner
+    from biencoder.runner import Runner
 
     cfg = bench.compose_config(bench.step_overrides(frozen=True, cache_dir=tmp_path / "cache"))
     _, splits = run_splits(cfg.data)

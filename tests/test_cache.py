@@ -9,7 +9,7 @@ import torch
 from biencoder.cache import EmbeddingCache, cached_pooled, encoder_fingerprint
 from biencoder.evaluate import run_evaluation
 from biencoder.model import TokenizedTexts, build_model, encode_pooled
-from biencoder.train import Runner
+from biencoder.runner import Runner
 from conftest import FAST, compose_cfg
 
 TEXTS = ["a point about schools", "a counter about schools", "a point about taxes", "a counter about taxes"]
@@ -162,7 +162,7 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     calls = encoder_calls
     calls.clear()  # building the runner filled the cache; from here on nothing may encode
     train_emb = runner.embed("train")
-    runner.train_epoch(0, runner.mine(0, train_emb.sim))
+    runner.trainer.train_epoch(0, runner.trainer.mine(0, train_emb.sim))
     runner.evaluate_epoch(("train", "val"))
     assert calls == []  # training, mining and evaluation all work on the cached vectors
     for key, value in runner.model.encoder.state_dict().items():
@@ -192,9 +192,9 @@ def test_frozen_batches_carry_the_mined_negatives(tmp_path):
     runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "negatives.random_rate.start=0.5"]),
                     tmp_path)
     split, pooled = runner.splits["train"], runner.pooled["train"]
-    mined = runner.mine(0, runner.embed("train").sim)
+    mined = runner.trainer.mine(0, runner.embed("train").sim)
     seen = []
-    for rows, inputs in runner.batches(0, mined):
+    for rows, inputs in runner.trainer.batches(0, mined):
         assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]]) and np.array_equal(rows[:, 2], mined.row[rows[:, 0]])
         torch.testing.assert_close(inputs["pooled"], pooled[torch.from_numpy(rows.T.ravel())], rtol=0, atol=0)
         seen.append(rows[:, 0])

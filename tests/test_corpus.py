@@ -138,7 +138,7 @@ def test_planted_cross_split_duplicates(make_corpus):
     """A debate filed twice (another theme, another split): exact overlap counts, exactly the planted pairs dropped
     (test untouched), and the seen/unseen split of the test queries."""
     from biencoder.corpus import seen_queries
-    from biencoder.train import seen_unseen
+    from biencoder.rerank import seen_unseen
 
     layout = grid_layout()
     test_pro = layout["test"]["theme0"]["debate00"]["pro"]

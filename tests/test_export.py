@@ -6,7 +6,7 @@ import torch
 
 from biencoder.checkpoint import load_checkpoint
 from biencoder.model import TokenizedTexts, encode
-from biencoder.train import run
+from biencoder.runner import run
 from conftest import FAST, compose_cfg
 
 st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")

@@ -67,7 +67,7 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     from submitit.core.utils import pickle_load
 
     from biencoder.state import read_metrics
-    from biencoder.train import run
+    from biencoder.runner import run
 
     sweep = tmp_path / "sweep"
     settings = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8",

@@ -13,7 +13,8 @@ import torch
 
 from biencoder.config import ConfigError
 from biencoder.state import RunFolderError, append_rows, read_metrics, truncate_metrics
-from biencoder.train import Diverged, run
+from biencoder.epoch import Diverged
+from biencoder.runner import run
 from conftest import FAST, REPO, compose_cfg
 
 RUN = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "+variant=ln_relu", "seed=3"]
@@ -136,12 +137,12 @@ def test_metrics_survive_a_torn_last_line_but_not_a_corrupt_middle(tmp_path, cap
 
 
 def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
-    from biencoder import train as train_module
+    from biencoder.runner import Runner
 
     def boom(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(train_module.Runner, "save_last", boom)
+    monkeypatch.setattr(Runner, "save_last", boom)
     out = tmp_path / "run"
     with pytest.raises(OSError):
         run(compose_cfg(FAST + ["trainer.max_epochs=1"]), out)
@@ -151,9 +152,9 @@ def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
 
 # -- guards ---------------------------------------------------------------------------------------------------
 def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
-    from biencoder import train as train_module
+    from biencoder.epoch import EpochTrainer
 
-    original = train_module.Runner.train_epoch
+    original = EpochTrainer.train_epoch
 
     def poisoned(self, epoch, negatives):
         if epoch == 1:
@@ -161,7 +162,7 @@ def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
                 self.model.out.weight.fill_(float("nan"))
         return original(self, epoch, negatives)
 
-    monkeypatch.setattr(train_module.Runner, "train_epoch", poisoned)
+    monkeypatch.setattr(EpochTrainer, "train_epoch", poisoned)
     out = tmp_path / "run"
     with pytest.raises(Diverged, match="epoch 1: non-finite loss"):
         run(compose_cfg(FAST + ["trainer.max_epochs=3"]), out)

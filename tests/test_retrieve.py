@@ -12,7 +12,7 @@ from biencoder.checkpoint import load_checkpoint
 from biencoder.rerank import retrieve
 from biencoder.model import TokenizedTexts, encode, pair_margins
 from biencoder.retrieve import Retriever, main, read_texts
-from biencoder.train import run
+from biencoder.runner import run
 from conftest import FAST, compose_cfg
 
 

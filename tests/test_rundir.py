@@ -14,7 +14,7 @@ import pytest
 from biencoder.config import ConfigError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.tables import paired_comparisons, summary_table
-from biencoder.train import run
+from biencoder.runner import run
 from conftest import FAST, REPO, compose_cfg
 
 TINY = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer.max_epochs=1", "eval.tasks=false"]

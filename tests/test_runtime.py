@@ -134,12 +134,12 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
     wrapper = tmp_path / "unpool_step.py"
     wrapper.write_text(
         "import torch\n"
-        "from biencoder import train\n"
-        "forward = train.TripletStep.forward\n"
+        "from biencoder import epoch, train\n"
+        "forward = epoch.TripletStep.forward\n"
         "def with_unpool(self, *args, **kwargs):\n"
         "    torch.nn.functional.max_unpool1d(torch.ones(1, 1, 2), torch.tensor([[[0, 1]]]), 2)\n"
         "    return forward(self, *args, **kwargs)\n"
-        "train.TripletStep.forward = with_unpool\n"
+        "epoch.TripletStep.forward = with_unpool\n"
         "train.cli()\n")
     logs = tmp_path / "logs"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
@@ -156,7 +156,7 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
 def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determinism):
     import yaml
 
-    from biencoder.train import run
+    from biencoder.runner import run
     from conftest import compose_cfg
 
     final = run(compose_cfg(["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "eval.tasks=false",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from biencoder.state import read_metrics
-from biencoder.train import Runner, run
+from biencoder.runner import Runner, run
 from conftest import FAST, REPO, compose_cfg
 
 mlflow = pytest.importorskip("mlflow", reason="pip install -e '.[tracking]'")

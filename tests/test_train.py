@@ -9,8 +9,9 @@ import pytest
 import torch
 import yaml
 
-from biencoder import train as train_module
-from biencoder.train import Runner, run
+from biencoder import epoch as epoch_module
+from biencoder.epoch import EpochTrainer
+from biencoder.runner import Runner, run
 from conftest import FAST, REPO, compose_cfg
 
 VOLATILE = {"epoch_time_s"}
@@ -74,7 +75,7 @@ def test_same_seed_same_numbers(demo_run, tmp_path, global_determinism):
 def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
     """The seed's Dataset kept the stale column, so every 'negative' was the positive itself."""
     events = []
-    real_mine, real_collate = Runner.mine, train_module.TripletCollate.__call__
+    real_mine, real_collate = EpochTrainer.mine, epoch_module.TripletCollate.__call__
 
     def mine(self, epoch, emb):
         mined = real_mine(self, epoch, emb)
@@ -86,8 +87,8 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
         events.append(("batch", batch["rows"].numpy().copy()))
         return batch
 
-    monkeypatch.setattr(Runner, "mine", mine)
-    monkeypatch.setattr(train_module.TripletCollate, "__call__", collate)
+    monkeypatch.setattr(EpochTrainer, "mine", mine)
+    monkeypatch.setattr(epoch_module.TripletCollate, "__call__", collate)
     runner = Runner(compose_cfg(FAST + ["negatives.random_rate.start=0.5"]), tmp_path)
     runner.fit()
     split = runner.splits["train"]
@@ -110,9 +111,9 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
 def test_batches_carry_the_mined_tokens(tmp_path):
     runner = Runner(compose_cfg(FAST), tmp_path)
     tokens, split = runner.tokens["train"], runner.splits["train"]
-    mined = runner.mine(0, runner.embed("train").sim)
-    rows = train_module.triplet_rows(split, mined)[:4]
-    batch = train_module.TripletCollate(tokens)(list(rows))
+    mined = runner.trainer.mine(0, runner.embed("train").sim)
+    rows = epoch_module.triplet_rows(split, mined)[:4]
+    batch = epoch_module.TripletCollate(tokens)(list(rows))
     for i, (point, counter, negative) in enumerate(rows):  # layout: 4 points, 4 counters, 4 negatives
         for offset, row in ((0, point), (4, counter), (8, negative)):
             ids = tokens.ids[row]
@@ -212,7 +213,7 @@ def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
     from sklearn.feature_extraction.text import TfidfVectorizer
 
     from biencoder.report.statistics import wilson
-    from biencoder.train import summary_text
+    from biencoder.report.run import summary_text
 
     out, final = demo_run
     split = demo_corpus.used(True).paired("test")
@@ -263,14 +264,14 @@ def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path,
                       + (["model.encoder.freeze=true"] if frozen else []))
     runner = Runner(cfg, tmp_path)
     split = runner.splits["train"]
-    mined = runner.mine(0, runner.embed("train").sim)
+    mined = runner.trainer.mine(0, runner.embed("train").sim)
     masked_total = 0
-    for rows, inputs in runner.batches(0, mined):
+    for rows, inputs in runner.trainer.batches(0, mined):
         text_id = inputs.pop("text_id")
         assert text_id.tolist() == split.text_id[rows.T.ravel()].tolist()  # points, counters, negatives
         emb = runner.model.from_pooled(inputs["pooled"]) if frozen else runner.model.embed(**inputs)
         point, counter, negative = emb.chunk(3)
-        scores, target, masked = runner.loss_fn.scores(point.sim, counter.sim, negative.sim, text_id.view(3, -1))
+        scores, target, masked = runner.trainer.step.loss_fn.scores(point.sim, counter.sim, negative.sim, text_id.view(3, -1))
         candidate_text = split.text_id[np.concatenate([rows[:, 1], rows[:, 2]])]
         for i, positive in enumerate(split.text_id[rows[:, 1]]):
             same = candidate_text == positive

@@ -1,4 +1,6 @@
-"""``best.pt``: the best-by-val weights and everything needed to use them without the config tree or the encoder's
+"""The two checkpoints of a run folder: ``best.pt`` (to use the model) and ``last.pt`` (to resume training).
+
+``best.pt``: the best-by-val weights and everything needed to use them without the config tree or the encoder's
 original folder -- so a run folder (or the file alone) moved to another machine still works.
 
 Contents (``torch.load(..., weights_only=True)``-safe: tensors, numbers, strings, bytes):
@@ -6,6 +8,9 @@ Contents (``torch.load(..., weights_only=True)``-safe: tensors, numbers, strings
 ``encoder_config`` (the HF config as a dict: the architecture is rebuilt from it, never downloaded),
 ``tokenizer_files`` ({file name: bytes} as ``save_pretrained`` writes them), and ``run``: ``retrieve``, ``k``
 (the retrieve-then-rerank settings it was selected with), ``data``, ``dedup``, ``variant``, ``seed``.
+
+``last.pt`` (:func:`training_state`, written by :meth:`biencoder.rundir.RunFolder.save_state`): the full training
+state after an epoch; resuming from it (:func:`restore_last`) continues bit for bit.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ from pathlib import Path
 
 import torch
 
+from . import distributed
 from .errors import ConfigError
 from .model import BiModel, bimodel
+from .state import RunFolderError, set_rng_states
 
 
 def checkpoint_payload(model: BiModel, tokenizer, state_dict: dict, epoch: int, model_cfg: dict, run: dict) -> dict:
@@ -65,3 +72,51 @@ def load_checkpoint(path: str | Path, progress: bool = True,
     model.eval()
     run = {"retrieve": "sim", "k": 10, **ckpt.get("run", {})}
     return model, tokenizer, model_cfg, run
+
+
+def _weights(state_dict: dict, frozen: bool) -> dict:
+    """What ``last.pt`` holds of a state dict: all of it, or the heads only when the encoder is frozen (its weights
+    are the pretrained ones, checked by fingerprint on resume)."""
+    return {k: v for k, v in state_dict.items() if not (frozen and k.startswith("encoder."))}
+
+
+def training_state(epoch: int, model: BiModel, trainer_state: dict, best: dict, train_sim: torch.Tensor,
+                   rngs: list[dict], fingerprint: str | None) -> dict:
+    """What ``last.pt`` holds after ``epoch``: the weights, ``trainer_state`` (optimiser, LR schedule, mining and
+    loader RNGs: :meth:`biencoder.epoch.EpochTrainer.state_dict`), ``rngs`` (every rank's global RNG states, index =
+    rank, so each rank resumes its own dropout stream), ``train_sim`` (the embeddings the next epoch mines with), the
+    best epoch so far (its weights and test hits; not its embeddings) and the frozen encoder's ``fingerprint`` (None:
+    the encoder trains, and its weights are saved too)."""
+    frozen = fingerprint is not None
+    return {
+        "epoch": epoch,
+        "model": _weights(model.state_dict(), frozen),
+        **trainer_state,
+        "rng": rngs,
+        "train_sim": train_sim,
+        "best": {**{k: v for k, v in best.items() if k not in ("state", "hits", "embs")},
+                 "state": _weights(best["state"], frozen) if best["state"] else None,
+                 "hits": None if best["hits"] is None else torch.from_numpy(best["hits"])},
+        "encoder_fingerprint": fingerprint,
+    }
+
+
+def restore_last(state: dict, path: Path, model: BiModel, trainer, fingerprint: str | None) -> tuple[int, dict, torch.Tensor]:
+    """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``model``, ``trainer`` (an
+    :class:`~biencoder.epoch.EpochTrainer`) and this rank's RNGs; returns (next epoch, best so far, train embeddings
+    to mine with). Raises :class:`RunFolderError` for another encoder or another number of processes."""
+    if state["encoder_fingerprint"] != fingerprint:
+        raise RunFolderError(f"{path} was trained on another encoder than model.encoder.name_or_path loads now")
+    model.load_state_dict(state["model"], strict=fingerprint is None)
+    trainer.load_state_dict(state)
+    rngs = state["rng"]
+    if len(rngs) != distributed.world_size():
+        raise RunFolderError(f"{path} was saved by {len(rngs)} process(es), not "
+                             f"{distributed.world_size()}: resume with the same number of processes")
+    set_rng_states(rngs[distributed.rank()])
+    best = dict(state["best"])
+    if best["state"] is not None:
+        full = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        best["state"] = {**full, **best["state"]}
+    best["hits"] = None if best["hits"] is None else best["hits"].numpy()
+    return state["epoch"] + 1, best, state["train_sim"]

@@ -68,3 +68,16 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
         "k": int(k_eff),
     }
     return metrics, hits
+
+
+def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
+    """Top-1 on the unseen and the seen queries (None for an empty group) and their counts.
+
+    Args: ``hits`` [Q] bool (:func:`retrieve_rerank`'s per-query outcome), ``seen`` [Q] bool (the query's point or
+    counter text occurs in a training or validation pair: :func:`biencoder.corpus.seen_queries`).
+    """
+    out = {}
+    for group, mask in (("unseen", ~seen), ("seen", seen)):
+        out[f"top1_{group}"] = float(hits[mask].mean()) if mask.any() else None
+        out[f"queries_{group}"] = int(mask.sum())
+    return out

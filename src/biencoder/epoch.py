@@ -1,0 +1,275 @@
+"""One training epoch: mine this epoch's negatives, then one pass of optimisation steps over the triplets.
+
+:class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
+shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.runner.Runner` drives it. A step
+sums its loss parts, head statistics and gradient norms on the device (:class:`EpochSums`): the host reads them once
+per epoch, so no step waits for the device.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.utils.data import DataLoader, DistributedSampler
+from tqdm.auto import tqdm
+
+from . import distributed
+from .corpus import PairedSplit
+from .loss import LossOutput, build_loss
+from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector
+from .negatives import MinedNegatives, mine_negatives, random_rate
+
+#: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
+STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss or embedding: the run stops at once (``final.json`` status ``diverged``)."""
+
+    def __init__(self, epoch: int, what: str, parts: dict[str, float] | None = None):
+        self.epoch, self.what, self.parts = epoch, what, dict(parts or {})
+        detail = ", ".join(f"{k}={v:.4g}" for k, v in self.parts.items())
+        super().__init__(f"training diverged in epoch {epoch}: non-finite {what}" + (f" ({detail})" if detail else "")
+                         + "; lower trainer.lr / trainer.head_lr or use trainer.precision=fp32")
+
+
+class TripletCollate:
+    """Rows [B, 3] of (point, counter, negative) → one padded encoder batch of 3B texts, plus the rows.
+
+    Without ``tokens`` (frozen encoder: the pooled vectors are cached) the batch holds the rows only.
+    """
+
+    def __init__(self, tokens: TokenizedTexts | None):
+        self.tokens = tokens
+
+    def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
+        rows = np.stack(rows)
+        # all points, then all counters, then all negatives
+        batch = self.tokens.batch(rows.T.ravel()) if self.tokens is not None else {}
+        batch["rows"] = torch.from_numpy(rows)
+        return batch
+
+
+def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
+    """[Q, 3] table rows (point, counter, negative) for this epoch: always built from the freshly mined ones."""
+    return np.stack([split.query, split.counter, negatives.row], axis=1)
+
+
+def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
+    """L2 norm (0-d tensor, on ``device``) over ``grads``: the norm of the per-tensor norms, one foreach call for those."""
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros((), device=device)
+
+
+class EpochSums:
+    """Per-step values summed on the device over an epoch and read by the host once (:meth:`means`): no step waits.
+
+    The loss parts are summed in float64 and the statistics in float32, as when the parts were host floats and the
+    statistics 0-d tensors, so the means are the same numbers to the last digit.
+    """
+
+    def __init__(self):
+        self.steps, self.part_names, self.parts, self.stats = 0, (), None, None
+
+    def add(self, parts: dict[str, torch.Tensor], stats: torch.Tensor) -> None:
+        """Add one step's loss ``parts`` (0-d tensors) and ``stats`` [S] (names: :data:`STEP_STATISTICS`)."""
+        vector = torch.stack(list(parts.values()))
+        if self.parts is None:
+            self.part_names, self.parts, self.stats = tuple(parts), vector.to(torch.float64), stats.float()
+        else:
+            self.parts.add_(vector)
+            self.stats.add_(stats)
+        self.steps += 1
+
+    def means(self) -> dict[str, float]:
+        """Mean per step of every part and statistic (two host reads); empty before the first step."""
+        if self.parts is None:
+            return {}
+        values = dict(zip(self.part_names, self.parts.tolist()))
+        values.update(zip(STEP_STATISTICS, self.stats.tolist()))
+        return {key: value / self.steps for key, value in values.items()}
+
+
+class TripletStep(nn.Module):
+    """The whole training forward (triplet batch → :class:`LossOutput`) as one module, so DDP wraps all of it.
+
+    Takes token ids (encoder trained) or the cached pooled vectors [3B, hidden] (encoder frozen), ordered
+    points, counters, negatives, and their text ids [3B] in the same order (``PairedSplit.text_id``: the loss
+    masks duplicate texts with them).
+    """
+
+    def __init__(self, model: BiModel, loss_fn: nn.Module):
+        super().__init__()
+        self.model, self.loss_fn = model, loss_fn
+
+    def forward(self, pooled: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
+                attention_mask: torch.Tensor | None = None, text_id: torch.Tensor | None = None) -> LossOutput:
+        emb = self.model.from_pooled(pooled) if pooled is not None else self.model.embed(input_ids, attention_mask)
+        point, counter, negative = emb.chunk(3)
+        return self.loss_fn(self.model, point, counter, negative, None if text_id is None else text_id.view(3, -1))
+
+
+def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
+    warmup = int(warmup_ratio * total_steps)
+
+    def factor(step: int) -> float:
+        if kind == "constant":
+            return 1.0
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+    return factor
+
+
+class EpochTrainer:
+    """Mining and optimisation over the training split, one epoch per :meth:`mine` + :meth:`train_epoch`.
+
+    Args:
+        cfg: the run's config (``trainer``, ``negatives``, ``loss``, ``seed``).
+        model: the :class:`BiModel`, already on ``device``.
+        split: the training split; ``pooled`` its cached pooled vectors [2Q, hidden] on the device (frozen encoder),
+            else ``tokens`` its tokenised texts.
+        amp_dtype: the autocast dtype (None: fp32). ``progress``: show the step bar.
+    """
+
+    def __init__(self, cfg: DictConfig, model: BiModel, split: PairedSplit, pooled: torch.Tensor | None,
+                 tokens: TokenizedTexts | None, device: torch.device, amp_dtype: torch.dtype | None, progress: bool):
+        self.cfg, self.model, self.split, self.pooled, self.tokens = cfg, model, split, pooled, tokens
+        self.device, self.amp_dtype, self.progress = device, amp_dtype, progress
+        self.frozen = pooled is not None
+        self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
+        groups = [{"params": model.head_parameters(), "lr": cfg.trainer.head_lr}]
+        if not self.frozen:
+            groups.insert(0, {"params": model.encoder.parameters(), "lr": cfg.trainer.lr})
+        # CUDA: fused, one kernel per step and group, its step counters on the device (nothing read by the host).
+        # Elsewhere foreach, one multi-tensor update instead of a Python loop over parameters: on a CPU the fused
+        # kernel rounds differently (about 2e-7 apart per step), which would move same-seed CPU numbers
+        fused = device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=fused, foreach=not fused)
+        # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
+        self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
+        self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
+            cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio))
+        self.rng = np.random.default_rng(cfg.seed)  # mining's random negatives
+        self.loader_generator = torch.Generator().manual_seed(cfg.seed)  # the order of the triplets
+
+    def _step_module(self, step: TripletStep) -> nn.Module:
+        """The training forward as run: wrapped in DDP under several processes, compiled with ``trainer.compile``."""
+        if distributed.world_size() > 1:
+            step = nn.parallel.DistributedDataParallel(
+                step, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                # with cls/mean pooling the encoder's pooler computes an output no loss uses
+                find_unused_parameters=not self.frozen and self.cfg.model.pooling != "pooler")
+        return torch.compile(step) if self.cfg.trainer.compile else step
+
+    # -- state (last.pt) --------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "mining_rng": self.rng.bit_generator.state, "loader_rng": self.loader_generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.rng.bit_generator.state = state["mining_rng"]
+        self.loader_generator.set_state(state["loader_rng"])
+
+    # -- one epoch --------------------------------------------------------------------------------------------
+    def mine(self, epoch: int, train_sim: torch.Tensor | None) -> MinedNegatives:
+        """This epoch's negatives, mined on rank 0 from ``train_sim`` [2Q, sim_dim] and shared with the other ranks."""
+        rate = random_rate(epoch, self.cfg.negatives.random_rate.start, self.cfg.negatives.random_rate.decay)
+        negatives = None
+        if distributed.is_main():
+            negatives = mine_negatives(train_sim.numpy(), self.split, rate, self.rng, self.cfg.negatives.n_neighbors,
+                                       index=self.cfg.negatives.index, device=self.device)
+        if distributed.world_size() > 1:
+            n = self.split.n_pairs
+            rows = distributed.broadcast_rows(None if negatives is None else negatives.row, n)
+            if negatives is None:
+                negatives = MinedNegatives(row=rows, is_random=np.zeros(n, bool), distance=np.zeros(n), rate=rate)
+        return negatives
+
+    def loader(self, epoch: int, negatives: MinedNegatives) -> DataLoader:
+        """The trained encoder's batches: a DataLoader that pads the token batches (with workers if asked)."""
+        cfg = self.cfg.trainer
+        rows = list(triplet_rows(self.split, negatives))
+        if distributed.world_size() > 1:
+            sampler = DistributedSampler(rows, num_replicas=distributed.world_size(), rank=distributed.rank(),
+                                         shuffle=True, seed=int(self.cfg.seed))
+            sampler.set_epoch(epoch)
+            shuffle, generator = None, None
+        else:
+            sampler, shuffle, generator = None, True, self.loader_generator
+        return DataLoader(rows, batch_size=cfg.batch_size, shuffle=shuffle, sampler=sampler, generator=generator,
+                          num_workers=cfg.num_workers, collate_fn=TripletCollate(self.tokens),
+                          pin_memory=self.device.type == "cuda")
+
+    def batches(self, epoch: int, negatives: MinedNegatives):
+        """This epoch's batches: yields (rows [B, 3] of (point, counter, negative), :class:`TripletStep` inputs,
+        with the rows' text ids [3B]).
+
+        Frozen encoder: the cached pooled vectors of every triplet are gathered once per epoch into one
+        [Q, 3, hidden] tensor on the device, in the order of a seeded permutation, and sliced: no DataLoader, no
+        per-batch gathering. Trained encoder: :meth:`loader`.
+        """
+        text_id = torch.tensor(self.split.text_id, device=self.device)
+        if not self.frozen:
+            for batch in self.loader(epoch, negatives):
+                rows = batch.pop("rows")
+                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
+                yield rows.numpy(), {**batch, "text_id": text_id[rows.T.reshape(-1).to(self.device)]}
+            return
+        rows = triplet_rows(self.split, negatives)[self._order(epoch)]  # [Q, 3]
+        index = torch.from_numpy(rows).to(self.device)
+        gathered = self.pooled[index]  # [Q, 3, hidden] on the device
+        size = self.cfg.trainer.batch_size
+        for start in range(0, len(rows), size):
+            # points, then counters, then negatives, as TripletStep splits them
+            yield rows[start:start + size], {"pooled": gathered[start:start + size].transpose(0, 1).reshape(
+                -1, gathered.shape[-1]), "text_id": text_id[index[start:start + size].T.reshape(-1)]}
+
+    def _order(self, epoch: int) -> np.ndarray:
+        """This rank's pairs for ``epoch`` in training order: a seeded permutation (its shard under DDP)."""
+        if distributed.world_size() > 1:
+            sampler = DistributedSampler(range(self.split.n_pairs), num_replicas=distributed.world_size(),
+                                         rank=distributed.rank(), shuffle=True, seed=int(self.cfg.seed))
+            sampler.set_epoch(epoch)
+            return np.fromiter(iter(sampler), dtype=np.int64)
+        return torch.randperm(self.split.n_pairs, generator=self.loader_generator).numpy()
+
+    def train_epoch(self, epoch: int, negatives: MinedNegatives) -> dict[str, float]:
+        """One pass over the training pairs with this epoch's negatives; returns mean loss parts and internals.
+
+        The step sums everything on the device; the host reads the sums once, here. Raises :class:`Diverged` when
+        the epoch's loss is not finite (a NaN or inf in any step makes the sum so).
+        """
+        sums = EpochSums()
+        self.model.train()
+        self.model.encoder.train(not self.frozen)
+        bar = tqdm(self.batches(epoch, negatives), desc=f"epoch {epoch} train", disable=not self.progress,
+                   leave=False, total=self.steps_per_epoch)
+        for _, inputs in bar:
+            self.train_step(inputs, sums)
+            if self.progress and sums.steps % 20 == 0:  # a host read, only for a person watching the bar
+                bar.set_postfix(loss=f"{sums.parts[0].item() / sums.steps:.3f}")
+        means = distributed.mean_over_ranks(sums.means())
+        parts = {key: means[key] for key in sums.part_names}
+        if not all(map(math.isfinite, parts.values())):
+            raise Diverged(epoch, "loss", parts)
+        return means
+
+    def train_step(self, inputs: dict[str, torch.Tensor], sums: EpochSums) -> None:
+        """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts, head statistics and
+        gradient norms are added to ``sums`` on the device. Nothing here waits for the device."""
+        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+            out = self.step(**inputs)
+        self.optimizer.zero_grad(set_to_none=True)
+        out.total.backward()
+        grad_norms = [_grad_norm([p.grad for p in params if p.grad is not None], self.device)
+                      for params in self.grad_groups]
+        sums.add(out.parts, torch.cat([head_statistics_vector(out.features, out.head_input), torch.stack(grad_norms)]))
+        self.optimizer.step()
+        self.scheduler.step()

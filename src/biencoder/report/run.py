@@ -1,0 +1,50 @@
+"""The one-screen summary of one finished run, printed at its end (``final.json`` → text).
+
+Used by the runner (:mod:`biencoder.runner`); the comparison of many runs is :mod:`biencoder.summary`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..tasks import format_tasks
+from .statistics import wilson
+
+
+def summary_text(final: dict, out_dir: Path) -> str:
+    """The one-screen summary printed at the end of a run: metrics with a 95 % interval and the baselines on the
+    same queries, what each metric means, the unseen/seen split, the 8 tasks."""
+    baselines = final.get("baselines", {})
+    k = next(iter(final["best"].values()))["k"]
+    lines = [f"== {final['variant']} seed {final['seed']} | {final['model']} on {final['data']} | "
+             f"best epoch {final['best_epoch']} (of 0-{final['epochs'] - 1}, by val top1) | {final['wall_time_s']:.0f} s",
+             f"{'split':<6} {'queries':>7} {'top1':>6} {'95% CI':>15} {'retr@1':>7} {'R@k':>6} {'MRR':>6}"
+             + ("  | zero-shot   TF-IDF" if baselines else "")]
+    for name, m in final["best"].items():
+        low, high = wilson(round(m["top1"] * m["queries"]), m["queries"])
+        row = (f"{name:<6} {m['queries']:>7} {m['top1']:>6.3f} {f'[{low:.3f}, {high:.3f}]':>15} "
+               f"{m['retrieval_top1']:>7.3f} {m['recall_at_k']:>6.3f} {m['mrr']:>6.3f}")
+        if name in baselines:
+            b = baselines[name]
+            row += f"  | {b['encoder_cosine']['top1']:>9.3f} {b['tfidf']['top1']:>8.3f}"
+        lines.append(row)
+    lines.append(f"top1: the true counter ranks first after the classifier reranks the k={k} nearest (pool: every "
+                 "argument of the split, as in the epa task); retr@1: the nearest is the true counter; R@k: it is "
+                 "among the k; MRR: mean 1/rank after reranking (0 outside the k); 95% CI: Wilson interval over "
+                 "this run's queries (nothing about other seeds)"
+                 + ("; zero-shot / TF-IDF: the untrained encoder's cosine and TF-IDF top-1 on the same queries "
+                    "and pools" if baselines else "")
+                 + (". The train row uses a fixed sample of the training queries (eval.train_queries)."
+                    if final["best"]["train"]["queries"] < final.get("pairs", {}).get("train", 0) else "."))
+    test, overlap = final["best"]["test"], final.get("overlap", {})
+    if "queries_unseen" in test:
+        shown = lambda v: "–" if v is None else f"{v:.3f}"
+        lines.append(f"test top1 on queries unseen in train/val: {shown(test['top1_unseen'])} "
+                     f"(n={test['queries_unseen']}); seen: {shown(test['top1_seen'])} (n={test['queries_seen']}); "
+                     + ("data.dedup dropped " + ", ".join(f"{k} {v}" for k, v in overlap.get("dropped_pairs", {}).items())
+                        + " pairs" if overlap.get("dedup") else "official splits (data.dedup=false)"))
+    if "tasks" in final:
+        lines.append(f"8 tasks, score={final['tasks']['score']}, best-by-val weights:")
+        lines.append(format_tasks({n: final["tasks"][n] for n in ("val", "test")}))
+    lines.append(f"run folder: {out_dir}")
+    return "\n".join(lines)

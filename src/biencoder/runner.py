@@ -1,0 +1,342 @@
+"""One training run, end to end: data, model, the epoch loop, evaluation, the best epoch, the run folder.
+
+Each epoch: mine negatives with the current weights (the training split's embeddings from the previous
+epoch's evaluation are reused, so the split is embedded once per epoch), train on (point, counter, negative)
+triplets (:mod:`biencoder.epoch`), then evaluate retrieve-k-then-rerank top-1 on train, val and test
+(:mod:`biencoder.rerank`). The run folder gets ``metrics.jsonl`` (one row per epoch and split, fsynced per epoch),
+``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``: :mod:`biencoder.checkpoint`) and, at
+the end, ``best.pt``, ``test_hits.npy`` and ``final.json`` (atomically; ``status`` done, or failed / diverged with the
+error) with the 8 official tasks for the best-by-val weights. With ``model.encoder.freeze=true`` the encoder's outputs
+come from the embedding cache. Under ``torchrun`` rank 0 mines, evaluates and writes; every rank trains on its shard
+(DDP). No Hydra here: :func:`run` takes a plain ``DictConfig``; the ``biencoder.train`` app is its Hydra shell.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from . import distributed
+from .cache import cached_pooled, encoder_fingerprint
+from .checkpoint import checkpoint_payload, restore_last, training_state
+from .config import set_seed_everywhere, show_progress, validate, variant_name
+from .corpus import run_splits, seen_queries
+from .epoch import Diverged, EpochTrainer
+from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled
+from .report.run import summary_text
+from .rerank import retrieve_rerank, seen_unseen
+from .rundir import RunFolder
+from .runtime import Runtime, decide
+from .state import rng_states
+from .tasks import evaluate_tasks
+from .tracking import Tracker
+
+log = logging.getLogger("biencoder")
+SPLITS = ("train", "val", "test")
+
+
+class Runner:
+    """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``).
+
+    ``runtime``: the start-up decision of device, precision and process group (:func:`start_up`, made here when
+    None); the runner never asks torch again.
+    """
+
+    def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None):
+        self.cfg, self.out_dir = cfg, Path(out_dir)
+        self.folder = RunFolder(out_dir)
+        corpus, self.splits = run_splits(cfg.data)
+        self.runtime = start_up(cfg) if runtime is None else runtime  # decided once, at start-up
+        self.device, self.amp_dtype = self.runtime.device, self.runtime.autocast_dtype
+        self.main = distributed.is_main()
+        self.variant = variant_name(cfg)
+        self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
+        shown = show_progress(cfg)
+        set_seed_everywhere(cfg.seed)
+        self.model, self.tokenizer = build_model(cfg.model, progress=shown)  # the tokenizer: saved into best.pt
+        self.model.to(self.device)
+        # test queries whose point or counter text occurs in a training or validation pair this run uses
+        self.test_seen = seen_queries(self.splits["test"], [self.splits["train"], self.splits["val"]])
+        self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
+                        "test_queries_seen": int(self.test_seen.sum()),
+                        "test_queries_unseen": int((~self.test_seen).sum())}
+        self.progress = shown and self.main
+        self.frozen = bool(cfg.model.encoder.freeze)
+        self.fingerprint, self.pooled, self.tokens = self._inputs()
+        self.trainer = EpochTrainer(cfg, self.model, self.splits["train"], self.pooled.get("train"),
+                                    self.tokens.get("train"), self.device, self.amp_dtype, self.progress)
+        self.eval_pairs = self._eval_pairs()
+        self.zero_shot = self._zero_shot()
+
+    def _inputs(self) -> tuple[str | None, dict[str, torch.Tensor], dict[str, TokenizedTexts]]:
+        """(encoder fingerprint, pooled vectors per split, token ids per split): a frozen encoder's pooled vectors
+        are computed once (or read from the cache) and kept on the device, where the training batches are gathered
+        from them every epoch; a trained encoder's texts are tokenised once."""
+        cfg = self.cfg
+        if not self.frozen:
+            return None, {}, {name: TokenizedTexts(s.texts, self.tokenizer, cfg.model.max_length)
+                              for name, s in self.splits.items()}
+        self.model.encoder.requires_grad_(False)
+        fingerprint = encoder_fingerprint(self.model.encoder)
+        if not self.main:
+            distributed.barrier()  # rank 0 fills the cache first, the others read it
+        pooled = {name: cached_pooled(self.model, self.tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
+                                      fingerprint, cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
+                                      self.progress, desc=f"encode {name}").to(self.device)
+                  for name, s in self.splits.items()}
+        if self.main:
+            distributed.barrier()
+        return fingerprint, pooled, {}
+
+    def _eval_pairs(self) -> dict[str, np.ndarray | None]:
+        """The queries evaluated per epoch: all (None), or for train a fixed sample of ``eval.train_queries`` (the same
+        for every seed and cell, so train curves stay comparable); mining always uses every training pair."""
+        n_train, sample = self.splits["train"].n_pairs, self.cfg.eval.train_queries
+        pairs = {name: None for name in SPLITS}
+        if sample is not None and sample < n_train:
+            pairs["train"] = np.sort(np.random.default_rng(0).choice(n_train, sample, replace=False))
+        return pairs
+
+    def _zero_shot(self) -> dict[str, torch.Tensor] | None:
+        """The untrained encoder's pooled val/test vectors, for the zero-shot baseline in the summary (rank 0, when
+        ``eval.baselines`` asks for it: ``auto`` = when cheap)."""
+        want = self.cfg.eval.baselines
+        cheap = self.frozen or sum(len(self.splits[n].texts) for n in ("val", "test")) <= 2000
+        if not self.main or not (want is True or (want == "auto" and cheap)):
+            return None
+        return {n: self.pooled[n].cpu() if self.frozen else encode_pooled(
+            self.model, self.tokens[n], self.cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
+            desc=f"encode {n} (zero-shot)") for n in ("val", "test")}
+
+    # -- evaluation -------------------------------------------------------------------------------------------
+    def embed(self, name: str) -> Embeddings:
+        if self.frozen:
+            return embed_pooled(self.model, self.pooled[name], self.cfg.eval.pair_batch_size, self.device)
+        return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
+                      self.amp_dtype, progress=self.progress, desc=f"encode {name}")
+
+    def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
+        """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``."""
+        if not (torch.isfinite(emb.sim).all() and torch.isfinite(emb.pooled).all()):
+            raise Diverged(epoch, f"{name} embeddings")
+        metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
+                                        self.cfg.eval.pair_batch_size, self.device, index=self.cfg.eval.index,
+                                        pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve)
+        if name == "test":
+            metrics.update(seen_unseen(hits, self.test_seen))
+        return metrics, hits
+
+    def evaluate_epoch(self, names, epoch: int = -1) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
+        metrics, hits, embs = {}, {}, {}
+        for name in names:
+            embs[name] = self.embed(name)
+            metrics[name], hits[name] = self.evaluate_split(name, embs[name], epoch)
+        return metrics, hits, embs
+
+    def baselines(self) -> dict:
+        """Top-1 of the zero-shot encoder's cosine and of TF-IDF on val and test: the same queries and pools as the
+        per-epoch top-1 (the epa task), with the unseen/seen split on test."""
+        out = {}
+        for name in ("val", "test"):
+            split = self.splits[name]
+            groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else None
+            emb = Embeddings(torch.zeros(len(split.texts), 1), self.zero_shot[name])
+            out[name] = {}
+            for score in ("encoder_cosine", "tfidf"):
+                epa = evaluate_tasks(split, score, emb=emb, groups=groups)["epa"]
+                out[name][score] = {"top1": epa["accuracy_at_1"], "queries": epa["queries"],
+                                    **{f"top1_{g}": v["accuracy_at_1"] for g, v in epa.get("groups", {}).items()}}
+        return out
+
+    # -- checkpointing ----------------------------------------------------------------------------------------
+    def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor, rngs: list[dict]) -> None:
+        """The full training state after ``epoch`` into ``last.pt``, atomically (:func:`checkpoint.training_state`)."""
+        self.folder.save_state(training_state(epoch, self.model, self.trainer.state_dict(), best, train_sim, rngs,
+                                              self.fingerprint))
+
+    def load_last(self, state: dict) -> tuple[int, dict, torch.Tensor]:
+        """Restore the state of ``last.pt``; returns (next epoch, best so far, train embeddings to mine with)."""
+        return restore_last(state, self.folder.last, self.model, self.trainer, self.fingerprint)
+
+    # -- the run ----------------------------------------------------------------------------------------------
+    def fit(self) -> dict | None:
+        """Train (from ``last.pt`` when it exists) and return what ``final.json`` holds; None on ranks > 0."""
+        with logging_redirect_tqdm():  # log lines go above the progress bars instead of through them
+            return self._fit()
+
+    def _start(self) -> tuple[int, dict, torch.Tensor | None]:
+        """(first epoch, best so far, the training split's sim vectors the first mining uses): from ``last.pt``, or
+        fresh (the sim head started from the training PCA with ``model.sim_init=pca``)."""
+        state = self.folder.load_state()
+        if state is not None:
+            epoch, best, train_sim = self.load_last(state)
+            dropped = self.folder.truncate(epoch - 1) if self.main else 0
+            log.info("resuming %s after epoch %d (%d rows of epochs after the last checkpoint dropped)",
+                     self.out_dir, epoch - 1, dropped)
+            return epoch, best, train_sim
+        if self.main:
+            self.folder.truncate(-1)
+        best = {"epoch": -1, "val_top1": -math.inf, "metrics": None, "state": None, "hits": None}
+        if self.cfg.model.sim_init != "pca":
+            return 0, best, self.embed("train").sim if self.main else None
+        # every rank computes the same (float64, CPU) projection; the pooled vectors then give the first mining's
+        # sim vectors too, so a trained encoder encodes the training split once here, not twice
+        pooled = self.pooled["train"] if self.frozen else encode_pooled(
+            self.model, self.tokens["train"], self.cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
+            progress=self.progress, desc="encode train")
+        self.model.init_sim_from_pca(pooled)
+        if not self.main:
+            return 0, best, None
+        return 0, best, embed_pooled(self.model, pooled, self.cfg.eval.pair_batch_size, self.device).sim
+
+    def _log_start(self) -> None:
+        cfg, rt, n = self.cfg, self.runtime, distributed.world_size()
+        how = ([rt.device_name] if rt.device.type == "cuda" else []) + [rt.precision] + (
+            ["deterministic"] if rt.deterministic else []) + [f"{n} process{'es' if n > 1 else ''}"]
+        log.info("variant %s seed %d on %s (%s) | %s | pairs train/val/test %s", self.variant, cfg.seed, self.device,
+                 ", ".join(how), cfg.data.name, "/".join(str(s.n_pairs) for s in self.splits.values()))
+        if cfg.data.dedup:
+            log.info("data.dedup: dropped %s pairs that share a text with a later split (test untouched); test "
+                     "queries seen in train/val: %d, unseen: %d", self.overlap["dropped_pairs"],
+                     self.overlap["test_queries_seen"], self.overlap["test_queries_unseen"])
+        else:
+            log.info("data.dedup=false: the official splits; %d of %d test queries share a text with a training "
+                     "or validation pair (reported as seen/unseen)", self.overlap["test_queries_seen"],
+                     len(self.test_seen))
+
+    def _fit(self) -> dict | None:
+        start = time.time()
+        self._log_start()
+        first_epoch, best, train_sim = self._start()
+        if self.main:
+            self.tracker.open(first_epoch)
+        epochs = self.cfg.trainer.max_epochs
+        for epoch in tqdm(range(first_epoch, epochs), desc="epochs", disable=not self.progress,
+                          initial=first_epoch, total=epochs):
+            epoch_start = time.time()
+            negatives = self.trainer.mine(epoch, train_sim)
+            train_stats = self.trainer.train_epoch(epoch, negatives)
+            if self.main:
+                stats = {**train_stats, **negatives.stats()}
+                train_sim, best = self._evaluate_and_log(epoch, stats, best, epoch_start)
+            every = self.cfg.trainer.checkpoint_every
+            if every and ((epoch + 1) % every == 0 or epoch == epochs - 1):
+                rngs = distributed.all_gather_object(rng_states())  # every rank's own RNG streams
+                if self.main:
+                    self.save_last(epoch, best, train_sim, rngs)
+            distributed.barrier()
+        if not self.main:
+            return None
+        return self._finish(best, start)
+
+    def _evaluate_and_log(self, epoch: int, train_stats: dict, best: dict,
+                          epoch_start: float) -> tuple[torch.Tensor, dict]:
+        """Evaluate the splits due this epoch, append their rows to ``metrics.jsonl`` and the trackers, and keep the
+        best-by-val epoch. Returns (the training split's sim vectors, which the next epoch mines with; best)."""
+        epochs, every = self.cfg.trainer.max_epochs, self.cfg.eval.every
+        names = SPLITS if (epoch + 1) % every == 0 or epoch == epochs - 1 else ("train",)
+        metrics, hits, embs = self.evaluate_epoch(names, epoch)
+        elapsed = time.time() - epoch_start
+        base = {"variant": self.variant, "seed": int(self.cfg.seed)}
+        rows = [{"epoch": epoch, "split": name, **base, **metrics[name],
+                 **({**train_stats, "epoch_time_s": elapsed} if name == "train" else {})} for name in names]
+        log.info("epoch %d  loss %.4f  " % (epoch, train_stats["loss"]) + "  ".join(
+            f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
+        if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
+            best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics,
+                    "state": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+                    "hits": hits["test"],
+                    # kept in memory for the 8 tasks at the end (recomputed there after a resume)
+                    "embs": {n: embs[n] for n in ("val", "test")}}
+        self.folder.append(rows)  # the epoch is on disk before the state that says it is done
+        self.tracker.log_rows(rows)
+        return embs["train"].sim, best
+
+    def _tasks(self, best: dict) -> dict:
+        """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""
+        cfg, embs = self.cfg, best.get("embs", {})
+        tasks = {"score": cfg.eval.score}
+        for name in ("val", "test"):
+            emb = embs[name] if name in embs else self.embed(name)
+            groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else None
+            tasks[name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model, emb=emb, k=cfg.eval.k,
+                                         device=self.device, batch_size=cfg.eval.pair_batch_size, groups=groups,
+                                         retrieve=cfg.eval.retrieve)
+        return tasks
+
+    def _finish(self, best: dict, start: float) -> dict:
+        """8 tasks with the best-by-val weights; best.pt, test_hits.npy, then final.json (status done)."""
+        cfg = self.cfg
+        self.model.load_state_dict(best["state"])
+        final = {"status": "done", "variant": self.variant, "seed": int(cfg.seed), "data": cfg.data.name,
+                 "model": cfg.model.name, "best_epoch": best["epoch"], "best": best["metrics"],
+                 "epochs": cfg.trainer.max_epochs, "pairs": {n: s.n_pairs for n, s in self.splits.items()},
+                 "overlap": self.overlap, "runtime": self.runtime.record()}
+        if cfg.eval.tasks:
+            final["tasks"] = self._tasks(best)
+        if self.zero_shot is not None:
+            final["baselines"] = self.baselines()
+        checkpoint = None
+        if cfg.trainer.save_checkpoint:
+            checkpoint = checkpoint_payload(
+                self.model, self.tokenizer, best["state"], best["epoch"], OmegaConf.to_container(cfg.model, resolve=True),
+                run={"retrieve": cfg.eval.retrieve, "k": int(cfg.eval.k), "data": cfg.data.name,
+                     "dedup": bool(cfg.data.dedup), "variant": self.variant, "seed": int(cfg.seed)})
+        final["wall_time_s"] = round(time.time() - start, 2)
+        self.folder.finish(final, {"test_hits": best["hits"], "test_seen": self.test_seen}, checkpoint,
+                           keep_last=cfg.trainer.keep_last)
+        self.tracker.finish(final)
+        log.info("\n%s", summary_text(final, self.out_dir))
+        return final
+
+
+def start_up(cfg: DictConfig) -> Runtime:
+    """Start-up: decide device, precision and process group once (:func:`biencoder.runtime.decide`), set torch's
+    determinism switches (before any CUDA work) and start the process group (only under torchrun with several
+    processes). Raises :class:`ConfigError` when the decision cannot work."""
+    runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic)
+    runtime.apply()
+    distributed.setup(runtime)
+    return runtime
+
+
+def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None) -> dict | None:
+    """Train one cell into ``out_dir`` (or continue it, with ``trainer.resume``); returns what ``final.json`` holds.
+
+    A finished folder (status ``done``) is left as it is when resuming, so a re-run sweep skips its done jobs.
+    On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, the trackers close the run as
+    FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep). ``runtime``: the
+    start-up decision (:func:`start_up`; made here when None).
+    """
+    validate(cfg)  # before the folder is touched: the one validation of a run
+    runtime = start_up(cfg) if runtime is None else runtime
+    folder = RunFolder(out_dir)
+    if not distributed.is_main():
+        log.setLevel(logging.WARNING)  # rank 0 speaks for the run
+    done = folder.open(cfg, main=distributed.is_main(), runtime=runtime)
+    if done is not None:
+        return done
+    runner = Runner(cfg, folder.path, experiment, runtime)  # reads the corpus first
+    if runner.main:
+        folder.start(cfg, runtime)
+    try:
+        return runner.fit()
+    except Diverged as err:
+        if runner.main:
+            folder.record("diverged", variant=runner.variant, seed=int(cfg.seed), epoch=err.epoch, what=err.what,
+                          loss_parts=err.parts, error=str(err))
+            runner.tracker.finish({}, "diverged")
+        raise
+    except BaseException as err:
+        if runner.main:
+            folder.record("failed", variant=runner.variant, seed=int(cfg.seed), error=f"{type(err).__name__}: {err}")
+            runner.tracker.finish({}, "failed")
+        raise
