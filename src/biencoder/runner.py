@@ -31,12 +31,11 @@ from .config import set_seed_everywhere, show_progress, validate, variant_name
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
 from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled
-from .report.run import summary_text
 from .rerank import retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide
 from .state import rng_states
-from .tasks import evaluate_tasks
+from .tasks import baseline_ranks, evaluate_tasks
 from .tracking import Tracker
 
 log = logging.getLogger("biencoder")
@@ -142,18 +141,16 @@ class Runner:
         return metrics, hits, embs
 
     def baselines(self) -> dict:
-        """Top-1 of the zero-shot encoder's cosine and of TF-IDF on val and test: the same queries and pools as the
-        per-epoch top-1 (the epa task), with the unseen/seen split on test."""
+        """Top-1 of the zero-shot encoder's cosine and of TF-IDF on val and test (:func:`tasks.baseline_ranks`): the
+        same queries and pools as the per-epoch top-1 (the epa task), with the unseen/seen split on test."""
         out = {}
         for name in ("val", "test"):
-            split = self.splits[name]
-            groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else None
-            emb = Embeddings(torch.zeros(len(split.texts), 1), self.zero_shot[name])
+            groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else {}
             out[name] = {}
-            for score in ("encoder_cosine", "tfidf"):
-                epa = evaluate_tasks(split, score, emb=emb, groups=groups)["epa"]
-                out[name][score] = {"top1": epa["accuracy_at_1"], "queries": epa["queries"],
-                                    **{f"top1_{g}": v["accuracy_at_1"] for g, v in epa.get("groups", {}).items()}}
+            for score, ranks in baseline_ranks(self.splits[name], self.zero_shot[name]).items():
+                hits = ranks == 1
+                out[name][score] = {"top1": float(hits.mean()), "queries": len(hits), **{
+                    f"top1_{group}": float(hits[mask].mean()) if mask.any() else None for group, mask in groups.items()}}
         return out
 
     # -- checkpointing ----------------------------------------------------------------------------------------
@@ -294,7 +291,6 @@ class Runner:
         self.folder.finish(final, {"test_hits": best["hits"], "test_seen": self.test_seen}, checkpoint,
                            keep_last=cfg.trainer.keep_last)
         self.tracker.finish(final)
-        log.info("\n%s", summary_text(final, self.out_dir))
         return final
 
 

@@ -17,6 +17,7 @@ from . import distributed
 from .config import conf_dir, fail, hydra_cli, register
 from .epoch import Diverged
 from .errors import BiencoderError
+from .report.run import summary_text
 from .rundir import discard_if_ours
 from .runner import Runner, run, start_up
 from .runtime import nondeterministic_op
@@ -44,6 +45,8 @@ def main(cfg: DictConfig) -> float | None:
             out_dir = shared
         experiment = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else "runs"
         final = run(cfg, out_dir, experiment, runtime)
+        if final is not None:
+            log.info("\n%s", summary_text(final, out_dir))
     except BiencoderError as err:
         fail(err, out_dir)
     except Diverged as err:
