@@ -14,7 +14,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
 from .config import (
     ConfigError,
@@ -29,7 +28,7 @@ from .config import (
 from .corpus import CorpusError, read_corpus, seen_queries
 from .corpus import split_name as canonical_split
 from .errors import BiencoderError
-from .model import TokenizedTexts, build_model, embed_pooled, encode_pooled
+from .model import build_model, embed_pooled, pooled_vectors
 from .runtime import decide
 from .state import write_json_atomic
 from .tasks import evaluate_tasks, format_tasks
@@ -77,11 +76,9 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
         model.to(device)
         kwargs = dict(batch_size=cfg.trainer.eval_batch_size, device=device, progress=show_progress(cfg),
                       autocast_dtype=runtime.autocast_dtype, desc=f"encode {split_name}")
-        if model_cfg["encoder"].get("freeze"):  # a frozen encoder's outputs come from (and go to) the cache
-            pooled = cached_pooled(model, tokenizer, split.texts, model_cfg["max_length"], cfg.trainer.cache_dir,
-                                   encoder_fingerprint(model.encoder), **kwargs)
-        else:
-            pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"]), **kwargs)
+        # a frozen encoder's outputs come from (and go to) the cache
+        cache_dir = cfg.trainer.cache_dir if model_cfg["encoder"].get("freeze") else None
+        pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], cache_dir, **kwargs)
         emb = embed_pooled(model, pooled, cfg.eval.pair_batch_size, device)
     tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
                            batch_size=cfg.eval.pair_batch_size, groups=groups, retrieve=retrieve or "sim")

@@ -30,11 +30,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
 from .corpus import read_corpus, split_name
 from .errors import BiencoderError, command
-from .model import Embeddings, TokenizedTexts, embed_pooled, encode_pooled, pair_margins
+from .model import Embeddings, embed_pooled, pair_margins, pooled_vectors
 from .search import NeighbourIndex
 
 DEFAULT_CACHE = os.environ.get("BIENCODER_CACHE_DIR", "~/.cache/biencoder")
@@ -74,19 +73,14 @@ class Retriever:
         self.space = self.settings["retrieve"]
         self.batch_size = batch_size
         start = time.time()
-        if cache_dir is None:
-            pooled = self._pool(self.texts)
-        else:
-            pooled = cached_pooled(self.model, self.tokenizer, self.texts, self.model_cfg["max_length"], cache_dir,
-                                   encoder_fingerprint(self.model.encoder), batch_size, self.device,
-                                   progress=progress, desc="encode candidates")
+        pooled = self._pool(self.texts, cache_dir, progress, "encode candidates")
         self.candidates = embed_pooled(self.model, pooled, device=self.device)
         self.index = NeighbourIndex(self.candidates.retrieval(self.space).numpy().astype(np.float64), "exact", self.device)
         self.embed_seconds = time.time() - start
 
-    def _pool(self, texts: list[str]) -> torch.Tensor:
-        tokens = TokenizedTexts(texts, self.tokenizer, self.model_cfg["max_length"])
-        return encode_pooled(self.model, tokens, self.batch_size, self.device)
+    def _pool(self, texts: list[str], cache_dir=None, progress: bool = False, desc: str = "encode") -> torch.Tensor:
+        return pooled_vectors(self.model, self.tokenizer, texts, self.model_cfg["max_length"], cache_dir,
+                              self.batch_size, self.device, progress=progress, desc=desc)
 
     def search(self, queries: list[str], k: int = 5) -> list[list[Hit]]:
         """Top ``k`` candidates per query, best first (see the module docstring)."""

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import distributed
-from .cache import cached_pooled, encoder_fingerprint
+from .cache import encoder_fingerprint
 from .checkpoint import checkpoint_payload
 from .config import (
     conf_dir,
@@ -53,6 +53,7 @@ from .model import (
     encode,
     encode_pooled,
     head_statistics_vector,
+    pooled_vectors,
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
 from .rundir import RunFolder, discard_if_ours
@@ -204,9 +205,9 @@ class Runner:
             if not self.main:
                 distributed.barrier()  # rank 0 fills the cache first, the others read it
             # kept on the device: the training batches are gathered from them every epoch
-            self.pooled = {name: cached_pooled(self.model, tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
-                                               self.fingerprint, cfg.trainer.eval_batch_size, self.device,
-                                               self.amp_dtype, self.progress, desc=f"encode {name}").to(self.device)
+            self.pooled = {name: pooled_vectors(self.model, tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
+                                                cfg.trainer.eval_batch_size, self.device, self.amp_dtype, self.progress,
+                                                f"encode {name}", self.fingerprint).to(self.device)
                            for name, s in self.splits.items()}
             if self.main:
                 distributed.barrier()
