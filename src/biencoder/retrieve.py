@@ -33,7 +33,8 @@ import torch
 from .checkpoint import load_checkpoint
 from .corpus import read_corpus, split_name
 from .errors import BiencoderError, command
-from .model import Embeddings, embed_pooled, pair_margins, pooled_vectors
+from .model import Embeddings, embed_pooled, pooled_vectors
+from .rerank import NONE, first_kept, shortlist_margins
 from .search import NeighbourIndex
 
 DEFAULT_CACHE = os.environ.get("BIENCODER_CACHE_DIR", "~/.cache/biencoder")
@@ -87,17 +88,21 @@ class Retriever:
         if any(not q.strip() for q in queries):
             raise InputError("an empty query: every query needs some text")
         k = min(k, len(self.texts))
-        shortlist = min(max(k, int(self.settings["k"])) + 1, len(self.texts))  # +1: the query's own text, if there
+        shortlist = max(k, int(self.settings["k"]))
         q = embed_pooled(self.model, self._pool(queries), device=self.device)
-        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist)
+        # one neighbour more than the shortlist: the query's own text, if it is a candidate, is never returned
+        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist + 1)
+        keep = np.array([[self.texts[r] != query for r in row] for row, query in zip(rows, queries)])
+        rows, dist = first_kept(rows, dist, keep, shortlist)
+        # the queries are rows 0..n-1 of the pairs' embeddings, the candidates follow them
         both = Embeddings(torch.cat([q.sim, self.candidates.sim]), torch.cat([q.pooled, self.candidates.pooled]))
         n = len(queries)
-        margins = pair_margins(self.model, both, np.repeat(np.arange(n), shortlist), n + rows.ravel(),
-                               device=self.device).reshape(n, shortlist)
+        [margins] = shortlist_margins(self.model, both, np.arange(n), [np.where(rows == NONE, NONE, n + rows)],
+                                      device=self.device)
         results = []
-        for i, query in enumerate(queries):
-            keep = [j for j in range(shortlist) if self.texts[rows[i, j]] != query]
-            order = sorted(keep, key=lambda j: (-margins[i, j], dist[i, j]))[:k]
+        for i in range(n):
+            listed = np.flatnonzero(rows[i] != NONE)
+            order = sorted(listed, key=lambda j: (-margins[i, j], dist[i, j]))[:k]
             results.append([Hit(rank + 1, self.ids[rows[i, j]], self.texts[rows[i, j]], float(dist[i, j]),
                                 float(margins[i, j])) for rank, j in enumerate(order)])
         return results
