@@ -1,4 +1,3 @@
-import copy
 import json
 
 import numpy as np
@@ -9,6 +8,7 @@ from biencoder.rerank import retrieve, retrieve_rerank
 from biencoder.model import Embeddings, TokenizedTexts, encode
 from biencoder.tasks import evaluate_tasks
 from test_negatives import paired_split
+from test_rerank import candidate_scorer
 
 
 @pytest.fixture
@@ -22,11 +22,7 @@ def planted(tiny_model_and_tokenizer):
     sim[:, 0] = torch.tensor(position)
     pooled = torch.zeros(6, 32)
     pooled[:, 0] = torch.tensor(preference)
-    model = copy.deepcopy(tiny_model_and_tokenizer[0])
-    with torch.no_grad():
-        model.out.weight.zero_(), model.out.bias.zero_()
-        model.out.weight[1, 3 * 128 + 32] = 1.0  # the candidate's pooled[0] (features: s_a, s_b, |..|, p_a, p_b, |..|)
-    return split, Embeddings(sim, pooled), model
+    return split, Embeddings(sim, pooled), candidate_scorer(tiny_model_and_tokenizer[0])
 
 
 def test_pools_exclude_query_and_true_counter_duplicates(planted):

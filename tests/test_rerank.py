@@ -17,6 +17,16 @@ POSITION = [0.0, 10.0, 20.0, 30.0, 1.0, 13.0, 20.5, 0.5]
 MARGIN = [0.0, 0.0, 0.0, 0.0, 1.0, 3.0, 2.0, 5.0]  # the classifier's margin for any query and this candidate
 
 
+def candidate_scorer(tiny_model):
+    """A copy of the tiny model (sim_dim 128, hidden 32) whose logit margin for (query, candidate) is the
+    candidate's pooled[0]."""
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        model.out.weight.zero_(), model.out.bias.zero_()
+        model.out.weight[1, 3 * 128 + 32] = 1.0  # features: s_a, s_b, |s_a - s_b|, p_a, p_b, |p_a - p_b|
+    return model
+
+
 @pytest.fixture
 def line(tiny_model_and_tokenizer):
     """4 pairs on a line (sim[:, 0] = POSITION); the classifier's logit margin for (query, candidate) is the
@@ -24,11 +34,7 @@ def line(tiny_model_and_tokenizer):
     split = paired_split(["p0", "p1", "p2", "p3"], ["c0", "c1", "c2", "c0"])
     sim, pooled = torch.zeros(8, 128), torch.zeros(8, 32)
     sim[:, 0], pooled[:, 0] = torch.tensor(POSITION), torch.tensor(MARGIN)
-    model = copy.deepcopy(tiny_model_and_tokenizer[0])
-    with torch.no_grad():
-        model.out.weight.zero_(), model.out.bias.zero_()
-        model.out.weight[1, 3 * 128 + 32] = 1.0  # the candidate's pooled[0] (features: s_a, s_b, |..|, p_a, p_b, |..|)
-    return split, Embeddings(sim, pooled), model
+    return split, Embeddings(sim, pooled), candidate_scorer(tiny_model_and_tokenizer[0])
 
 
 def per_epoch_pool(split):
