@@ -6,7 +6,8 @@ to the query (see :data:`TYPES`); each task is a union of types. Accuracy@1 coun
 counter scores strictly higher than every false candidate (ties count against it); MRR uses the same ranks.
 
 Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features
-tensor): the memory held is a few [Q, 2Q] float32 matrices.
+tensor): the memory held is a few [Q, 2Q] matrices (float64 distances, float32 scores). The ``rerank`` score is
+:mod:`biencoder.rerank`'s retrieve-then-rerank over each task's pool.
 
 Command line: ``python -m biencoder.tasks <root> --split test [--json]`` prints pool sizes per task.
 """
