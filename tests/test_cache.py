@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.cache import EmbeddingCache, cached_pooled, encoder_fingerprint
+from biencoder.cache import EmbeddingCache, encoder_fingerprint
 from biencoder.evaluate import run_evaluation
-from biencoder.model import TokenizedTexts, build_model, encode_pooled
+from biencoder.model import TokenizedTexts, build_model, encode_pooled, pooled_vectors
 from biencoder.runner import Runner
 from conftest import FAST, compose_cfg
 
@@ -142,12 +142,21 @@ def test_tokenizer_fingerprint_tells_vocabularies_apart_not_paths(tmp_path, tiny
     assert tokenizer_fingerprint(lower) != tokenizer_fingerprint(tokenizer)
 
 
-def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_tokenizer, demo_corpus):
+def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_tokenizer, demo_corpus, encoder_calls):
+    """pooled_vectors: without a cache folder every text is encoded; with one, the first call encodes and fills it,
+    the second reads it back without running the encoder; all three agree with a plain encoder pass."""
     model, tokenizer = tiny_model_and_tokenizer
     texts = demo_corpus.paired("val").texts
-    pooled = cached_pooled(model, tokenizer, texts, 64, tmp_path, encoder_fingerprint(model.encoder))
     fresh = encode_pooled(model, TokenizedTexts(texts, tokenizer, 64))
-    torch.testing.assert_close(pooled, fresh, rtol=0, atol=1e-6)
+    encoder_calls.clear()
+    torch.testing.assert_close(pooled_vectors(model, tokenizer, texts, 64), fresh, rtol=0, atol=0)
+    assert encoder_calls
+    first = pooled_vectors(model, tokenizer, texts, 64, tmp_path, fingerprint=encoder_fingerprint(model.encoder))
+    encoder_calls.clear()
+    second = pooled_vectors(model, tokenizer, texts, 64, tmp_path)  # the fingerprint hashed here: the same key
+    assert encoder_calls == []
+    torch.testing.assert_close(first, fresh, rtol=0, atol=1e-6)
+    torch.testing.assert_close(second, first, rtol=0, atol=0)
 
 
 # -- frozen training ------------------------------------------------------------------------------------------

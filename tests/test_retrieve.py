@@ -41,6 +41,18 @@ def test_top1_is_the_per_epoch_rerank_choice(trained, demo_corpus, tmp_path):
         assert h[0].rerank_score >= h[1].rerank_score >= h[2].rerank_score
 
 
+def test_the_rerank_sees_the_runs_k_nearest(trained):
+    """A query that is not a candidate: the classifier reranks exactly the run's eval.k nearest candidates (the
+    shortlist of the per-epoch top-1), so with k = eval.k the hits are those k, in another order."""
+    texts = [f"candidate number {i} says something about schools" for i in range(40)]
+    retriever = Retriever(trained, texts, cache_dir=None)
+    k = int(retriever.settings["k"])
+    every = retriever.search(["homework should be banned"], k=len(texts))[0]
+    hits = retriever.search(["homework should be banned"], k=k)[0]
+    assert sorted(h.retrieval_distance for h in hits) == sorted(h.retrieval_distance for h in every)[:k]
+    assert [h.rerank_score for h in hits] == sorted((h.rerank_score for h in hits), reverse=True)
+
+
 def test_candidates_are_embedded_once(trained, tmp_path, encoder_calls):
     texts = [f"candidate number {i} says something about schools" for i in range(40)]
     first = Retriever(trained, texts, cache_dir=tmp_path / "cache")

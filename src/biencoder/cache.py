@@ -171,29 +171,7 @@ class EmbeddingCache:
 
 def model_cache(model, tokenizer, max_length: int, cache_dir: str | Path, fingerprint: str,
                 autocast_dtype: torch.dtype | None = None) -> EmbeddingCache:
-    """The :class:`EmbeddingCache` that :func:`cached_pooled` reads and fills for ``model`` (a BiModel) run with
-    ``autocast_dtype`` (None: fp32)."""
+    """The :class:`EmbeddingCache` that :func:`biencoder.model.pooled_vectors` reads and fills for ``model`` (a
+    BiModel) run with ``autocast_dtype`` (None: fp32)."""
     precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
     return EmbeddingCache(cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision)
-
-
-def cached_pooled(model, tokenizer, texts: list[str], max_length: int, cache_dir: str | Path, fingerprint: str,
-                  batch_size: int = 64, device="cpu", autocast_dtype: torch.dtype | None = None,
-                  progress: bool = False, desc: str = "encode") -> torch.Tensor:
-    """Pooled vectors [N, hidden] of ``texts`` for a frozen ``model.encoder``: from the cache, the missing ones
-    tokenised and encoded (with a texts/s progress bar) and added to it."""
-    from .model import TokenizedTexts, encode_pooled
-
-    cache = model_cache(model, tokenizer, max_length, cache_dir, fingerprint, autocast_dtype)
-
-    def compute(rows: np.ndarray) -> np.ndarray:
-        start = time.time()
-        tokens = TokenizedTexts([texts[i] for i in rows], tokenizer, max_length)
-        pooled = encode_pooled(model, tokens, batch_size, device, autocast_dtype, progress, desc)
-        seconds = time.time() - start
-        log.info("%s: encoded %d texts in %.1f s (%.1f texts/s)", desc, len(rows), seconds, len(rows) / max(seconds, 1e-9))
-        return pooled.numpy()
-
-    vectors = cache.get(texts, compute)
-    log.info("%s: %d of %d texts from the embedding cache %s", desc, cache.hits, len(texts), cache.folder)
-    return torch.from_numpy(vectors)

@@ -14,7 +14,6 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
 from .config import (
     ConfigError,
@@ -26,11 +25,11 @@ from .config import (
     show_progress,
     validate,
 )
-from .corpus import CorpusError, read_corpus, seen_queries
+from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
 from .corpus import split_name as canonical_split
 from .errors import BiencoderError
-from .model import TokenizedTexts, build_model, embed_pooled, encode_pooled
-from .runtime import decide
+from .model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
+from .runtime import Runtime, decide
 from .state import write_json_atomic
 from .tasks import evaluate_tasks, format_tasks
 
@@ -66,23 +65,10 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     runtime.apply()
     device = runtime.device
     set_seed_everywhere(cfg.seed)
-    model = emb = None
-    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model = emb = model_cfg = None  # TF-IDF needs no model
     if score != "tfidf":
-        if cfg.eval.checkpoint is not None:
-            model, tokenizer, model_cfg, trained = load_checkpoint(cfg.eval.checkpoint, progress=show_progress(cfg))
-            retrieve = retrieve or trained["retrieve"]
-        else:
-            model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
-        model.to(device)
-        kwargs = dict(batch_size=cfg.trainer.eval_batch_size, device=device, progress=show_progress(cfg),
-                      autocast_dtype=runtime.autocast_dtype, desc=f"encode {split_name}")
-        if model_cfg["encoder"].get("freeze"):  # a frozen encoder's outputs come from (and go to) the cache
-            pooled = cached_pooled(model, tokenizer, split.texts, model_cfg["max_length"], cfg.trainer.cache_dir,
-                                   encoder_fingerprint(model.encoder), **kwargs)
-        else:
-            pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, model_cfg["max_length"]), **kwargs)
-        emb = embed_pooled(model, pooled, cfg.eval.pair_batch_size, device)
+        model, emb, model_cfg, trained = _embedded(cfg, split, runtime)
+        retrieve = retrieve or trained
     tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
                            batch_size=cfg.eval.pair_batch_size, groups=groups, retrieve=retrieve or "sim")
     result = {
@@ -104,6 +90,25 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     log.info("8 tasks on %s, score=%s (%.1f s, peak RSS %.0f MB)\n%s\nwritten to %s", split_name, score,
              result["wall_time_s"], result["peak_rss_mb"], format_tasks({split_name: tasks}), output)
     return result
+
+
+def _embedded(cfg: DictConfig, split: PairedSplit, runtime: Runtime) -> tuple[BiModel, Embeddings, dict, str | None]:
+    """(model, :class:`Embeddings` of every row of ``split``, model config, the retrieval space the checkpoint was
+    selected with or None) for ``eval.checkpoint``, or for the untrained ``model`` config without one."""
+    trained = None
+    if cfg.eval.checkpoint is not None:
+        model, tokenizer, model_cfg, settings = load_checkpoint(cfg.eval.checkpoint, progress=show_progress(cfg))
+        trained = settings["retrieve"]
+    else:
+        model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    model.to(runtime.device)
+    # a frozen encoder's outputs come from (and go to) the cache
+    cache_dir = cfg.trainer.cache_dir if model_cfg["encoder"].get("freeze") else None
+    pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], cache_dir,
+                            cfg.trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, show_progress(cfg),
+                            f"encode {split.name}")
+    return model, embed_pooled(model, pooled, cfg.eval.pair_batch_size, runtime.device), model_cfg, trained
 
 
 register()

@@ -6,15 +6,21 @@ Reference: the ablation of Wachsmuth-style counter-argument retrieval with a BER
 
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from .cache import encoder_fingerprint, model_cache
 from .errors import ConfigError
+
+log = logging.getLogger("biencoder")
 
 
 @dataclass
@@ -271,6 +277,37 @@ def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: 
     """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order."""
     pooled = encode_pooled(model, texts, batch_size, device, autocast_dtype, progress, desc)
     return embed_pooled(model, pooled, device=device)
+
+
+def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int, cache_dir: str | Path | None = None,
+                   batch_size: int = 64, device: str | torch.device = "cpu", autocast_dtype: torch.dtype | None = None,
+                   progress: bool = False, desc: str = "encode", fingerprint: str | None = None) -> Tensor:
+    """Pooled encoder vectors [N, hidden] (float32, CPU, row order) of ``texts``, tokenised to ``max_length``.
+
+    With ``cache_dir`` (a frozen encoder, whose outputs depend only on its weights) they come from the embedding
+    cache there (:class:`biencoder.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
+    bar) and added to it. Without it every text is encoded. ``fingerprint``: :func:`encoder_fingerprint` of
+    ``model.encoder``, hashed here when None (pass it to hash the encoder once for several calls).
+    """
+    def encode_rows(rows) -> Tensor:
+        tokens = TokenizedTexts([texts[i] for i in rows], tokenizer, max_length)
+        return encode_pooled(model, tokens, batch_size, device, autocast_dtype, progress, desc)
+
+    if cache_dir is None:
+        return encode_rows(range(len(texts)))
+
+    def compute(rows: np.ndarray) -> np.ndarray:
+        start = time.time()
+        pooled = encode_rows(rows).numpy()
+        seconds = time.time() - start
+        log.info("%s: encoded %d texts in %.1f s (%.1f texts/s)", desc, len(rows), seconds, len(rows) / max(seconds, 1e-9))
+        return pooled
+
+    cache = model_cache(model, tokenizer, max_length, cache_dir, fingerprint or encoder_fingerprint(model.encoder),
+                        autocast_dtype)
+    vectors = cache.get(texts, compute)
+    log.info("%s: %d of %d texts from the embedding cache %s", desc, cache.hits, len(texts), cache.folder)
+    return torch.from_numpy(vectors)
 
 
 #: what :func:`head_statistics` reports per tensor (``pre``, ``post``), in the order of its [2, 6] table

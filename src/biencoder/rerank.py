@@ -1,38 +1,122 @@
-"""Retrieve k, then rerank: the per-epoch top-1 of ``../shared/docs/protocol.md``, without Hydra.
+"""Retrieve k, then rerank: the one retrieve-then-rerank of ``../shared/docs/protocol.md`` and its rank metrics.
 
-For every query point of a split the candidate pool is every argument of the split that belongs to a pair, except
-the query itself and the counters whose text equals its true counter's (textual duplicates of the true counter count
-as that counter). The k nearest candidates by Euclidean distance of the sim embeddings (``eval.index``: exact
-search, the default, or a BallTree; or by the encoder's cosine, ``eval.retrieve=encoder``) are rescored by the
-classifier (its logit margin l1 − l0, which orders them as P(positive) does, without float32 ties).
-Used by the runner every epoch (:mod:`biencoder.train`), the evaluate app and ``scripts/bench.py``.
+For a query the candidates are a pool (the per-epoch pool: every argument of the split that belongs to a pair,
+except the query itself and the counters whose text equals its true counter's; or one of the 8 tasks' pools, each a
+part of it). The k nearest pool members by Euclidean distance in the retrieval space (the sim embeddings, or the
+encoder's cosine with ``eval.retrieve=encoder``; :meth:`Embeddings.retrieval`) are the *shortlist*; the classifier
+rescores it by its logit margin l1 − l0 (which orders pairs as P(positive) does, without float32 ties). Equal
+distances keep the lower row first; a candidate that ties the true counter ranks above it.
+
+* :func:`retrieve` finds the shortlists of the per-epoch pool with a :class:`NeighbourIndex` (``eval.index``);
+  :func:`pool_shortlists` those of arbitrary pools (the 8 tasks) from the full distance matrix.
+* :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them.
+* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, the evaluate app, ``scripts/bench.py``);
+  :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.tasks.evaluate_tasks`); the Retriever
+  (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from .corpus import PairedSplit
 from .model import BiModel, Embeddings, pair_margins
 from .search import NeighbourIndex
 
+NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
 
+
+# -- rank metrics ---------------------------------------------------------------------------------------------------
+def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> np.ndarray:
+    """[Q] rank of each true counter given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns
+    [Q]; a candidate that ties the true counter ranks above it."""
+    true_score = scores[np.arange(len(true_col)), true_col]
+    return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
+
+
+def rank_summary(rank: np.ndarray) -> dict[str, float | None]:
+    """Accuracy@1 (share of rank 1) and MRR of ranks [Q] from 1; None for no queries."""
+    if not len(rank):
+        return {"accuracy_at_1": None, "mrr": None}
+    return {"accuracy_at_1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
+
+
+# -- shortlists -----------------------------------------------------------------------------------------------------
 def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree",
              device="cpu", pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest candidates per query by sim distance (a BallTree, or exact search, over all rows of ``split``).
+    """The k nearest per-epoch pool members per query (a BallTree, or exact search, over all rows of ``split``).
 
-    Args: sim [2Q, D]; ``pairs``: the queries (indices of pairs; default all). Returns (rows [P, k'],
-    distances [P, k']) nearest first, k' = min(k, smallest pool).
+    Args: sim [2Q, D] (the retrieval space); ``pairs``: the queries (indices of pairs; default all). Returns (rows
+    [P, k'], distances [P, k']) nearest first, k' = min(k, smallest pool).
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     extra = 1 + int(split.twins_of_true_counter().max())  # the query itself and its true counter's twins
     k = min(k, len(sim) - extra)
     sim = np.asarray(sim, dtype=np.float64)
     dist, rows = NeighbourIndex(sim, index, device).query(sim[split.query[pairs]], k + extra)
-    keep = split.is_candidate(rows, pairs)
     # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
+    return first_kept(rows, dist, split.is_candidate(rows, pairs), k)
+
+
+def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(rows [P, k], distances [P, k]): the first k entries of each query's neighbours (rows, distances [P, m],
+    nearest first) where ``keep`` [P, m]; :data:`NONE` (distance inf) where fewer than k are kept."""
     order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(rows, order, 1), np.take_along_axis(dist, order, 1)
+    kept = np.take_along_axis(keep, order, 1)
+    return (np.where(kept, np.take_along_axis(rows, order, 1), NONE),
+            np.where(kept, np.take_along_axis(dist, order, 1), np.inf))
+
+
+def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -> np.ndarray:
+    """[P, N] float64 Euclidean distances from the rows ``query_rows`` of ``vectors`` [N, D] to every row, computed
+    from the differences (not ||a||² + ||b||² − 2ab), so equal vectors are at exactly equal distances."""
+    x = vectors.double()
+    q = x[torch.as_tensor(np.asarray(query_rows), dtype=torch.long)]
+    return np.concatenate([torch.cdist(q[i:i + block], x, compute_mode="donot_use_mm_for_euclid_dist").numpy()
+                           for i in range(0, len(q), block)]) if len(q) else np.zeros((0, len(x)))
+
+
+def pool_shortlists(dist: np.ndarray, pools: dict[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
+    """Per pool, the rows [P, min(k, N)] of its k nearest members (distances ``dist`` [P, N]), nearest first, equal
+    distances lower row first; :data:`NONE` fills the places of a pool with fewer than k members.
+
+    ``pools``: name → [P, N] bool, the pool of each query (true counter included)."""
+    out = {}
+    for name, pool in pools.items():
+        d = np.where(pool, dist, np.inf)
+        kk = min(k, d.shape[1])
+        rows = np.argsort(d, axis=1, kind="stable")[:, :kk]
+        out[name] = np.where(np.take_along_axis(pool, rows, 1), rows, NONE)
+    return out
+
+
+# -- rerank ---------------------------------------------------------------------------------------------------------
+def shortlist_margins(model: BiModel, emb: Embeddings, query_rows: np.ndarray, shortlists: list[np.ndarray],
+                      batch_size: int = 1024, device="cpu") -> list[np.ndarray]:
+    """Classifier logit margins [P, k] (float32; NaN at :data:`NONE`) of (query, candidate) for each shortlist
+    [P, k] of rows of ``emb``; row i of each shortlist belongs to the query at row ``query_rows[i]``.
+
+    One classifier pass over the union of the shortlists' pairs, in (query, row) order, so a pair in several
+    shortlists (the 8 tasks' nested pools) is scored once.
+    """
+    n = len(emb)
+    keys = [np.where(s == NONE, NONE, np.arange(len(s))[:, None] * n + s) for s in shortlists]
+    union = np.unique(np.concatenate([key[key != NONE] for key in keys]))
+    scored = np.append(pair_margins(model, emb, np.asarray(query_rows)[union // n], union % n, batch_size, device),
+                       np.float32(np.nan))  # the last place: what NONE reads
+    return [scored[np.where(key == NONE, len(union), np.searchsorted(union, key))] for key in keys]
+
+
+def shortlist_ranks(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rank [P], in_k [P] bool) of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] reranked by
+    ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; 0 where it is not in the shortlist."""
+    is_true = rows == true_rows[:, None]
+    in_k = is_true.any(axis=1)
+    true_margin = np.where(in_k, np.where(is_true, margins, 0).sum(axis=1), np.inf)
+    # NaN (empty places) compares False: never above the true counter
+    rank = 1 + ((margins >= true_margin[:, None]) & ~is_true).sum(axis=1)
+    return np.where(in_k, rank, 0), in_k
 
 
 def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 1024,
@@ -50,24 +134,45 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     rows, _ = retrieve(emb.retrieval(space).numpy(), split, k, index, device, pairs)
-    n_q, k_eff = rows.shape
-    queries = np.repeat(split.query[pairs], k_eff)
-    margins = pair_margins(model, emb, queries, rows.ravel(), batch_size, device).reshape(n_q, k_eff)
-    is_true = rows == split.counter[pairs][:, None]
-    in_k = is_true.any(axis=1)
-    true_margin = np.where(in_k, (margins * is_true).sum(axis=1), -np.inf)
-    # rank 1 only if every other retrieved candidate scores strictly lower (by logit margin, see pair_margins)
-    rank = 1 + ((margins >= true_margin[:, None]) & ~is_true).sum(axis=1)
-    hits = in_k & (rank == 1)
+    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], batch_size, device)
+    rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs])
+    hits = rank == 1
     metrics = {
         "top1": float(hits.mean()),
-        "retrieval_top1": float(is_true[:, 0].mean()),
+        "retrieval_top1": float((rows[:, 0] == split.counter[pairs]).mean()),
         "recall_at_k": float(in_k.mean()),
-        "mrr": float(np.where(in_k, 1.0 / rank, 0.0).mean()),
-        "queries": int(n_q),
-        "k": int(k_eff),
+        "mrr": float(np.where(in_k, 1.0 / np.maximum(rank, 1), 0.0).mean()),
+        "queries": int(len(pairs)),
+        "k": int(rows.shape[1]),
     }
     return metrics, hits
+
+
+def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: dict[str, np.ndarray], k: int = 10,
+               space: str = "sim", batch_size: int = 4096, device="cpu") -> dict[str, np.ndarray]:
+    """Per pool, [Q] the rank of each query's true counter when its pool is retrieved, then reranked: the k
+    nearest (true counter included) by their margins, the rest after them by distance (ties count against).
+
+    ``pools``: name → [Q, 2Q] bool, the false candidates of each query (the 8 tasks' :func:`task_masks`).
+    """
+    q, true, every = split.query, split.counter, np.arange(split.n_pairs)
+    dist = distances(emb.retrieval(space), q)
+    with_true = {}
+    for name, mask in pools.items():
+        with_true[name] = mask.copy()
+        with_true[name][every, true] = True
+    shortlists = pool_shortlists(dist, with_true, k)
+    margins = shortlist_margins(model, emb, q, list(shortlists.values()), batch_size, device)
+    true_dist = dist[every, true][:, None]
+    ranks = {}
+    for (name, rows), m in zip(shortlists.items(), margins):
+        rank, in_k = shortlist_ranks(rows, m, true)
+        listed = np.zeros_like(pools[name])
+        np.put_along_axis(listed, np.where(rows == NONE, true[:, None], rows), True, axis=1)
+        # not in the shortlist: after all of it, then by distance among the rest of the pool
+        behind = (rows != NONE).sum(axis=1) + 1 + (pools[name] & ~listed & (dist <= true_dist)).sum(axis=1)
+        ranks[name] = np.where(in_k, rank, behind)
+    return ranks
 
 
 def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:

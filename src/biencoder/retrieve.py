@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
 from .corpus import read_corpus, split_name
 from .errors import BiencoderError, command
-from .model import Embeddings, TokenizedTexts, embed_pooled, encode_pooled, pair_margins
+from .model import Embeddings, embed_pooled, pooled_vectors
+from .rerank import NONE, first_kept, shortlist_margins
 from .search import NeighbourIndex
 
 DEFAULT_CACHE = os.environ.get("BIENCODER_CACHE_DIR", "~/.cache/biencoder")
@@ -74,36 +74,35 @@ class Retriever:
         self.space = self.settings["retrieve"]
         self.batch_size = batch_size
         start = time.time()
-        if cache_dir is None:
-            pooled = self._pool(self.texts)
-        else:
-            pooled = cached_pooled(self.model, self.tokenizer, self.texts, self.model_cfg["max_length"], cache_dir,
-                                   encoder_fingerprint(self.model.encoder), batch_size, self.device,
-                                   progress=progress, desc="encode candidates")
+        pooled = self._pool(self.texts, cache_dir, progress, "encode candidates")
         self.candidates = embed_pooled(self.model, pooled, device=self.device)
         self.index = NeighbourIndex(self.candidates.retrieval(self.space).numpy().astype(np.float64), "exact", self.device)
         self.embed_seconds = time.time() - start
 
-    def _pool(self, texts: list[str]) -> torch.Tensor:
-        tokens = TokenizedTexts(texts, self.tokenizer, self.model_cfg["max_length"])
-        return encode_pooled(self.model, tokens, self.batch_size, self.device)
+    def _pool(self, texts: list[str], cache_dir=None, progress: bool = False, desc: str = "encode") -> torch.Tensor:
+        return pooled_vectors(self.model, self.tokenizer, texts, self.model_cfg["max_length"], cache_dir,
+                              self.batch_size, self.device, progress=progress, desc=desc)
 
     def search(self, queries: list[str], k: int = 5) -> list[list[Hit]]:
         """Top ``k`` candidates per query, best first (see the module docstring)."""
         if any(not q.strip() for q in queries):
             raise InputError("an empty query: every query needs some text")
         k = min(k, len(self.texts))
-        shortlist = min(max(k, int(self.settings["k"])) + 1, len(self.texts))  # +1: the query's own text, if there
+        shortlist = max(k, int(self.settings["k"]))
         q = embed_pooled(self.model, self._pool(queries), device=self.device)
-        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist)
+        # one neighbour more than the shortlist: the query's own text, if it is a candidate, is never returned
+        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist + 1)
+        keep = np.array([[self.texts[r] != query for r in row] for row, query in zip(rows, queries)])
+        rows, dist = first_kept(rows, dist, keep, shortlist)
+        # the queries are rows 0..n-1 of the pairs' embeddings, the candidates follow them
         both = Embeddings(torch.cat([q.sim, self.candidates.sim]), torch.cat([q.pooled, self.candidates.pooled]))
         n = len(queries)
-        margins = pair_margins(self.model, both, np.repeat(np.arange(n), shortlist), n + rows.ravel(),
-                               device=self.device).reshape(n, shortlist)
+        [margins] = shortlist_margins(self.model, both, np.arange(n), [np.where(rows == NONE, NONE, n + rows)],
+                                      device=self.device)
         results = []
-        for i, query in enumerate(queries):
-            keep = [j for j in range(shortlist) if self.texts[rows[i, j]] != query]
-            order = sorted(keep, key=lambda j: (-margins[i, j], dist[i, j]))[:k]
+        for i in range(n):
+            listed = np.flatnonzero(rows[i] != NONE)
+            order = sorted(listed, key=lambda j: (-margins[i, j], dist[i, j]))[:k]
             results.append([Hit(rank + 1, self.ids[rows[i, j]], self.texts[rows[i, j]], float(dist[i, j]),
                                 float(margins[i, j])) for rank, j in enumerate(order)])
         return results

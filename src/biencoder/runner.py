@@ -25,12 +25,12 @@ from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from . import distributed
-from .cache import cached_pooled, encoder_fingerprint
+from .cache import encoder_fingerprint
 from .checkpoint import checkpoint_payload, restore_last, training_state
 from .config import set_seed_everywhere, show_progress, validate, variant_name
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
-from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled
+from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, pooled_vectors
 from .rerank import retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide
@@ -87,9 +87,9 @@ class Runner:
         fingerprint = encoder_fingerprint(self.model.encoder)
         if not self.main:
             distributed.barrier()  # rank 0 fills the cache first, the others read it
-        pooled = {name: cached_pooled(self.model, self.tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
-                                      fingerprint, cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
-                                      self.progress, desc=f"encode {name}").to(self.device)
+        pooled = {name: pooled_vectors(self.model, self.tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
+                                       cfg.trainer.eval_batch_size, self.device, self.amp_dtype, self.progress,
+                                       f"encode {name}", fingerprint).to(self.device)
                   for name, s in self.splits.items()}
         if self.main:
             distributed.barrier()

@@ -6,7 +6,8 @@ to the query (see :data:`TYPES`); each task is a union of types. Accuracy@1 coun
 counter scores strictly higher than every false candidate (ties count against it); MRR uses the same ranks.
 
 Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features
-tensor): the memory held is a few [Q, 2Q] float32 matrices.
+tensor): the memory held is a few [Q, 2Q] matrices (float64 distances, float32 scores). The ``rerank`` score is
+:mod:`biencoder.rerank`'s retrieve-then-rerank over each task's pool.
 
 Command line: ``python -m biencoder.tasks <root> --split test [--json]`` prints pool sizes per task.
 """
@@ -23,7 +24,8 @@ import torch
 
 from .corpus import PairedSplit, read_corpus, split_name
 from .errors import command
-from .model import BiModel, Embeddings, pair_margins
+from .model import BiModel, Embeddings
+from .rerank import distances, pool_ranks, query_ranks, rank_summary, shortlist_margins
 
 TYPES = ("debate-same-counter", "debate-oppo-counter", "debate-oppo-point", "debate-same-point",
          "theme-counter", "theme-point", "portal-counter", "portal-point")
@@ -67,17 +69,6 @@ def task_masks(types: np.ndarray) -> dict[str, np.ndarray]:
     return {task: np.isin(types, [TYPES.index(name) for name in names]) for task, names in TASKS.items()}
 
 
-def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> np.ndarray:
-    """[Q] rank of each true counter given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns
-    [Q]; a candidate that ties the true counter ranks above it."""
-    true_score = scores[np.arange(len(true_col)), true_col]
-    return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
-
-
-def _cdist(a: torch.Tensor, b: torch.Tensor, block: int = 1024) -> np.ndarray:
-    return np.concatenate([torch.cdist(a[i:i + block].double(), b.double()).float().numpy() for i in range(0, len(a), block)])
-
-
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> np.ndarray:
     a, b = torch.nn.functional.normalize(a.float(), dim=1), torch.nn.functional.normalize(b.float(), dim=1)
     return (a @ b.T).numpy()
@@ -113,9 +104,10 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
 
     Args:
-        score: ``rerank`` (per task pool: k nearest in the ``retrieve`` space, reordered by the classifier's logit margin,
-            the rest after them by distance), ``classifier`` (logit margin for every candidate), ``sim``
-            (negative sim distance), ``encoder_cosine`` (cosine of pooled embeddings), ``tfidf``.
+        score: ``rerank`` (per task pool: k nearest in the ``retrieve`` space, reordered by the classifier's logit
+            margin, the rest after them by distance; :func:`biencoder.rerank.pool_ranks`), ``classifier`` (logit
+            margin for every candidate), ``sim`` (negative sim distance), ``encoder_cosine`` (cosine of pooled
+            embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;
             ``encoder_cosine`` needs only ``emb``).
         retrieve: where ``rerank`` takes the k from: ``sim`` distance or ``encoder`` cosine (the rest of the pool
@@ -126,65 +118,35 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
         over queries; with ``groups`` also ``"groups": {name: {"accuracy_at_1", "mrr", "queries"}}`` (None
         metrics for an empty group).
     """
-    types = candidate_types(split)
-    masks = task_masks(types)
-    q, true_col = split.query, split.counter
-    per_task_scores: dict[str, np.ndarray] = {}
-    if score == "tfidf":
-        shared = tfidf_scores(split)
-    elif score == "encoder_cosine":
-        shared = _cosine(emb.pooled[q], emb.pooled)
-    elif score in ("sim", "rerank"):
-        space = emb.sim if score == "sim" else emb.retrieval(retrieve)
-        dist = _cdist(space[q], space)
-        shared = -dist
-    elif score == "classifier":
-        shared = _margins(model, emb, q, np.ones_like(types, dtype=bool), device, batch_size)
-    else:
-        raise ValueError(f"unknown score '{score}'")
-
+    masks = task_masks(candidate_types(split))
     if score == "rerank":
-        # the k nearest of each task's pool (true counter included) get classifier scores, lifted above the rest
-        top = {}
-        for task, mask in masks.items():
-            pool = mask.copy()
-            pool[np.arange(len(q)), true_col] = True
-            d = np.where(pool, dist, np.inf)
-            kk = min(k, d.shape[1])
-            nearest = np.argpartition(d, kk - 1, axis=1)[:, :kk]
-            top[task] = np.zeros_like(pool)
-            np.put_along_axis(top[task], nearest, True, axis=1)
-            top[task] &= pool
-        needed = np.logical_or.reduce(list(top.values()))
-        margins = _margins(model, emb, q, needed, device, batch_size).astype(np.float64)
-        # the k retrieved rank above the rest: shift their margins above every -distance; float64 keeps every
-        # distinct float32 margin distinct after the shift
-        lift = float(np.abs(margins[needed]).max(initial=0.0) + np.abs(shared).max(initial=0.0) + 1.0)
-        for task in masks:
-            per_task_scores[task] = np.where(top[task], lift + margins, shared)
+        ranks = pool_ranks(model, emb, split, masks, k, retrieve, batch_size, device)
+    else:
+        scores = _scores(split, score, model, emb, device, batch_size)
+        ranks = {task: query_ranks(scores, mask, split.counter) for task, mask in masks.items()}
     results = {}
     for task, mask in masks.items():
-        rank = query_ranks(per_task_scores.get(task, shared), mask, true_col)
-        results[task] = {**_rank_summary(rank), "queries": int(len(q)), "candidates": int(mask.sum())}
+        results[task] = {**rank_summary(ranks[task]), "queries": split.n_pairs, "candidates": int(mask.sum())}
         if groups:
-            results[task]["groups"] = {name: {**_rank_summary(rank[m]), "queries": int(m.sum())}
+            results[task]["groups"] = {name: {**rank_summary(ranks[task][m]), "queries": int(m.sum())}
                                        for name, m in groups.items()}
     return results
 
 
-def _rank_summary(rank: np.ndarray) -> dict[str, float | None]:
-    if not len(rank):
-        return {"accuracy_at_1": None, "mrr": None}
-    return {"accuracy_at_1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
-
-
-def _margins(model: BiModel, emb: Embeddings, query_rows: np.ndarray, needed: np.ndarray, device,
-             batch_size: int) -> np.ndarray:
-    """[Q, 2Q] classifier logit margins where ``needed`` (row i = the query at table row ``query_rows[i]``), NaN elsewhere."""
-    out = np.full(needed.shape, np.nan, dtype=np.float32)
-    qi, ci = np.nonzero(needed)
-    out[qi, ci] = pair_margins(model, emb, query_rows[qi], ci, batch_size, device)
-    return out
+def _scores(split: PairedSplit, score: str, model: BiModel | None, emb: Embeddings | None, device,
+            batch_size: int) -> np.ndarray:
+    """[Q, 2Q] score of every row for every query under ``score`` (any of :func:`evaluate_tasks`'s but rerank)."""
+    if score == "tfidf":
+        return tfidf_scores(split)
+    if score == "encoder_cosine":
+        return _cosine(emb.pooled[split.query], emb.pooled)
+    if score == "sim":
+        return -distances(emb.sim, split.query)
+    if score == "classifier":
+        every = np.broadcast_to(np.arange(len(split.texts)), (split.n_pairs, len(split.texts)))
+        [margins] = shortlist_margins(model, emb, split.query, [every], batch_size, device)
+        return margins
+    raise ValueError(f"unknown score '{score}'")
 
 
 def pool_sizes(split: PairedSplit) -> dict[str, dict[str, int]]:

@@ -19,10 +19,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..cache import cached_pooled, encoder_fingerprint
 from ..config import set_seed_everywhere
 from ..corpus import read_corpus
-from ..model import build_model
+from ..model import build_model, pooled_vectors
 from ..tasks import BASELINES, baseline_ranks
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
@@ -69,8 +68,7 @@ def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None
         set_seed_everywhere(run.seed)  # as the runner does before building the model: the same random_init encoder
         model, tokenizer = build_model(model_cfg, progress=False)
         with torch.no_grad():
-            pooled = cached_pooled(model, tokenizer, split.texts, model_cfg["max_length"], run.flat["trainer.cache_dir"],
-                                   encoder_fingerprint(model.encoder))
+            pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], run.flat["trainer.cache_dir"])
         memo[key] = {name: ranks == 1 for name, ranks in baseline_ranks(split, pooled).items()}
     return memo[key]
 

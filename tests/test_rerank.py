@@ -1,0 +1,115 @@
+"""biencoder.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two shortlist finders
+(the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from biencoder.model import Embeddings, TokenizedTexts, encode
+from biencoder.rerank import NONE, distances, pool_ranks, pool_shortlists, retrieve, retrieve_rerank, shortlist_ranks
+from biencoder.tasks import candidate_types, evaluate_tasks, task_masks
+from test_negatives import paired_split
+
+#        rows: 0=P0 1=P1  2=P2  3=P3  4=C0 5=C1  6=C2  7=C3 (C3 has C0's text: the true counter of P3, a twin of C0)
+POSITION = [0.0, 10.0, 20.0, 30.0, 1.0, 13.0, 20.5, 0.5]
+MARGIN = [0.0, 0.0, 0.0, 0.0, 1.0, 3.0, 2.0, 5.0]  # the classifier's margin for any query and this candidate
+
+
+def candidate_scorer(tiny_model):
+    """A copy of the tiny model (sim_dim 128, hidden 32) whose logit margin for (query, candidate) is the
+    candidate's pooled[0]."""
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        model.out.weight.zero_(), model.out.bias.zero_()
+        model.out.weight[1, 3 * 128 + 32] = 1.0  # features: s_a, s_b, |s_a - s_b|, p_a, p_b, |p_a - p_b|
+    return model
+
+
+@pytest.fixture
+def line(tiny_model_and_tokenizer):
+    """4 pairs on a line (sim[:, 0] = POSITION); the classifier's logit margin for (query, candidate) is the
+    candidate's pooled[0] = MARGIN."""
+    split = paired_split(["p0", "p1", "p2", "p3"], ["c0", "c1", "c2", "c0"])
+    sim, pooled = torch.zeros(8, 128), torch.zeros(8, 32)
+    sim[:, 0], pooled[:, 0] = torch.tensor(POSITION), torch.tensor(MARGIN)
+    return split, Embeddings(sim, pooled), candidate_scorer(tiny_model_and_tokenizer[0])
+
+
+def per_epoch_pool(split):
+    """[Q, 2Q] the false candidates of the per-epoch pool (= epa): is_candidate without the true counter."""
+    mask = split.is_candidate(np.tile(np.arange(len(split.table)), (split.n_pairs, 1)))
+    mask[np.arange(split.n_pairs), split.counter] = False
+    return mask
+
+
+def test_per_epoch_rerank_by_hand(line):
+    split, emb, model = line
+    rows, dist = retrieve(emb.sim.numpy(), split, k=2, index="exact")
+    # q0 at 0: C0 (1), P1 (10) — C3 at 0.5 is a twin of its true counter C0 and never a candidate
+    # q1 at 10: C1 (3), C0 (9) | q2 at 20: C2 (0.5), C1 (7) | q3 at 30: C2 (9.5), P2 (10); its C3 (29.5) not among 2
+    assert rows.tolist() == [[4, 1], [5, 4], [6, 5], [6, 2]]
+    assert dist.tolist() == [[1.0, 10.0], [3.0, 9.0], [0.5, 7.0], [9.5, 10.0]]
+    metrics, hits = retrieve_rerank(model, emb, split, k=2, index="exact")
+    # margins: q0 C0 1 > P1 0 → hit; q1 C1 3 > C0 1 → hit; q2 C2 2 < C1 3 → rank 2; q3 its counter not in the k
+    assert hits.tolist() == [True, True, False, False]
+    assert metrics == {"top1": 0.5, "retrieval_top1": 0.75, "recall_at_k": 0.75, "mrr": (1 + 1 + 1 / 2 + 0) / 4,
+                       "queries": 4, "k": 2}
+
+
+def test_pool_ranks_by_hand(line):
+    """The epa pool: the k reranked first, the rest of the pool after them by distance (ties count against)."""
+    split, emb, model = line
+    ranks = pool_ranks(model, emb, split, {"all": per_epoch_pool(split)}, k=2)["all"]
+    # q3: the k (C2, P2), then C1 (17) and P1 (20) are nearer than its counter C3 (29.5) → rank 2 + 2 + 1
+    assert ranks.tolist() == [1, 1, 2, 5]
+    metrics, hits = retrieve_rerank(model, emb, split, k=2)
+    assert (ranks == 1).tolist() == hits.tolist()  # the per-epoch top-1 is the epa pool's
+    # P0 moved to 0.5 ties C3 for q3 (both 29.5 away): a tie counts against the true counter
+    emb.sim[0, 0] = 0.5
+    assert pool_ranks(model, emb, split, {"all": per_epoch_pool(split)}, k=2)["all"][3] == 6
+
+
+def test_small_pools_ties_and_margin_ties_by_hand(line):
+    split, emb, model = line
+    pools = np.zeros((4, 8), bool)
+    for q, rows in enumerate([[1], [3], [5, 1, 3], [0, 5]]):  # false candidates per query
+        pools[q, rows] = True
+    with_true = pools.copy()
+    with_true[np.arange(4), split.counter] = True
+    shortlists = pool_shortlists(distances(emb.sim, split.query), {"few": with_true}, k=3)["few"]
+    # q0's pool has 2 members: a NONE place; q2: P1 and P3 are both 10 from P2, the lower row first
+    assert shortlists.tolist() == [[4, 1, NONE], [5, 3, NONE], [6, 5, 1], [5, 7, 0]]
+    assert pool_ranks(model, emb, split, {"few": pools}, k=3)["few"].tolist() == [1, 1, 2, 1]
+    # a margin tie counts against: P1 scored like C0 for q0
+    emb.pooled[1, 0] = 1.0
+    assert pool_ranks(model, emb, split, {"few": pools}, k=3)["few"].tolist() == [2, 1, 2, 1]
+    rank, in_k = shortlist_ranks(np.array([[4, 1], [0, 2]]), np.array([[1.0, 1.0], [0.0, 0.0]]), np.array([4, 5]))
+    assert rank.tolist() == [2, 0] and in_k.tolist() == [True, False]
+
+
+@pytest.mark.parametrize("space", ["sim", "encoder"])
+def test_the_two_shortlist_finders_agree_on_demo(tiny_model_and_tokenizer, demo_corpus, space):
+    """The per-epoch shortlists (NeighbourIndex, both indexes) are the epa pool's shortlists, so the per-epoch
+    top-1 is the 8 tasks' epa rerank accuracy on every split."""
+    model, tokenizer = tiny_model_and_tokenizer
+    for name in ("train", "test"):
+        split = demo_corpus.paired(name)
+        emb = encode(model, TokenizedTexts(split.texts, tokenizer, 64))
+        epa = per_epoch_pool(split)
+        epa[np.arange(split.n_pairs), split.counter] = True
+        dist = distances(emb.retrieval(space), split.query)
+        expected = pool_shortlists(dist, {"epa": epa}, 5)["epa"]
+        rows, found = retrieve(emb.retrieval(space).numpy(), split, 5, "exact")
+        assert rows.tolist() == expected.tolist()
+        # a BallTree orders equal distances (duplicate texts, equal vectors) its own way: the same distances
+        rows, found = retrieve(emb.retrieval(space).numpy(), split, 5, "balltree")
+        np.testing.assert_allclose(found, np.take_along_axis(dist, expected, 1), rtol=1e-12)
+        tasks = evaluate_tasks(split, "rerank", model=model, emb=emb, k=5, retrieve=space)
+        for index in ("exact", "balltree"):
+            metrics, _ = retrieve_rerank(model, emb, split, k=5, space=space, index=index)
+            assert metrics["top1"] == tasks["epa"]["accuracy_at_1"]
+        if space == "sim":  # the nearest candidate is the pool's first by distance
+            assert metrics["retrieval_top1"] == evaluate_tasks(split, "sim", emb=emb)["epa"]["accuracy_at_1"]
+        assert task_masks(candidate_types(split))["epa"].tolist() == per_epoch_pool(split).tolist()
