@@ -31,7 +31,8 @@ from .errors import BiencoderError
 from .model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
 from .runtime import Runtime, decide
 from .state import write_json_atomic
-from .tasks import evaluate_tasks, format_tasks
+from .report.run import format_tasks
+from .tasks import evaluate_tasks
 
 log = logging.getLogger("biencoder")
 

@@ -155,25 +155,6 @@ def pool_sizes(split: PairedSplit) -> dict[str, dict[str, int]]:
     return {task: {"queries": split.n_pairs, "candidates": int(mask.sum())} for task, mask in masks.items()}
 
 
-def format_tasks(results: dict[str, dict[str, dict]]) -> str:
-    """Markdown table: one row per task, ``acc@1 / MRR`` per evaluated split (``{split: evaluate_tasks(...)}``)."""
-    names = list(results)
-    # query groups (unseen/seen test queries) get an acc@1 column each, with their query count
-    groups = {n: next(iter(results[n].values())).get("groups", {}) for n in names}
-    fmt = lambda v: "–" if v is None else f"{v:.3f}"
-    head = [f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
-            for n in names]
-    width = 2 + sum(2 + len(groups[n]) for n in names)
-    lines = ["| task | avg cands | " + " | ".join(head) + " |", "|" + "---|" * width]
-    for task in TASKS:
-        first = results[names[0]][task]
-        cells = " | ".join(f"{fmt(results[n][task]['accuracy_at_1'])} | {fmt(results[n][task]['mrr'])}"
-                           + "".join(f" | {fmt(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
-                           for n in names)
-        lines.append(f"| {task} | {first['candidates'] / max(first['queries'], 1):.1f} | {cells} |")
-    return "\n".join(lines)
-
-
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m biencoder.tasks",

@@ -1,4 +1,4 @@
-"""The one-screen summary of one finished run, printed at its end (``final.json`` → text).
+"""The one-screen summary of one finished run, printed at its end (``final.json`` → text), and the 8 tasks' table.
 
 Used by the runner (:mod:`biencoder.runner`); the comparison of many runs is :mod:`biencoder.summary`.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tasks import format_tasks
+from ..tasks import TASKS
 from .statistics import wilson
 
 
@@ -47,4 +47,23 @@ def summary_text(final: dict, out_dir: Path) -> str:
         lines.append(f"8 tasks, score={final['tasks']['score']}, best-by-val weights:")
         lines.append(format_tasks({n: final["tasks"][n] for n in ("val", "test")}))
     lines.append(f"run folder: {out_dir}")
+    return "\n".join(lines)
+
+
+def format_tasks(results: dict[str, dict[str, dict]]) -> str:
+    """Markdown table: one row per task, ``acc@1 / MRR`` per evaluated split (``{split: evaluate_tasks(...)}``)."""
+    names = list(results)
+    # query groups (unseen/seen test queries) get an acc@1 column each, with their query count
+    groups = {n: next(iter(results[n].values())).get("groups", {}) for n in names}
+    fmt = lambda v: "–" if v is None else f"{v:.3f}"
+    head = [f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
+            for n in names]
+    width = 2 + sum(2 + len(groups[n]) for n in names)
+    lines = ["| task | avg cands | " + " | ".join(head) + " |", "|" + "---|" * width]
+    for task in TASKS:
+        first = results[names[0]][task]
+        cells = " | ".join(f"{fmt(results[n][task]['accuracy_at_1'])} | {fmt(results[n][task]['mrr'])}"
+                           + "".join(f" | {fmt(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
+                           for n in names)
+        lines.append(f"| {task} | {first['candidates'] / max(first['queries'], 1):.1f} | {cells} |")
     return "\n".join(lines)
