@@ -16,21 +16,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import load_checkpoint
-from .config import (
-    ConfigError,
-    conf_dir,
-    fail,
-    hydra_cli,
-    register,
-    set_seed_everywhere,
-    show_progress,
-    validate,
-)
 from .corpus import CorpusError, read_corpus, seen_queries
 from .corpus import split_name as canonical_split
-from .errors import BiencoderError
+from .errors import BiencoderError, ConfigError
+from .hydra_glue import conf_dir, fail, hydra_cli, register
 from .model import TokenizedTexts, build_model, embed_pooled, encode_pooled
-from .runtime import decide
+from .runtime import decide, set_seed_everywhere, show_progress
+from .schema import validate
 from .state import write_json_atomic
 from .tasks import evaluate_tasks, format_tasks
 

