@@ -2,8 +2,9 @@
 
 The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
 ``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
-what differs from these defaults (``tests/test_config_defaults.py``). Hydra-free: imports only
-:mod:`biencoder.errors` and OmegaConf, so every engine module may import it.
+what differs from these defaults (``tests/test_config_defaults.py``). Hydra-free and torch-free: imports only
+:mod:`biencoder.errors` and OmegaConf at import time (``validate`` reads :data:`biencoder.loss.LOSSES` when it
+runs), so every engine module may import it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .errors import ConfigError
 
+#: the choices of the config keys that take one (validate checks them; the modules that act on them share them)
 POOLINGS = ("pooler", "cls", "mean")
 FUSIONS = ("concat", "sim", "cls")
 SIM_INITS = ("random", "pca")
@@ -238,7 +240,6 @@ def flags_name(use_layernorm: bool, use_relu: bool) -> str:
     )
 
 
-
 def resume_folder(resume: Any) -> str | None:
     """The run folder named by ``trainer.resume=<run dir>``, or None (``true``/``false``/empty)."""
     if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):
@@ -249,7 +250,6 @@ def resume_folder(resume: Any) -> str | None:
 def resume_requested(resume: Any) -> bool:
     """``trainer.resume`` asks to continue a run: ``true`` or a run folder."""
     return resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
-
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
@@ -385,8 +385,6 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = value
     return out
-
-
 
 
 def run_settings(config: dict) -> dict:
