@@ -60,16 +60,17 @@ def test_reporting_imports_point_down(graph):
     assert all("biencoder.summary" not in m.top + m.local for n, m in graph.items() if n.startswith("biencoder.report"))
 
 
+def loaded(modules: list[str], watched: tuple[str, ...]) -> list[str]:
+    """Which of ``watched`` a fresh Python has in ``sys.modules`` after importing ``modules``."""
+    code = f"import sys, {', '.join(modules)}; print(*sorted(m for m in {watched!r} if m in sys.modules))"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+
+
 def test_reporting_does_not_import_hydra_or_draw_unasked():
     """Importing the plot app and every report module loads neither Hydra nor Matplotlib (figures import it when
     they draw); the statistics need numpy only."""
-    code = ("import sys, biencoder.summary, biencoder.report.baselines, biencoder.errors; "
-            "print(sorted(m for m in ('hydra', 'matplotlib') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
-    code = "import sys, biencoder.report.statistics; print(sorted(m for m in ('pandas', 'torch') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    assert loaded(["biencoder.summary", "biencoder.report.baselines", "biencoder.errors"], ("hydra", "matplotlib")) == []
+    assert loaded(["biencoder.report.statistics"], ("pandas", "torch")) == []
 
 
 def test_the_architecture_map_names_every_module(graph):
@@ -89,10 +90,6 @@ def test_hydra_stays_in_the_apps_and_hydra_glue(graph):
                      "biencoder.config"}
     assert graph["biencoder.schema"].top == ["biencoder.errors"]
     assert graph["biencoder.schema"].local == ["biencoder.loss"]
-    code = ("import sys, biencoder.schema, biencoder.runtime, biencoder.rundir, biencoder.tracking, biencoder.search; "
-            "print(sorted(m for m in ('hydra', 'torch') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['torch']"
-    code = "import sys, biencoder.schema; print(sorted(m for m in ('hydra', 'torch') if m in sys.modules))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+    engine = ["biencoder.schema", "biencoder.runtime", "biencoder.rundir", "biencoder.tracking", "biencoder.search"]
+    assert loaded(engine, ("hydra", "torch")) == ["torch"]
+    assert loaded(["biencoder.schema"], ("hydra", "torch")) == []
