@@ -124,12 +124,14 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
 def test_a_missing_tracker_package_is_one_line(tmp_path, monkeypatch):
     import importlib.util
 
-    from biencoder.config import ConfigError, validate
+    from biencoder.errors import ConfigError
+    from biencoder.train import run
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))
     with pytest.raises(ConfigError, match=r"logger=mlflow needs the mlflow package: pip install -e '.\[tracking\]'"):
-        validate(compose_cfg(FAST + ["logger=mlflow"]))
+        run(compose_cfg(FAST + ["logger=mlflow"]), tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # refused before the run folder is made
     torch.manual_seed(0)  # nothing else to undo
 
 

@@ -15,21 +15,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .checkpoint import load_checkpoint
-from .config import (
-    ConfigError,
-    conf_dir,
-    fail,
-    hydra_cli,
-    register,
-    set_seed_everywhere,
-    show_progress,
-    validate,
-)
 from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
 from .corpus import split_name as canonical_split
-from .errors import BiencoderError
+from .errors import BiencoderError, ConfigError
+from .hydra_glue import conf_dir, fail, hydra_cli, register
 from .model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
-from .runtime import Runtime, decide
+from .runtime import Runtime, decide, set_seed_everywhere, show_progress
+from .schema import validate
 from .state import write_json_atomic
 from .report.run import format_tasks
 from .tasks import evaluate_tasks

@@ -29,8 +29,7 @@ from pathlib import Path
 from torch import nn
 
 from .checkpoint import load_checkpoint
-from .config import ConfigError
-from .errors import command
+from .errors import ConfigError, command
 from .model import Embeddings, PairHead
 
 CLASSIFIER = "pair_classifier"

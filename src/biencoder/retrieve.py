@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -35,9 +34,10 @@ from .corpus import read_corpus, split_name
 from .errors import BiencoderError, command
 from .model import Embeddings, embed_pooled, pooled_vectors
 from .rerank import NONE, first_kept, shortlist_margins
+from .schema import default_cache_dir
 from .search import NeighbourIndex
 
-DEFAULT_CACHE = os.environ.get("BIENCODER_CACHE_DIR", "~/.cache/biencoder")
+DEFAULT_CACHE = default_cache_dir()  # the one definition, trainer.cache_dir's default too
 
 
 class InputError(BiencoderError, ValueError):

@@ -27,16 +27,16 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from . import distributed
 from .cache import encoder_fingerprint
 from .checkpoint import checkpoint_payload, restore_last, training_state
-from .config import set_seed_everywhere, show_progress, validate, variant_name
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
 from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, pooled_vectors
 from .rerank import retrieve_rerank, seen_unseen
 from .rundir import RunFolder
-from .runtime import Runtime, decide
+from .runtime import Runtime, decide, set_seed_everywhere, show_progress
+from .schema import flags_name, validate
 from .state import rng_states
 from .tasks import baseline_ranks, evaluate_tasks
-from .tracking import Tracker
+from .tracking import Tracker, check_packages
 
 log = logging.getLogger("biencoder")
 SPLITS = ("train", "val", "test")
@@ -46,17 +46,20 @@ class Runner:
     """Holds one run's model, data and state; :meth:`fit` runs it end to end (resuming from ``last.pt``).
 
     ``runtime``: the start-up decision of device, precision and process group (:func:`start_up`, made here when
-    None); the runner never asks torch again.
+    None); the runner never asks torch again. ``variant``: the cell's name (the app passes Hydra's ``+variant=``
+    choice; default: named after the head flags, :func:`schema.flags_name`). The config is trusted: :func:`run`
+    validates it once.
     """
 
-    def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None):
+    def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None,
+                 variant: str | None = None):
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
         corpus, self.splits = run_splits(cfg.data)
         self.runtime = start_up(cfg) if runtime is None else runtime  # decided once, at start-up
         self.device, self.amp_dtype = self.runtime.device, self.runtime.autocast_dtype
         self.main = distributed.is_main()
-        self.variant = variant_name(cfg)
+        self.variant = variant or flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
         set_seed_everywhere(cfg.seed)
@@ -304,15 +307,17 @@ def start_up(cfg: DictConfig) -> Runtime:
     return runtime
 
 
-def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None) -> dict | None:
+def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None,
+        variant: str | None = None) -> dict | None:
     """Train one cell into ``out_dir`` (or continue it, with ``trainer.resume``); returns what ``final.json`` holds.
 
     A finished folder (status ``done``) is left as it is when resuming, so a re-run sweep skips its done jobs.
     On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, the trackers close the run as
     FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep). ``runtime``: the
-    start-up decision (:func:`start_up`; made here when None).
+    start-up decision (:func:`start_up`; made here when None). ``variant``: the cell's name (see :class:`Runner`).
     """
-    validate(cfg)  # before the folder is touched: the one validation of a run
+    validate(cfg)  # once per run, before the folder is touched (the runner trusts it)
+    check_packages(cfg)
     runtime = start_up(cfg) if runtime is None else runtime
     folder = RunFolder(out_dir)
     if not distributed.is_main():
@@ -320,7 +325,7 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runti
     done = folder.open(cfg, main=distributed.is_main(), runtime=runtime)
     if done is not None:
         return done
-    runner = Runner(cfg, folder.path, experiment, runtime)  # reads the corpus first
+    runner = Runner(cfg, folder.path, experiment, runtime, variant)  # reads the corpus first
     if runner.main:
         folder.start(cfg, runtime)
     try:

@@ -1,4 +1,4 @@
-"""Where and how a process computes: device, precision, distributed backend and determinism, decided once.
+"""Where and how a process computes: device, precision, distributed backend, determinism and seeds, decided once.
 
 :func:`decide` reads ``trainer.device``, ``trainer.precision``, ``trainer.deterministic`` and torchrun's
 environment (``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``) at start-up and returns a :class:`Runtime`;
@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import re
+import sys
 from dataclasses import dataclass
 from typing import Mapping
 
+import numpy as np
 import torch
 
 from .errors import ConfigError
-
-#: the choices of trainer.device and trainer.precision (validated here and by config.validate)
-DEVICES = ("auto", "cpu", "cuda")
-PRECISIONS = ("auto", "fp32", "bf16")
+from .schema import DEVICES, PRECISIONS
 
 log = logging.getLogger("biencoder")
 
@@ -155,3 +155,18 @@ def nondeterministic_op(err: BaseException, device: str) -> NonDeterministicOp |
             return NonDeterministicOp(match.group(1), device)
         err = err.__cause__
     return None
+
+
+def set_seed_everywhere(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA); generators made later derive from ``seed`` too."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.cuda.manual_seed_all(seed)
+
+
+def show_progress(cfg) -> bool:
+    """``trainer.progress`` of ``cfg`` (a config with ``trainer.progress``): true/false, or ``auto`` = bars only
+    when stderr is a terminal (never in a log file). The app asks once and passes the answer down."""
+    value = cfg.trainer.progress
+    return sys.stderr.isatty() if value == "auto" else bool(value)

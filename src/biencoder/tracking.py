@@ -23,7 +23,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from .config import ConfigError, flatten
+from .errors import ConfigError
+from .schema import flatten
 from .state import write_text_atomic
 
 #: logger → (module it needs, pip extra)

@@ -14,7 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from . import distributed
-from .config import conf_dir, fail, hydra_cli, register
+from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
 from .epoch import Diverged
 from .errors import BiencoderError
 from .report.run import summary_text
@@ -44,7 +44,7 @@ def main(cfg: DictConfig) -> float | None:
             discard_if_ours(out_dir)  # this rank's own (empty) Hydra folder
             out_dir = shared
         experiment = Path(hydra_cfg.sweep.dir).name if hydra_cfg.mode == RunMode.MULTIRUN else "runs"
-        final = run(cfg, out_dir, experiment, runtime)
+        final = run(cfg, out_dir, experiment, runtime, variant_name(cfg))
         if final is not None:
             log.info("\n%s", summary_text(final, out_dir))
     except BiencoderError as err:

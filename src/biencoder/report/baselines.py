@@ -19,9 +19,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..config import set_seed_everywhere
 from ..corpus import read_corpus
 from ..model import build_model, pooled_vectors
+from ..runtime import set_seed_everywhere
 from ..tasks import BASELINES, baseline_ranks
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
@@ -29,7 +29,7 @@ from .statistics import MIN_SEEDS_FOR_SEED_LEVEL, holm, paired_bootstrap, verdic
 
 def _group(run: Run, prefix: str) -> dict:
     """The run's settings under ``prefix`` (``model.``) as a nested dict, schema defaults filled in for keys the run
-    predates (:func:`biencoder.config.run_settings`)."""
+    predates (:func:`biencoder.schema.run_settings`)."""
     out: dict = {}
     for key, value in run.flat.items():
         if key.startswith(prefix):

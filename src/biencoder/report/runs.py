@@ -3,7 +3,7 @@
 A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml`` or Hydra's ``.hydra/config.yaml``),
 and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Runs whose settings differ in anything
 but the seed, the head flags (what the variant says) and the settings that change no result
-(:data:`biencoder.config.NON_RESULT_KEYS`) never share a cell.
+(:data:`biencoder.schema.NON_RESULT_KEYS`) never share a cell.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ..config import is_non_result_key, run_settings
+from ..schema import is_non_result_key, run_settings
 from ..state import read_final, read_metrics
 from . import SummaryError
 

