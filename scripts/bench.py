@@ -5,7 +5,7 @@
     python scripts/bench.py --gpu-only             # on a CUDA machine: items 2 (GPU rows, MFU), 5, 6 and 7
 
 1. Evaluation of one split (the real test split when the corpus is found, else the demo's): the batched
-   retrieve-and-rerank of :func:`biencoder.rerank.retrieve_rerank` against a faithful re-implementation of the
+   retrieve-and-rerank of :func:`biencoder.engine.rerank.retrieve_rerank` against a faithful re-implementation of the
    seed scripts' evaluator (a BallTree query per query, then one classifier call per (query, candidate) pair with
    a host→device copy each time), on the same embeddings; both must give the same top-1.
 2. Training throughput (full fine-tuning step: encoder forward + backward + AdamW) in triplets/s and tokens/s:
@@ -16,7 +16,7 @@
 4. One frozen real-corpus epoch of ``+experiment=frozen_arguana`` (``ln_relu``), by phase, through the runner's
    own methods (mean of ``--epochs`` after one warm-up); prints ``frozen_epoch_s: <seconds>``. A cold embedding
    cache is warmed first (it says so; 5-10 min on 2 cores).
-5. One training step (:meth:`biencoder.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
+5. One training step (:meth:`biencoder.engine.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
    encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
    counted with ``torch.profiler``, and ms per step.
 6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log): the default
@@ -42,10 +42,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from biencoder.corpus import read_corpus  # noqa: E402
-from biencoder.rerank import retrieve_rerank  # noqa: E402
-from biencoder.model import BiModel, Embeddings  # noqa: E402
-from biencoder.search import NeighbourIndex  # noqa: E402
+from biencoder.engine.corpus import read_corpus  # noqa: E402
+from biencoder.engine.rerank import retrieve_rerank  # noqa: E402
+from biencoder.engine.model import BiModel, Embeddings  # noqa: E402
+from biencoder.engine.search import NeighbourIndex  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CORPUS = Path(os.environ.get("ARGUANA_ROOT", REPO.parent / "shared/data/arguana-counterargs-corpus"))
@@ -155,7 +155,7 @@ def train_flops_per_step(config, batch_seqs: int, seq_len: int) -> float:
 
 
 def bench_train(kind: str, device: torch.device, batch: int, seq_len: int, steps: int, dtype) -> dict:
-    from biencoder.loss import TripletCELoss
+    from biencoder.engine.loss import TripletCELoss
 
     model = random_model(kind, device)
     model.train()
@@ -218,11 +218,11 @@ def compose_config(overrides: list[str]):
 def cache_report(cfg) -> str | None:
     """For a frozen-encoder config: None when the embedding cache holds every text the run encodes, else a line
     saying how many are missing (the runner then encodes them). The texts are the runner's own
-    (:func:`biencoder.corpus.run_splits`), the cache the one :func:`biencoder.cache.cached_pooled` fills."""
-    from biencoder.cache import encoder_fingerprint, model_cache
-    from biencoder.corpus import run_splits
-    from biencoder.model import build_model
-    from biencoder.runtime import decide
+    (:func:`biencoder.engine.corpus.run_splits`), the cache the one :func:`biencoder.engine.cache.cached_pooled` fills."""
+    from biencoder.engine.cache import encoder_fingerprint, model_cache
+    from biencoder.engine.corpus import run_splits
+    from biencoder.engine.model import build_model
+    from biencoder.engine.runtime import decide
 
     _, splits = run_splits(cfg.data)
     texts = [text for split in splits.values() for text in split.texts]
@@ -245,9 +245,9 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
     import shutil
     import tempfile
 
-    from biencoder.model import TokenizedTexts
-    from biencoder.state import rng_states
-    from biencoder.runner import SPLITS, Runner
+    from biencoder.engine.model import TokenizedTexts
+    from biencoder.engine.state import rng_states
+    from biencoder.engine.runner import SPLITS, Runner
 
     cfg = compose_config(overrides)
     if cfg.model.encoder.freeze:
@@ -418,8 +418,8 @@ def bench_step_counts(frozen: bool, steps: int) -> dict:
     import shutil
     import tempfile
 
-    from biencoder.epoch import EpochSums
-    from biencoder.runner import Runner
+    from biencoder.engine.epoch import EpochSums
+    from biencoder.engine.runner import Runner
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-step-"))
     try:

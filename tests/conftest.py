@@ -58,7 +58,7 @@ def real_root() -> Path:
 
 @pytest.fixture(scope="session")
 def real_corpus(real_root):
-    from biencoder.corpus import read_corpus
+    from biencoder.engine.corpus import read_corpus
     return read_corpus(real_root)
 
 
@@ -82,7 +82,7 @@ def tiny_model_and_tokenizer():
     """A randomly initialised 2-layer BERT (seed 0) inside a BiModel, and MiniLM's tokenizer."""
     import torch
 
-    from biencoder.model import build_model
+    from biencoder.engine.model import build_model
 
     torch.manual_seed(0)
     return build_model(compose_cfg(["model=tiny"]).model)
@@ -90,7 +90,7 @@ def tiny_model_and_tokenizer():
 
 @pytest.fixture(scope="session")
 def demo_corpus():
-    from biencoder.corpus import demo_root, read_corpus
+    from biencoder.engine.corpus import demo_root, read_corpus
 
     return read_corpus(demo_root())
 

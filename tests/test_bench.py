@@ -55,8 +55,8 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
 def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
     """The bench's cold-cache check and the runner agree on a run's texts: after the runner has filled the cache,
     nothing is missing (the old check also asked for texts of pairs that data.dedup drops)."""
-    from biencoder.corpus import run_splits
-    from biencoder.runner import Runner
+    from biencoder.engine.corpus import run_splits
+    from biencoder.engine.runner import Runner
 
     cfg = bench.compose_config(bench.step_overrides(frozen=True, cache_dir=tmp_path / "cache"))
     _, splits = run_splits(cfg.data)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.cache import EmbeddingCache, encoder_fingerprint
+from biencoder.engine.cache import EmbeddingCache, encoder_fingerprint
 from biencoder.evaluate import run_evaluation
-from biencoder.model import TokenizedTexts, build_model, encode_pooled, pooled_vectors
-from biencoder.runner import Runner
+from biencoder.engine.model import TokenizedTexts, build_model, encode_pooled, pooled_vectors
+from biencoder.engine.runner import Runner
 from conftest import FAST, compose_cfg
 
 TEXTS = ["a point about schools", "a counter about schools", "a point about taxes", "a counter about taxes"]
@@ -104,7 +104,7 @@ def test_stale_shard_is_not_used(tmp_path, caplog):
 
 
 def test_unwritable_cache_dir_is_a_clear_error(tmp_path):
-    from biencoder.cache import CacheError
+    from biencoder.engine.cache import CacheError
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -128,7 +128,7 @@ def test_tokenizer_fingerprint_tells_vocabularies_apart_not_paths(tmp_path, tiny
     """Equal encoder weights with another vocabulary must not share cached vectors; a copied folder must."""
     from transformers import AutoTokenizer
 
-    from biencoder.cache import tokenizer_fingerprint
+    from biencoder.engine.cache import tokenizer_fingerprint
 
     _, tokenizer = tiny_model_and_tokenizer
     tokenizer.save_pretrained(tmp_path / "copy")

@@ -87,7 +87,7 @@ def test_typo_in_a_config_file_fails_at_composition(tmp_path):
 
 
 def test_max_length_above_the_encoder_limit_is_named():
-    from biencoder.model import build_model
+    from biencoder.engine.model import build_model
 
     with pytest.raises(ConfigError, match=r"model\.max_length=600 .* limit of 512"):
         build_model(compose_cfg(["model=tiny", "model.max_length=600"]).model)
@@ -99,7 +99,7 @@ def test_defaults_resolve_to_packaged_minilm():
     path = Path(cfg.model.encoder.name_or_path)
     assert path == Path(packaged_minilm_path()) and (path / "config.json").is_file()
     assert "site-packages" not in (CONF / "model" / "minilm.yaml").read_text()
-    from biencoder.corpus import demo_root
+    from biencoder.engine.corpus import demo_root
 
     assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root
 
@@ -121,7 +121,7 @@ def test_help_says_how_to_start(module, says):
 
 
 def test_loss_group_selects_the_loss_and_the_default_is_triplet_ce():
-    from biencoder.loss import InfoNCELoss, TripletCELoss, build_loss
+    from biencoder.engine.loss import InfoNCELoss, TripletCELoss, build_loss
 
     default, explicit = compose_cfg(), compose_cfg(["loss=triplet_ce"])
     assert default.loss == explicit.loss and default.loss.name == "triplet_ce"

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from biencoder.schema import LoggerSchema, MlflowSchema, Schema, TensorBoardSchema, flatten
+from biencoder.engine.schema import LoggerSchema, MlflowSchema, Schema, TensorBoardSchema, flatten
 from conftest import CONF
 
 #: the config groups that fill schema nodes (their files' keys live under the group's name)

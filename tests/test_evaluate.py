@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.rerank import retrieve, retrieve_rerank
-from biencoder.model import Embeddings, TokenizedTexts, encode
-from biencoder.tasks import evaluate_tasks
+from biencoder.engine.rerank import retrieve, retrieve_rerank
+from biencoder.engine.model import Embeddings, TokenizedTexts, encode
+from biencoder.engine.tasks import evaluate_tasks
 from test_negatives import paired_split
 from test_rerank import candidate_scorer
 

@@ -4,14 +4,14 @@ its logits; for the pooler (tiny BERT), mean pooling and a frozen encoder alike.
 import pytest
 import torch
 
-from biencoder.checkpoint import load_checkpoint
-from biencoder.model import TokenizedTexts, encode
-from biencoder.runner import run
+from biencoder.engine.checkpoint import load_checkpoint
+from biencoder.engine.model import TokenizedTexts, encode
+from biencoder.engine.runner import run
 from conftest import FAST, compose_cfg
 
 st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
 
-from biencoder.export import embed, export, load_pair_classifier, main  # noqa: E402
+from biencoder.export import embed, export, load_pair_classifier, main  # noqa: E402 - the app's names
 
 TEXTS = ["Homework teaches discipline.", "Children need time to play, not more worksheets after school.",
          "A short one.", "Taxes on sugar change what people buy, and the evidence from several countries says so."]

@@ -88,8 +88,18 @@ def test_hydra_stays_in_the_apps_and_hydra_glue(graph):
     hydra = {n for n, h in graph_tool.imports_hydra(graph).items() if h}
     assert hydra == {"biencoder.train", "biencoder.evaluate", "biencoder.callbacks", "biencoder.hydra_glue",
                      "biencoder.config"}
-    assert graph["biencoder.schema"].top == ["biencoder.errors"]
-    assert graph["biencoder.schema"].local == ["biencoder.loss"]
-    engine = ["biencoder.schema", "biencoder.runtime", "biencoder.rundir", "biencoder.tracking", "biencoder.search"]
-    assert loaded(engine, ("hydra", "torch")) == ["torch"]
-    assert loaded(["biencoder.schema"], ("hydra", "torch")) == []
+    assert graph["biencoder.engine.schema"].top == ["biencoder.errors"]
+    assert graph["biencoder.engine.schema"].local == ["biencoder.engine.loss"]
+    assert loaded(["biencoder.engine.schema"], ("hydra", "torch")) == []
+
+
+def test_the_engine_is_hydra_free_and_imports_point_down(graph):
+    """Every module of biencoder.engine imports only the engine and errors (never an app, the report or Hydra), and a
+    fresh Python that imports all of them has no Hydra in sys.modules: the engine runs from Python with a plain
+    config object."""
+    engine = sorted(n for n in graph if n.startswith("biencoder.engine."))
+    assert len(engine) >= 18
+    for name in engine:
+        m = graph[name]
+        assert all(t.startswith("biencoder.engine") or t == "biencoder.errors" for t in m.top + m.local), (name, m)
+    assert loaded(engine, ("hydra",)) == []

@@ -66,8 +66,8 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from submitit.core.utils import pickle_load
 
-    from biencoder.state import read_metrics
-    from biencoder.runner import run
+    from biencoder.engine.state import read_metrics
+    from biencoder.engine.runner import run
 
     sweep = tmp_path / "sweep"
     settings = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8",

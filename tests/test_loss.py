@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from biencoder.loss import TripletCELoss
-from biencoder.model import Embeddings
+from biencoder.engine.loss import TripletCELoss
+from biencoder.engine.model import Embeddings
 
 
 def test_loss_parts_by_hand(tiny_model_and_tokenizer):
@@ -40,7 +40,7 @@ def test_triplet_is_zero_when_negative_far_enough(tiny_model_and_tokenizer):
 
 
 def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
-    from biencoder.model import TokenizedTexts
+    from biencoder.engine.model import TokenizedTexts
 
     base, tokenizer = tiny_model_and_tokenizer
     model = copy.deepcopy(base)
@@ -53,7 +53,7 @@ def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
 
 
 # -- InfoNCE (in-batch + mined negatives) -------------------------------------------------------------------------
-from biencoder.loss import InfoNCELoss, same_text_mask  # noqa: E402
+from biencoder.engine.loss import InfoNCELoss, same_text_mask  # noqa: E402
 
 E = torch.eye(3)
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.model import BiModel, Embeddings, TokenizedTexts, encode, head_statistics, pair_margins
+from biencoder.engine.model import BiModel, Embeddings, TokenizedTexts, encode, head_statistics, pair_margins
 from conftest import compose_cfg
 
 
@@ -55,7 +55,7 @@ def test_relu_clamps(tiny_model_and_tokenizer):
 
 
 def test_the_four_variant_configs_build_four_different_heads(tiny_model_and_tokenizer):
-    from biencoder.model import build_model
+    from biencoder.engine.model import build_model
 
     heads = {}
     for variant in ("ln_relu", "ln", "relu", "plain"):

@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from biencoder.corpus import PairedSplit
-from biencoder.negatives import forbidden_texts, mine_negatives, random_rate
+from biencoder.engine.corpus import PairedSplit
+from biencoder.engine.negatives import forbidden_texts, mine_negatives, random_rate
 
 
 def paired_split(points, counters, debate=None):

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from biencoder.config import ConfigError
-from biencoder.state import RunFolderError, append_rows, read_metrics, truncate_metrics
-from biencoder.epoch import Diverged
-from biencoder.runner import run
+from biencoder.engine.state import RunFolderError, append_rows, read_metrics, truncate_metrics
+from biencoder.engine.epoch import Diverged
+from biencoder.engine.runner import run
 from conftest import FAST, REPO, compose_cfg
 
 RUN = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "+variant=ln_relu", "seed=3"]
@@ -137,7 +137,7 @@ def test_metrics_survive_a_torn_last_line_but_not_a_corrupt_middle(tmp_path, cap
 
 
 def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
-    from biencoder.runner import Runner
+    from biencoder.engine.runner import Runner
 
     def boom(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -152,7 +152,7 @@ def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
 
 # -- guards ---------------------------------------------------------------------------------------------------
 def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
-    from biencoder.epoch import EpochTrainer
+    from biencoder.engine.epoch import EpochTrainer
 
     original = EpochTrainer.train_epoch
 
@@ -174,7 +174,7 @@ def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
 
 def test_checkpoints_are_loaded_weights_only(tmp_path):
     """A best.pt carrying an arbitrary pickled object is refused, not executed."""
-    from biencoder.checkpoint import load_checkpoint
+    from biencoder.engine.checkpoint import load_checkpoint
 
     torch.save({"state_dict": {}, "model_cfg": {}, "payload": Path("x")}, tmp_path / "best.pt")
     with pytest.raises(ConfigError, match="not a readable biencoder checkpoint"):

@@ -12,13 +12,13 @@ import torch
 import yaml
 
 from biencoder.config import packaged_minilm_path, set_seed_everywhere
-from biencoder.corpus import demo_root, read_corpus
-from biencoder.model import Embeddings, TokenizedTexts, build_model, encode_pooled
+from biencoder.engine.corpus import demo_root, read_corpus
+from biencoder.engine.model import Embeddings, TokenizedTexts, build_model, encode_pooled
 from biencoder.report.baselines import baseline_markdown, baseline_table
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import holm
 from biencoder.summary import main
-from biencoder.tasks import evaluate_tasks
+from biencoder.engine.tasks import evaluate_tasks
 from conftest import REPO
 from test_report_runs import write_run
 

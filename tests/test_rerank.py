@@ -1,4 +1,4 @@
-"""biencoder.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two shortlist finders
+"""biencoder.engine.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two shortlist finders
 (the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
 
 import copy
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.model import Embeddings, TokenizedTexts, encode
-from biencoder.rerank import NONE, distances, pool_ranks, pool_shortlists, retrieve, retrieve_rerank, shortlist_ranks
-from biencoder.tasks import candidate_types, evaluate_tasks, task_masks
+from biencoder.engine.model import Embeddings, TokenizedTexts, encode
+from biencoder.engine.rerank import NONE, distances, pool_ranks, pool_shortlists, retrieve, retrieve_rerank, shortlist_ranks
+from biencoder.engine.tasks import candidate_types, evaluate_tasks, task_masks
 from test_negatives import paired_split
 
 #        rows: 0=P0 1=P1  2=P2  3=P3  4=C0 5=C1  6=C2  7=C3 (C3 has C0's text: the true counter of P3, a twin of C0)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.checkpoint import load_checkpoint
-from biencoder.rerank import retrieve
-from biencoder.model import TokenizedTexts, encode, pair_margins
+from biencoder.engine.checkpoint import load_checkpoint
+from biencoder.engine.rerank import retrieve
+from biencoder.engine.model import TokenizedTexts, encode, pair_margins
 from biencoder.retrieve import Retriever, main, read_texts
-from biencoder.runner import run
+from biencoder.engine.runner import run
 from conftest import FAST, compose_cfg
 
 

@@ -14,7 +14,7 @@ import pytest
 from biencoder.config import ConfigError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.tables import paired_comparisons, summary_table
-from biencoder.runner import run
+from biencoder.engine.runner import run
 from conftest import FAST, REPO, compose_cfg
 
 TINY = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer.max_epochs=1", "eval.tasks=false"]
@@ -202,7 +202,7 @@ def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
 def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
     """A resumed folder without last.pt (killed after logging epoch 0 but before its checkpoint, or last.pt
     deleted) starts over: metrics.jsonl is emptied first, and the log says so with the count of rows dropped."""
-    from biencoder.state import read_metrics
+    from biencoder.engine.state import read_metrics
 
     out = tmp_path / "run"
     overrides = FAST + ["trainer.max_epochs=1", "eval.tasks=false"]

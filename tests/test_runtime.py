@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from biencoder.config import ConfigError
-from biencoder.runtime import Runtime, decide, nondeterministic_op, set_cublas_workspace
+from biencoder.engine.runtime import Runtime, decide, nondeterministic_op, set_cublas_workspace
 from conftest import REPO
 
 TORCHRUN_2 = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
@@ -156,7 +156,7 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
 def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determinism):
     import yaml
 
-    from biencoder.runner import run
+    from biencoder.engine.runner import run
     from conftest import compose_cfg
 
     final = run(compose_cfg(["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "eval.tasks=false",

@@ -4,9 +4,9 @@ same mined negatives and retrieved candidates."""
 import numpy as np
 import pytest
 
-from biencoder.rerank import retrieve
-from biencoder.negatives import mine_negatives
-from biencoder.search import NeighbourIndex
+from biencoder.engine.rerank import retrieve
+from biencoder.engine.negatives import mine_negatives
+from biencoder.engine.search import NeighbourIndex
 
 
 @pytest.mark.parametrize("kind", ["balltree", "exact"])

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.corpus import read_corpus
-from biencoder.model import Embeddings
-from biencoder.tasks import TASKS, candidate_types, evaluate_tasks, main, pool_sizes, query_ranks, task_masks
+from biencoder.engine.corpus import read_corpus
+from biencoder.engine.model import Embeddings
+from biencoder.engine.tasks import TASKS, candidate_types, evaluate_tasks, pool_sizes, query_ranks, task_masks
+from biencoder.tasks import main
 from conftest import grid_layout
 
 # grid: 2 themes × 2 debates, 2 pairs per side. False candidates per query, counted by hand:
@@ -48,7 +49,7 @@ def test_types_of_one_query(grid):
              "theme-point": row("theme0/debate01/con01", "point"),
              "portal-counter": row("theme1/debate11/pro02", "counter"),
              "portal-point": row("theme1/debate10/pro01", "point")}
-    from biencoder.tasks import TYPES
+    from biencoder.engine.tasks import TYPES
     for name, r in named.items():
         assert TYPES[types[r]] == name
 

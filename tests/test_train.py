@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from biencoder import epoch as epoch_module
-from biencoder.epoch import EpochTrainer
-from biencoder.runner import Runner, run
+from biencoder.engine.epoch import EpochTrainer
+from biencoder.engine.runner import Runner, run
 from conftest import FAST, REPO, compose_cfg
 
 VOLATILE = {"epoch_time_s"}

@@ -9,8 +9,8 @@ Importing this module imports Hydra (through :mod:`biencoder.hydra_glue`).
 
 from .errors import ConfigError
 from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
-from .runtime import set_seed_everywhere, show_progress
-from .schema import (
+from .engine.runtime import set_seed_everywhere, show_progress
+from .engine.schema import (
     NON_RESULT_KEYS,
     Schema,
     check_known_keys,

@@ -14,17 +14,17 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .checkpoint import load_checkpoint
-from .corpus import CorpusError, PairedSplit, read_corpus, seen_queries
-from .corpus import split_name as canonical_split
+from .engine.checkpoint import load_checkpoint
+from .engine.corpus import CorpusError, PairedSplit, read_corpus, seen_queries
+from .engine.corpus import split_name as canonical_split
 from .errors import BiencoderError, ConfigError
 from .hydra_glue import conf_dir, fail, hydra_cli, register
-from .model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
-from .runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .schema import validate
-from .state import write_json_atomic
+from .engine.model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
+from .engine.runtime import Runtime, decide, set_seed_everywhere, show_progress
+from .engine.schema import validate
+from .engine.state import write_json_atomic
 from .report.run import format_tasks
-from .tasks import evaluate_tasks
+from .engine.tasks import evaluate_tasks
 
 log = logging.getLogger("biencoder")
 

@@ -1,128 +1,17 @@
-"""Export a trained run: ``python -m biencoder.export <run> <out_dir>`` (``pip install -e ".[export]"``).
-
-``<out_dir>`` is a **sentence-transformers** model folder built from its own modules: the encoder and tokenizer
-(``Transformer``), the run's pooling (``Pooling``; BERT's ``pooler`` output is CLS pooling followed by the
-pooler's dense + tanh as a ``Dense``), then the 128-d sim head as a ``Dense`` without activation. So
-``SentenceTransformer(out_dir).encode(texts)`` gives the run's sim embeddings (the retrieval space).
-
-``<out_dir>/pair_classifier/`` holds the pair classifier (LayerNorm / ReLU / output layer) as ``model.safetensors``
-with ``config.json``; :func:`load_pair_classifier` returns it as a module whose ``classify_pair`` takes the sim and
-pooled embeddings of both texts; :func:`embed` gives both from the exported folder::
-
-    from sentence_transformers import SentenceTransformer
-    from biencoder.export import embed, load_pair_classifier
-    model = SentenceTransformer(out_dir)
-    classifier = load_pair_classifier(out_dir)
-    logits = classifier.classify_pair(embed(model, points), embed(model, candidates))  # class 1 = counter
+"""``python -m biencoder.export <run> <out_dir>`` (``biencoder-export``): a trained run as a sentence-transformers model
+plus its pair classifier (:mod:`biencoder.engine.export` says what the folder holds and how to use it); the Python
+names stay importable from here: ``from biencoder.export import embed, export, load_pair_classifier``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
 import sys
-import tempfile
-from pathlib import Path
 
-from torch import nn
+from .engine.export import CLASSIFIER, PairClassifier, embed, export, load_pair_classifier
+from .errors import command
 
-from .checkpoint import load_checkpoint
-from .errors import ConfigError, command
-from .model import Embeddings, PairHead
-
-CLASSIFIER = "pair_classifier"
-
-
-class PairClassifier(PairHead):
-    """The exported pair classifier (the same module code as the trained :class:`~biencoder.model.BiModel`'s)."""
-
-    def __init__(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool):
-        super().__init__()
-        self._make_head(fusion, sim_dim, hidden, use_layernorm, use_relu)
-
-
-def _st_modules():
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError:
-        raise ConfigError("export needs sentence-transformers: pip install -e '.[export]'") from None
-    try:  # sentence-transformers >= 5.x
-        from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
-    except ImportError:
-        from sentence_transformers.models import Dense, Pooling, Transformer
-    return SentenceTransformer, Transformer, Pooling, Dense
-
-
-def export(run: str | Path, out_dir: str | Path) -> Path:
-    """Write ``out_dir`` (which must not exist yet, or be empty) from a run folder or its ``best.pt``."""
-    SentenceTransformer, Transformer, Pooling, Dense = _st_modules()
-    out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"'{out}' exists and is not empty: export into a new folder (nothing there was touched)")
-    model, tokenizer, model_cfg, settings = load_checkpoint(run, progress=False, what="run")
-    hidden, sim_dim = model.encoder.config.hidden_size, model.sim_head.out_features
-    # built next to the target and renamed at the end: an interrupted export never looks finished
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    try:
-        with tempfile.TemporaryDirectory() as hf:
-            model.encoder.save_pretrained(hf)
-            tokenizer.save_pretrained(hf)
-            modules = [Transformer(hf, max_seq_length=model_cfg["max_length"])]
-            if model_cfg["pooling"] == "mean":
-                modules.append(Pooling(hidden, pooling_mode="mean"))
-            else:
-                modules.append(Pooling(hidden, pooling_mode="cls"))
-                if model_cfg["pooling"] == "pooler":  # BERT's pooler_output = tanh(W · h_cls + b)
-                    dense = model.encoder.pooler.dense
-                    modules.append(Dense(hidden, hidden, activation_function=nn.Tanh(),
-                                         init_weight=dense.weight.detach().clone(), init_bias=dense.bias.detach().clone()))
-            modules.append(Dense(hidden, sim_dim, activation_function=nn.Identity(),
-                                 init_weight=model.sim_head.weight.detach().clone(),
-                                 init_bias=model.sim_head.bias.detach().clone()))
-            SentenceTransformer(modules=modules, device="cpu").save(str(partial))
-        head_dir = partial / CLASSIFIER
-        head_dir.mkdir()
-        from safetensors.torch import save_file
-
-        state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(("norm.", "out."))}
-        save_file(state, str(head_dir / "model.safetensors"))
-        config = {"fusion": model.fusion, "sim_dim": sim_dim, "hidden": hidden,
-                  "use_layernorm": isinstance(model.norm, nn.LayerNorm), "use_relu": isinstance(model.act, nn.ReLU),
-                  "pooling": model_cfg["pooling"], "max_length": model_cfg["max_length"], "run": settings}
-        (head_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.replace(partial, out)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)  # only the folder this call made
-        raise
-    return out
-
-
-def load_pair_classifier(folder: str | Path) -> PairClassifier:
-    """The exported pair classifier of ``folder`` (an export's folder or its ``pair_classifier/``), in eval mode."""
-    from safetensors.torch import load_file
-
-    folder = Path(folder)
-    if (folder / CLASSIFIER).is_dir():
-        folder = folder / CLASSIFIER
-    config = json.loads((folder / "config.json").read_text())
-    classifier = PairClassifier(config["fusion"], config["sim_dim"], config["hidden"], config["use_layernorm"],
-                                config["use_relu"])
-    classifier.load_state_dict(load_file(str(folder / "model.safetensors")))
-    return classifier.eval()
-
-
-def embed(model, texts: list[str], batch_size: int = 64) -> Embeddings:
-    """sim and pooled embeddings of ``texts`` from an exported SentenceTransformer (pooled = all modules but the
-    sim head's ``Dense``)."""
-    SentenceTransformer = _st_modules()[0]
-    pooled_model = SentenceTransformer(modules=list(model)[:-1], device=model.device)
-    kwargs = {"batch_size": batch_size, "convert_to_tensor": True, "show_progress_bar": False}
-    return Embeddings(model.encode(texts, **kwargs).cpu().float(), pooled_model.encode(texts, **kwargs).cpu().float())
+__all__ = ["PairClassifier", "embed", "export", "load_pair_classifier", "main"]  # the Python names, from the engine
 
 
 @command

@@ -18,10 +18,10 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .corpus import demo_root
+from .engine.corpus import demo_root
 from .errors import BiencoderError, report
-from .rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
-from .schema import Schema, flags_name, flatten, packaged_minilm_path
+from .engine.rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
+from .engine.schema import Schema, flags_name, flatten, packaged_minilm_path
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:

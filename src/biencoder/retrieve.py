@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import load_checkpoint
-from .corpus import read_corpus, split_name
+from .engine.checkpoint import load_checkpoint
+from .engine.corpus import read_corpus, split_name
 from .errors import BiencoderError, command
-from .model import Embeddings, embed_pooled, pooled_vectors
-from .rerank import NONE, first_kept, shortlist_margins
-from .schema import default_cache_dir
-from .search import NeighbourIndex
+from .engine.model import Embeddings, embed_pooled, pooled_vectors
+from .engine.rerank import NONE, first_kept, shortlist_margins
+from .engine.schema import default_cache_dir
+from .engine.search import NeighbourIndex
 
 DEFAULT_CACHE = default_cache_dir()  # the one definition, trainer.cache_dir's default too
 

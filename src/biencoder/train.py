@@ -13,14 +13,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from . import distributed
+from .engine import distributed
 from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
-from .epoch import Diverged
+from .engine.epoch import Diverged
 from .errors import BiencoderError
 from .report.run import summary_text
-from .rundir import discard_if_ours
-from .runner import Runner, run, start_up
-from .runtime import nondeterministic_op
+from .engine.rundir import discard_if_ours
+from .engine.runner import Runner, run, start_up
+from .engine.runtime import nondeterministic_op
 
 __all__ = ["Diverged", "Runner", "main", "run"]  # Runner, run and Diverged: importable from here as before
 

@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..corpus import read_corpus
-from ..model import build_model, pooled_vectors
-from ..runtime import set_seed_everywhere
-from ..tasks import BASELINES, baseline_ranks
+from ..engine.corpus import read_corpus
+from ..engine.model import build_model, pooled_vectors
+from ..engine.runtime import set_seed_everywhere
+from ..engine.tasks import BASELINES, baseline_ranks
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
 from .statistics import MIN_SEEDS_FOR_SEED_LEVEL, holm, paired_bootstrap, verdict

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..tasks import TASKS
+from ..engine.tasks import TASKS
 from .statistics import wilson
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ..schema import is_non_result_key, run_settings
-from ..state import read_final, read_metrics
+from ..engine.schema import is_non_result_key, run_settings
+from ..engine.state import read_final, read_metrics
 from . import SummaryError
 
 SPLITS = ("train", "val", "test")

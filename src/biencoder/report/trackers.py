@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..tracking import saved_state
+from ..engine.tracking import saved_state
 from .runs import Run
 
 

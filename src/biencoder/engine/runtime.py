@@ -19,7 +19,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .schema import DEVICES, PRECISIONS
 
 log = logging.getLogger("biencoder")

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError
 from . import distributed
-from .errors import ConfigError
 from .model import BiModel, bimodel
 from .state import RunFolderError, set_rng_states
 

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from ..errors import ConfigError
 from .cache import encoder_fingerprint, model_cache
-from .errors import ConfigError
 
 log = logging.getLogger("biencoder")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import BiencoderError
+from ..errors import BiencoderError
 
 log = logging.getLogger("biencoder")
 

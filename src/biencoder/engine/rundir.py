@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .runtime import Runtime
 from .schema import is_non_result_key, resume_folder, resume_requested, run_settings
 from .state import (

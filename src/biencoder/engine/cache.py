@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import BiencoderError
+from ..errors import BiencoderError
 
 log = logging.getLogger("biencoder")
 FORMAT = 2  # 2: the tokenizer is part of the key

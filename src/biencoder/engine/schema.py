@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 #: the choices of the config keys that take one (validate checks them; the modules that act on them share them)
 POOLINGS = ("pooler", "cls", "mean")

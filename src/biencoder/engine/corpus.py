@@ -1,0 +1,387 @@
+"""Reader for the ArguAna counterargs corpus layout (Wachsmuth, Syed & Stein, ACL 2018).
+
+Layout (``02-extracted-arguments``)::
+
+    training|validation|test/<theme>/<debate>/{thesis.txt, metadata.txt, pro/, con/}
+    pro/pro01a-point.txt   pro/pro01b-counter.txt   con/con03a-point.txt ...
+
+A *pair* is a point and the counter with the same split, theme, debate, stance and number.
+
+Command line::
+
+    python -m biencoder.corpus stats <root> [--json]
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import BiencoderError
+
+SPLITS = ("training", "validation", "test")
+#: the names printed everywhere (logs, metrics, tables, JSON) -> the corpus's folder names; either is accepted
+SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
+
+
+def split_name(name: str) -> str:
+    """The printed name (``train``/``val``/``test``) of a split given in either spelling (``validation`` too)."""
+    for short, folder in SPLIT_NAMES.items():
+        if name in (short, folder):
+            return short
+    raise CorpusError(f"unknown split '{name}': use one of "
+                      + ", ".join(f"{short} (or {folder})" if short != folder else short for short, folder in SPLIT_NAMES.items()))
+EXTRACTED = "02-extracted-arguments"
+STANCES = ("pro", "con")
+DEBATE_FILES = {"thesis.txt", "metadata.txt"}
+_ARG_FILE = re.compile(r"^(?P<stance>pro|con)(?P<number>\d+)(?:a-(?P<point>point)|b-(?P<counter>counter))\.txt$")
+
+ARGUMENT_COLUMNS = ["split", "theme", "debate", "stance", "number", "kind", "conclusion", "premise", "text", "path"]
+PAIR_COLUMNS = ["split", "theme", "debate", "stance", "pair_id", "point_text", "counter_text"]
+
+
+class CorpusError(BiencoderError, ValueError):
+    """The corpus on disk cannot be read as the ArguAna counterargs layout; the message says what to fix."""
+
+
+class CorpusWarning(UserWarning):
+    """A stray file in the corpus that is ignored."""
+
+
+def demo_root() -> Path:
+    """Path of the small demo corpus shipped inside the package (original text, same layout)."""
+    return Path(__file__).resolve().parents[1] / "data" / "demo"  # src/biencoder/data/demo
+
+
+def resolve_root(root: str | Path) -> Path:
+    """Return the folder holding the three split folders.
+
+    Accepts the corpus root (which holds ``02-extracted-arguments``) or that folder itself.
+    Raises :class:`CorpusError` when the path does not exist or holds no split folders.
+    """
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise CorpusError(
+            f"corpus root '{root}' does not exist: pass the folder that holds {EXTRACTED}/ "
+            "(or set data.root / ARGUANA_ROOT to it)"
+        )
+    if not path.is_dir():
+        raise CorpusError(f"corpus root '{root}' is not a folder: pass the folder that holds {EXTRACTED}/")
+    if (path / EXTRACTED).is_dir():
+        path = path / EXTRACTED
+    missing = [s for s in SPLITS if not (path / s).is_dir()]
+    if missing:
+        raise CorpusError(
+            f"corpus root '{root}' has no split folder(s) {', '.join(missing)}: expected "
+            f"{'/'.join(SPLITS)}/ inside it or inside its {EXTRACTED}/"
+        )
+    return path
+
+
+def _ignored(entry: Path, expected: str) -> None:
+    # macOS litter is common in hand-copied corpora and not worth a warning.
+    if not entry.name.startswith("."):
+        warnings.warn(f"ignoring {entry} (expected {expected})", CorpusWarning, stacklevel=3)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        text = path.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError as err:
+        raise CorpusError(f"{path} is not UTF-8 ({err.reason} at byte {err.start}): re-save it as UTF-8") from None
+    if not text:
+        raise CorpusError(f"{path} is empty: an argument file needs at least a conclusion line")
+    return text
+
+
+def _subdirs(folder: Path, expected: str) -> list[Path]:
+    out = []
+    for entry in sorted(folder.iterdir()):
+        if entry.is_dir():
+            out.append(entry)
+        else:
+            _ignored(entry, expected)
+    return out
+
+
+def _debate_url(debate: Path) -> str | None:
+    """The ``url`` line of a debate's metadata.txt (tab-separated key/value lines), or None."""
+    try:
+        for line in (debate / "metadata.txt").read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition("\t")
+            if key.strip() == "url" and value.strip():
+                return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _read_split(folder: Path, split: str) -> tuple[list[dict], int, list[dict]]:
+    """Rows of every argument file of one split; also the number of themes and one row per debate (with its URL)."""
+    rows: list[dict] = []
+    themes = _subdirs(folder, "a theme folder")
+    debates: list[dict] = []
+    for theme in themes:
+        for debate in _subdirs(theme, "a debate folder"):
+            debates.append({"split": split, "theme": theme.name, "debate": debate.name, "url": _debate_url(debate)})
+            for entry in sorted(debate.iterdir()):
+                if entry.is_dir() and entry.name in STANCES:
+                    rows.extend(_read_side(entry, split, theme.name, debate.name))
+                elif entry.name not in DEBATE_FILES:
+                    _ignored(entry, "thesis.txt, metadata.txt, pro/ or con/")
+    return rows, len(themes), debates
+
+
+def _read_side(side: Path, split: str, theme: str, debate: str) -> list[dict]:
+    rows = []
+    for entry in sorted(side.iterdir()):
+        match = _ARG_FILE.match(entry.name)
+        if not entry.is_file() or match is None or match["stance"] != side.name:
+            _ignored(entry, f"{side.name}NNa-point.txt or {side.name}NNb-counter.txt")
+            continue
+        text = _read_text(entry)
+        conclusion, _, premise = text.partition("\n")
+        rows.append(
+            {
+                "split": split,
+                "theme": theme,
+                "debate": debate,
+                "stance": side.name,
+                "number": int(match["number"]),
+                "kind": "point" if match["point"] else "counter",
+                "conclusion": conclusion.strip(),
+                "premise": premise.strip(),
+                "text": text,
+                "path": str(entry),
+            }
+        )
+    return rows
+
+
+@dataclass(frozen=True)
+class PairedSplit:
+    """The arguments of one split that belong to pairs, in a fixed order.
+
+    ``table`` has 2·Q rows: row ``i`` (i < Q) is the point of pair ``i`` and row ``Q + i`` is its counter.
+    Columns: theme, debate, stance, kind, text, text_id (equal texts share an id), pair_id.
+    ``query[i] = i`` and ``counter[i] = Q + i`` are kept explicit so callers never rely on the layout.
+    """
+
+    name: str
+    table: pd.DataFrame
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.table) // 2
+
+    @property
+    def query(self) -> np.ndarray:
+        """[Q] row of each pair's point."""
+        return np.arange(self.n_pairs)
+
+    @property
+    def counter(self) -> np.ndarray:
+        """[Q] row of each pair's counter."""
+        return np.arange(self.n_pairs, 2 * self.n_pairs)
+
+    @property
+    def texts(self) -> list[str]:
+        return self.table["text"].tolist()
+
+    @property
+    def text_id(self) -> np.ndarray:
+        """[2Q] integer id per row; rows with identical text share it."""
+        return self.table["text_id"].to_numpy()
+
+    @property
+    def is_counter(self) -> np.ndarray:
+        """[2Q] bool, True for counter rows."""
+        return (self.table["kind"] == "counter").to_numpy()
+
+    def twins_of_true_counter(self) -> np.ndarray:
+        """[Q] how many *other* counters share each query's true-counter text (0 for most)."""
+        counts = np.bincount(self.text_id[self.is_counter], minlength=len(self.table))
+        return counts[self.text_id[self.counter]] - 1
+
+    def is_candidate(self, rows: np.ndarray, pairs: np.ndarray | None = None) -> np.ndarray:
+        """[P, K] bool for table rows [P, K]: one row of candidates per query, for the pairs ``pairs`` (indices
+        into the split's pairs; default all, in order).
+
+        False for the query itself and for counters whose text equals the query's true counter's text, except
+        the true counter: the protocol's pool rule, shared by the per-epoch evaluation and the 8 tasks.
+        """
+        rows = np.asarray(rows)
+        pairs = np.arange(self.n_pairs) if pairs is None else np.asarray(pairs)
+        text, true = self.text_id, self.counter[pairs][:, None]
+        twin = self.is_counter[rows] & (text[rows] == text[true]) & (rows != true)
+        return (rows != self.query[pairs][:, None]) & ~twin
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Everything read from one corpus root (``counts`` is keyed by the printed split names: train, val, test).
+
+    ``arguments``: one row per argument file (columns :data:`ARGUMENT_COLUMNS`).
+    ``pairs``: one row per point that has a counter (columns :data:`PAIR_COLUMNS`, plus ``point_row`` and
+    ``counter_row``, the row labels of both in ``arguments``).
+    ``debates``: one row per debate folder (split, theme, debate, url from metadata.txt).
+    ``dropped``: pairs removed per split by :meth:`deduplicated` (empty for the official splits).
+    """
+
+    root: Path
+    arguments: pd.DataFrame
+    pairs: pd.DataFrame
+    counts: dict[str, dict[str, int]]
+    debates: pd.DataFrame = None
+    dropped: dict[str, int] = None
+
+    def split_pairs(self, split: str) -> pd.DataFrame:
+        """The pairs of ``split`` (either spelling)."""
+        return self.pairs[self.pairs["split"] == SPLIT_NAMES[split_name(split)]]
+
+    def texts(self, split: str) -> set[str]:
+        """Every argument text of ``split`` (points without a counter too)."""
+        return set(self.arguments.loc[self.arguments["split"] == SPLIT_NAMES[split_name(split)], "text"])
+
+    def deduplicated(self) -> "Corpus":
+        """The splits without their text-level overlap (protocol.md), in the order test → val → train:
+
+        test is untouched (its pools stay the official ones); val drops every pair whose point or counter text
+        occurs in test; train drops every pair whose point or counter text occurs in val or test. ``dropped``
+        says how many pairs each split lost; ``counts`` still describes the corpus on disk.
+        """
+        def keep(split: str, banned: set[str]) -> pd.Series:
+            pairs = self.split_pairs(split)
+            return ~(pairs["point_text"].isin(banned) | pairs["counter_text"].isin(banned))
+
+        test, val = self.texts("test"), self.texts("val")
+        keep_val, keep_train = keep("val", test), keep("train", test | val)
+        kept = pd.concat([self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val],
+                          self.split_pairs("test")])
+        dropped = {"train": int((~keep_train).sum()), "val": int((~keep_val).sum()), "test": 0}
+        return replace(self, pairs=kept.sort_values(["split", "pair_id"], kind="stable").reset_index(drop=True),
+                       dropped=dropped)
+
+    def overlap(self) -> dict[str, dict[str, int]]:
+        """Cross-split overlap, per ordered pair of splits ``a->b`` (and ``test->train+val``): the pairs of a whose
+        point and counter texts occur together as a pair of b, the distinct texts of a found in b, and the
+        debates of a whose URL (metadata.txt) is also a debate of b."""
+        pair_set = {s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"]))
+                    for s in SPLIT_NAMES}
+        urls = {s: set(self.debates.loc[self.debates["split"] == SPLIT_NAMES[s], "url"].dropna())
+                for s in SPLIT_NAMES}
+        out = {}
+        targets = [(a, (b,)) for a in SPLIT_NAMES for b in SPLIT_NAMES if a != b] + [("test", ("train", "val"))]
+        for a, bs in targets:
+            pairs_b = set().union(*(pair_set[b] for b in bs))
+            texts_b = set().union(*(self.texts(b) for b in bs))
+            urls_b = set().union(*(urls[b] for b in bs))
+            out[f"{a}->{'+'.join(bs)}"] = {
+                "pairs": sum(pair in pairs_b for pair in zip(self.split_pairs(a)["point_text"],
+                                                             self.split_pairs(a)["counter_text"])),
+                "of_pairs": len(self.split_pairs(a)),
+                "texts": len(self.texts(a) & texts_b),
+                "of_texts": len(self.texts(a)),
+                "debates": int(self.debates.loc[self.debates["split"] == SPLIT_NAMES[a], "url"].isin(urls_b).sum()),
+                "of_debates": int((self.debates["split"] == SPLIT_NAMES[a]).sum()),
+            }
+        return out
+
+    def used(self, dedup: bool) -> "Corpus":
+        """The corpus a run uses: :meth:`deduplicated` when ``dedup`` (``data.dedup``), else the official splits."""
+        return self.deduplicated() if dedup else self
+
+    def paired(self, split: str, max_debates: int | None = None) -> PairedSplit:
+        """The :class:`PairedSplit` of ``split`` (``train``/``val``/``test`` or the folder name).
+
+        ``max_debates`` keeps only the pairs of the first N debates (by theme/debate name): a quick slice whose
+        pools are still whole debates.
+        """
+        split = split_name(split)
+        pairs = self.pairs[self.pairs["split"] == SPLIT_NAMES[split]]
+        if max_debates is not None:
+            debate = pairs["theme"] + "/" + pairs["debate"]
+            pairs = pairs[debate.isin(sorted(debate.unique())[:max_debates])]
+        points = self.arguments.loc[pairs["point_row"]]
+        counters = self.arguments.loc[pairs["counter_row"]]
+        table = pd.concat([points, counters], ignore_index=True)[["theme", "debate", "stance", "kind", "text"]]
+        table["pair_id"] = np.tile(pairs["pair_id"].to_numpy(), 2)
+        table["text_id"] = pd.factorize(table["text"])[0]
+        return PairedSplit(name=split, table=table)
+
+
+def run_splits(data) -> tuple[Corpus, dict[str, PairedSplit]]:
+    """The corpus a run uses and its paired splits ``{"train", "val", "test"}``, from the ``data`` config group
+    (``root``, ``dedup``, ``max_debates``; a DictConfig or a dict): the one definition of which pairs, and so which
+    texts, a run reads and encodes (the runner, and ``scripts/bench.py``'s embedding-cache check)."""
+    corpus = read_corpus(data["root"]).used(data["dedup"])
+    return corpus, {name: corpus.paired(name, data["max_debates"]) for name in SPLIT_NAMES}
+
+
+def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:
+    """[Q] bool: the query's point or counter text occurs among the texts of the pairs in ``used`` (the training
+    and validation pairs a run actually used). False everywhere after :meth:`Corpus.deduplicated`."""
+    texts = set().union(*(set(u.texts) for u in used)) if used else set()
+    t = split.table["text"].to_numpy()
+    return np.array([(t[p] in texts) or (t[c] in texts) for p, c in zip(split.query, split.counter)], dtype=bool)
+
+
+def read_corpus(root: str | Path) -> Corpus:
+    """Read all three splits under ``root`` (see :func:`resolve_root`; ``"demo"`` is the bundled corpus) into
+    pandas tables.
+
+    Raises :class:`CorpusError` on a missing root or split folders, a split without pairs, a file that is not
+    UTF-8 or an empty argument file. Stray files are ignored with a :class:`CorpusWarning` (dot-files silently).
+    """
+    folder = resolve_root(demo_root() if str(root) == "demo" else root)
+    rows: list[dict] = []
+    debates: list[dict] = []
+    shape: dict[str, tuple[int, int]] = {}
+    for split in SPLITS:
+        split_rows, n_themes, split_debates = _read_split(folder / split, split)
+        rows.extend(split_rows)
+        debates.extend(split_debates)
+        shape[split] = (n_themes, len(split_debates))
+    arguments = pd.DataFrame(rows, columns=ARGUMENT_COLUMNS)
+
+    key = ["split", "theme", "debate", "stance", "number"]
+    points = arguments[arguments["kind"] == "point"]
+    counters = arguments[arguments["kind"] == "counter"]
+    merged = points.reset_index(names="point_row").merge(
+        counters.reset_index(names="counter_row"), on=key, suffixes=("_point", "_counter"), how="outer"
+    )
+    has_both = merged["point_row"].notna() & merged["counter_row"].notna()
+    pairs = merged[has_both].copy()
+    pairs["pair_id"] = pairs["theme"] + "/" + pairs["debate"] + "/" + pairs["stance"] + pairs["number"].map("{:02d}".format)
+    pairs = pairs.rename(columns={"text_point": "point_text", "text_counter": "counter_text"})
+    pairs[["point_row", "counter_row"]] = pairs[["point_row", "counter_row"]].astype(int)
+    pairs = pairs[PAIR_COLUMNS + ["point_row", "counter_row"]].sort_values(["split", "pair_id"], kind="stable")
+    pairs = pairs.reset_index(drop=True)
+
+    counts: dict[str, dict[str, int]] = {}
+    for split in SPLITS:
+        in_split = merged["split"] == split
+        n_pairs = int((has_both & in_split).sum())
+        if n_pairs == 0:
+            raise CorpusError(
+                f"split '{split}' under '{folder}' has no pairs (point + counter with the same side and number): "
+                "check that it holds <theme>/<debate>/pro|con/proNNa-point.txt and proNNb-counter.txt files"
+            )
+        texts = arguments.loc[arguments["split"] == split, "text"]
+        counts[split_name(split)] = {
+            "themes": shape[split][0],
+            "debates": shape[split][1],
+            "points": int(((points["split"] == split)).sum()),
+            "counters": int(((counters["split"] == split)).sum()),
+            "pairs": n_pairs,
+            "points_without_counter": int((in_split & merged["counter_row"].isna()).sum()),
+            "counters_without_point": int((in_split & merged["point_row"].isna()).sum()),
+            "duplicated_texts": int((texts.value_counts() > 1).sum()),
+        }
+    return Corpus(root=folder, arguments=arguments, pairs=pairs, counts=counts,
+                  debates=pd.DataFrame(debates, columns=["split", "theme", "debate", "url"]), dropped={})
