@@ -349,39 +349,50 @@ def read_corpus(root: str | Path) -> Corpus:
         shape[split] = (n_themes, len(split_debates))
     arguments = pd.DataFrame(rows, columns=ARGUMENT_COLUMNS)
 
+    pairs, merged = _pairs(arguments)
+    counts = {split_name(split): _counts(arguments, merged, split, shape[split], folder) for split in SPLITS}
+    return Corpus(root=folder, arguments=arguments, pairs=pairs, counts=counts,
+                  debates=pd.DataFrame(debates, columns=["split", "theme", "debate", "url"]), dropped={})
+
+
+def _pairs(arguments: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pairs, merged): the points and counters with the same split, theme, debate, stance and number, as one table
+    (:data:`PAIR_COLUMNS` + their rows in ``arguments``, by split and pair id), and the outer merge they come from
+    (for the counts of points without a counter and counters without a point)."""
     key = ["split", "theme", "debate", "stance", "number"]
     points = arguments[arguments["kind"] == "point"]
     counters = arguments[arguments["kind"] == "counter"]
     merged = points.reset_index(names="point_row").merge(
         counters.reset_index(names="counter_row"), on=key, suffixes=("_point", "_counter"), how="outer"
     )
-    has_both = merged["point_row"].notna() & merged["counter_row"].notna()
-    pairs = merged[has_both].copy()
+    pairs = merged[merged["point_row"].notna() & merged["counter_row"].notna()].copy()
     pairs["pair_id"] = pairs["theme"] + "/" + pairs["debate"] + "/" + pairs["stance"] + pairs["number"].map("{:02d}".format)
     pairs = pairs.rename(columns={"text_point": "point_text", "text_counter": "counter_text"})
     pairs[["point_row", "counter_row"]] = pairs[["point_row", "counter_row"]].astype(int)
     pairs = pairs[PAIR_COLUMNS + ["point_row", "counter_row"]].sort_values(["split", "pair_id"], kind="stable")
-    pairs = pairs.reset_index(drop=True)
+    return pairs.reset_index(drop=True), merged
 
-    counts: dict[str, dict[str, int]] = {}
-    for split in SPLITS:
-        in_split = merged["split"] == split
-        n_pairs = int((has_both & in_split).sum())
-        if n_pairs == 0:
-            raise CorpusError(
-                f"split '{split}' under '{folder}' has no pairs (point + counter with the same side and number): "
-                "check that it holds <theme>/<debate>/pro|con/proNNa-point.txt and proNNb-counter.txt files"
-            )
-        texts = arguments.loc[arguments["split"] == split, "text"]
-        counts[split_name(split)] = {
-            "themes": shape[split][0],
-            "debates": shape[split][1],
-            "points": int(((points["split"] == split)).sum()),
-            "counters": int(((counters["split"] == split)).sum()),
-            "pairs": n_pairs,
-            "points_without_counter": int((in_split & merged["counter_row"].isna()).sum()),
-            "counters_without_point": int((in_split & merged["point_row"].isna()).sum()),
-            "duplicated_texts": int((texts.value_counts() > 1).sum()),
-        }
-    return Corpus(root=folder, arguments=arguments, pairs=pairs, counts=counts,
-                  debates=pd.DataFrame(debates, columns=["split", "theme", "debate", "url"]), dropped={})
+
+def _counts(arguments: pd.DataFrame, merged: pd.DataFrame, split: str, shape: tuple[int, int],
+            folder: Path) -> dict[str, int]:
+    """The counts of one split (``corpus stats``); raises :class:`CorpusError` when it has no pair."""
+    in_split = merged["split"] == split
+    has_both = merged["point_row"].notna() & merged["counter_row"].notna()
+    n_pairs = int((has_both & in_split).sum())
+    if n_pairs == 0:
+        raise CorpusError(
+            f"split '{split}' under '{folder}' has no pairs (point + counter with the same side and number): "
+            "check that it holds <theme>/<debate>/pro|con/proNNa-point.txt and proNNb-counter.txt files"
+        )
+    texts = arguments.loc[arguments["split"] == split, "text"]
+    kinds = arguments.loc[arguments["split"] == split, "kind"]
+    return {
+        "themes": shape[0],
+        "debates": shape[1],
+        "points": int((kinds == "point").sum()),
+        "counters": int((kinds == "counter").sum()),
+        "pairs": n_pairs,
+        "points_without_counter": int((in_split & merged["counter_row"].isna()).sum()),
+        "counters_without_point": int((in_split & merged["point_row"].isna()).sum()),
+        "duplicated_texts": int((texts.value_counts() > 1).sum()),
+    }

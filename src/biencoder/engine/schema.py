@@ -320,19 +320,27 @@ def _loss(cfg: DictConfig) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one. The apps call
-    it once per run, before any folder is touched (with :func:`biencoder.tracking.check_packages` for the trackers,
-    which needs the installed packages, not the config alone)."""
+    it once per run, before any folder is touched (with :func:`biencoder.engine.tracking.check_packages` for the
+    trackers, which needs the installed packages, not the config alone)."""
     check_known_keys(cfg)
+    for check in (_model, _trainer, _loss, _negatives, _eval, _data):
+        check(cfg)
+    if not isinstance(cfg.seed, int):
+        raise ConfigError(f"seed={cfg.seed!r} is not an integer")
+
+
+def _model(cfg: DictConfig) -> None:
     _bool(cfg, "model.head.use_layernorm")
     _bool(cfg, "model.head.use_relu")
     _bool(cfg, "model.encoder.freeze")
     _choice(cfg, "model.pooling", POOLINGS)
     _choice(cfg, "model.fusion", FUSIONS)
     _choice(cfg, "model.sim_init", SIM_INITS)
-    if cfg.eval.retrieve is not None or cfg.task_name != "evaluate":
-        _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
     _positive(cfg, "model.sim_dim")
     _positive(cfg, "model.max_length", minimum=8)
+
+
+def _trainer(cfg: DictConfig) -> None:
     _choice(cfg, "trainer.device", DEVICES)
     _choice(cfg, "trainer.precision", PRECISIONS)
     _bool(cfg, "trainer.deterministic")
@@ -340,40 +348,47 @@ def validate(cfg: DictConfig) -> None:
     warmup = cfg.trainer.warmup_ratio
     if not 0 <= warmup < 1:
         raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
-    if cfg.eval.baselines not in (True, False, "auto"):
-        raise ConfigError(f"eval.baselines={cfg.eval.baselines!r} is not valid: use auto, true or false")
     if cfg.trainer.progress not in (True, False, "auto"):
         raise ConfigError(f"trainer.progress={cfg.trainer.progress!r} is not valid: use auto, true or false")
     resume = cfg.trainer.resume
     if not isinstance(resume, (bool, str)):
         raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
-    _choice(cfg, "negatives.index", INDEXES)
-    _choice(cfg, "eval.index", INDEXES)
-    _positive(cfg, "trainer.max_epochs")
-    _positive(cfg, "trainer.batch_size")
-    _positive(cfg, "trainer.eval_batch_size")
+    for key in ("max_epochs", "batch_size", "eval_batch_size"):
+        _positive(cfg, f"trainer.{key}")
     _positive(cfg, "trainer.num_workers", minimum=0)
     _positive(cfg, "trainer.checkpoint_every", minimum=0)
     _positive(cfg, "trainer.lr", kind=float, minimum=0)
     _positive(cfg, "trainer.head_lr", kind=float, minimum=0)
-    _loss(cfg)
+
+
+def _negatives(cfg: DictConfig) -> None:
+    _choice(cfg, "negatives.index", INDEXES)
     _positive(cfg, "negatives.n_neighbors")
     for key in ("negatives.random_rate.start", "negatives.random_rate.decay"):
         _positive(cfg, key, kind=float, minimum=0)
         if OmegaConf.select(cfg, key) > 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid: it must be in [0, 1]")
+
+
+def _eval(cfg: DictConfig) -> None:
+    if cfg.eval.retrieve is not None or cfg.task_name != "evaluate":
+        _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
+    if cfg.eval.baselines not in (True, False, "auto"):
+        raise ConfigError(f"eval.baselines={cfg.eval.baselines!r} is not valid: use auto, true or false")
+    _choice(cfg, "eval.index", INDEXES)
     _positive(cfg, "eval.k")
     _positive(cfg, "eval.every")
     if cfg.eval.train_queries is not None:
         _positive(cfg, "eval.train_queries")
     _choice(cfg, "eval.score", SCORES)
+
+
+def _data(cfg: DictConfig) -> None:
     if not isinstance(cfg.data.root, str) or not cfg.data.root:
         raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
     _bool(cfg, "data.dedup")
     if cfg.data.max_debates is not None:
         _positive(cfg, "data.max_debates")
-    if not isinstance(cfg.seed, int):
-        raise ConfigError(f"seed={cfg.seed!r} is not an integer")
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
