@@ -38,7 +38,7 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
     assert before["syncs"] == 0, before["sync_names"]
     assert before["exempt"] == 12  # the frozen ln_relu head's 6 parameters, 2 reads each (foreach AdamW, CPU)
 
-    from biencoder import epoch
+    from biencoder.engine import epoch
 
     original = epoch.EpochSums.add
 

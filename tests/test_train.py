@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from biencoder import epoch as epoch_module
+from biencoder.engine import epoch as epoch_module
 from biencoder.engine.epoch import EpochTrainer
 from biencoder.engine.runner import Runner, run
 from conftest import FAST, REPO, compose_cfg
