@@ -208,7 +208,7 @@ def compose_config(overrides: list[str]):
     """The real configs of ``conf/`` composed with ``overrides`` (Hydra is imported here, not at module level)."""
     from hydra import compose, initialize_config_dir
 
-    from biencoder.config import register
+    from biencoder.hydra_glue import register
 
     register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):

@@ -70,7 +70,7 @@ def compose_cfg(overrides=(), config_name="config"):
     """Compose the real configs of conf/ (as the CLI would, without a run folder)."""
     from hydra import compose, initialize_config_dir
 
-    from biencoder.config import register
+    from biencoder.hydra_glue import register
 
     register()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):

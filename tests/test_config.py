@@ -4,7 +4,8 @@ import pytest
 import yaml
 from hydra.errors import MissingConfigException
 
-from biencoder.config import ConfigError, packaged_minilm_path, validate
+from biencoder.engine.schema import packaged_minilm_path, validate
+from biencoder.errors import ConfigError
 from conftest import CONF, compose_cfg
 
 VARIANTS = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import biencoder
-from biencoder.config import ConfigError
+from biencoder.errors import ConfigError
 from biencoder.errors import BAD_INPUT, BiencoderError, command
 
 

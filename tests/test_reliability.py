@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from biencoder.config import ConfigError
+from biencoder.errors import ConfigError
 from biencoder.engine.state import RunFolderError, append_rows, read_metrics, truncate_metrics
 from biencoder.engine.epoch import Diverged
 from biencoder.engine.runner import run

@@ -11,7 +11,8 @@ import pytest
 import torch
 import yaml
 
-from biencoder.config import packaged_minilm_path, set_seed_everywhere
+from biencoder.engine.runtime import set_seed_everywhere
+from biencoder.engine.schema import packaged_minilm_path
 from biencoder.engine.corpus import demo_root, read_corpus
 from biencoder.engine.model import Embeddings, TokenizedTexts, build_model, encode_pooled
 from biencoder.report.baselines import baseline_markdown, baseline_table

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from biencoder.config import ConfigError
+from biencoder.errors import ConfigError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.tables import paired_comparisons, summary_table
 from biencoder.engine.runner import run
@@ -130,7 +130,7 @@ def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):
 
 
 def test_unknown_keys_are_refused_even_with_plus():
-    from biencoder.config import validate
+    from biencoder.engine.schema import validate
 
     with pytest.raises(ConfigError, match=r"trainer\.max_epoch \(did you mean trainer\.max_epochs\?\)"):
         validate(compose_cfg(["+trainer.max_epoch=2"]))

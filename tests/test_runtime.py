@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from biencoder.config import ConfigError
+from biencoder.errors import ConfigError
 from biencoder.engine.runtime import Runtime, decide, nondeterministic_op, set_cublas_workspace
 from conftest import REPO
 

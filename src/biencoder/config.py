@@ -1,10 +1,9 @@
-"""Compatibility names: ``biencoder.config`` was split into :mod:`biencoder.schema` (keys, defaults, checks),
-:mod:`biencoder.runtime` (seed, progress) and :mod:`biencoder.hydra_glue` (everything Hydra).
+"""Compatibility names: ``biencoder.config`` was split into :mod:`biencoder.engine.schema` (keys, defaults, checks),
+:mod:`biencoder.engine.runtime` (seed, progress) and :mod:`biencoder.hydra_glue` (everything Hydra).
 
-Kept because people and scripts import from here: ``packaged_minilm_path`` (RESULTS.md's commands),
-``register`` (scripts that compose ``conf/``), ``conf_dir`` (tests/test_install.py), ``ConfigError``,
-``validate``, ``run_settings``, ``set_seed_everywhere``. Code inside the package imports from the new homes.
-Importing this module imports Hydra (through :mod:`biencoder.hydra_glue`).
+Kept for code outside the package that imports the old names (``packaged_minilm_path``, ``register``, ``validate``,
+``run_settings``, ...); the package, its tests and scripts import from the new homes. Importing this module imports
+Hydra (through :mod:`biencoder.hydra_glue`).
 """
 
 from .errors import ConfigError
