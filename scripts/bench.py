@@ -205,20 +205,24 @@ def bench_mining(device: torch.device, sizes=(1000, 4000, 16000), dim: int = 128
 
 # -- 4 and 6. an epoch by phase, through the runner's own methods ---------------------------------------------------
 def compose_config(overrides: list[str]):
-    """The real configs of ``conf/`` composed with ``overrides`` (Hydra is imported here, not at module level)."""
+    """The real configs of ``conf/`` composed with ``overrides`` and validated, as a run's are (Hydra is imported
+    here, not at module level)."""
     from hydra import compose, initialize_config_dir
 
+    from biencoder.engine.schema import validate
     from biencoder.hydra_glue import register
 
     register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        return compose("config", list(overrides))
+        cfg = compose("config", list(overrides))
+    validate(cfg)
+    return cfg
 
 
 def cache_report(cfg) -> str | None:
     """For a frozen-encoder config: None when the embedding cache holds every text the run encodes, else a line
     saying how many are missing (the runner then encodes them). The texts are the runner's own
-    (:func:`biencoder.engine.corpus.run_splits`), the cache the one :func:`biencoder.engine.cache.cached_pooled` fills."""
+    (:func:`biencoder.engine.corpus.run_splits`), the cache the one :func:`biencoder.engine.model.pooled_vectors` fills."""
     from biencoder.engine.cache import encoder_fingerprint, model_cache
     from biencoder.engine.corpus import run_splits
     from biencoder.engine.model import build_model

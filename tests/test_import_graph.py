@@ -12,7 +12,7 @@ spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" /
 graph_tool = sys.modules["import_graph"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
 spec.loader.exec_module(graph_tool)
 
-#: circles left for a later session (docs/architecture.md, "Next moves"); none since config.py was split
+#: circles allowed to remain (docs/architecture.md, "Left"): none since config.py was split
 KNOWN_CIRCLES: list[list[str]] = []
 
 

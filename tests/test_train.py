@@ -280,3 +280,27 @@ def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path,
             assert torch.isfinite(scores[i, target[i]])
         masked_total += int(masked.sum())
     assert masked_total >= 2  # the planted twin, once for each of the two queries
+
+
+def test_the_engine_runs_from_python_with_a_plain_config(tmp_path):
+    """No Hydra anywhere: the schema's defaults (demo corpus, MiniLM's tokenizer) resolve with OmegaConf alone, the
+    engine trains a tiny cell into a folder, and Hydra is never imported."""
+    code = (
+        "import sys\n"
+        "from omegaconf import OmegaConf\n"
+        "from biencoder.engine.runner import run\n"
+        "from biencoder.engine.schema import Schema\n"
+        "cfg = OmegaConf.structured(Schema)\n"
+        "cfg.model.encoder.random_init = {'num_hidden_layers': 2, 'hidden_size': 32, 'num_attention_heads': 2,"
+        " 'intermediate_size': 64}\n"
+        "cfg.model.max_length = 64\n"
+        "cfg.trainer.max_epochs = 1\n"
+        "cfg.trainer.progress = False\n"
+        "cfg.eval.tasks = False\n"
+        f"final = run(cfg, {str(tmp_path / 'run')!r})\n"
+        "print(final['status'], final['best']['test']['queries'], 'hydra' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-3:] == ["done", str(DEDUP_QUERIES["test"]), "False"]
+    assert (tmp_path / "run" / "final.json").is_file()

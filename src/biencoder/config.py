@@ -6,8 +6,6 @@ Kept for code outside the package that imports the old names (``packaged_minilm_
 Hydra (through :mod:`biencoder.hydra_glue`).
 """
 
-from .errors import ConfigError
-from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
 from .engine.runtime import set_seed_everywhere, show_progress
 from .engine.schema import (
     NON_RESULT_KEYS,
@@ -22,6 +20,8 @@ from .engine.schema import (
     run_settings,
     validate,
 )
+from .errors import ConfigError
+from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
 
 __all__ = ["ConfigError", "NON_RESULT_KEYS", "Schema", "check_known_keys", "conf_dir", "fail", "flags_name",
            "flatten", "hydra_cli", "is_non_result_key", "packaged_minilm_path", "register", "resume_folder",

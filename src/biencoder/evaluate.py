@@ -1,7 +1,5 @@
-"""The ``python -m biencoder.evaluate`` app: the 8 official tasks on one split, for a checkpoint or a baseline.
-
-The per-epoch retrieve-k-then-rerank top-1 lives in :mod:`biencoder.rerank` (Hydra-free).
-"""
+"""The ``python -m biencoder.evaluate`` app: the 8 official tasks on one split (:mod:`biencoder.engine.tasks`), for a
+checkpoint or a baseline."""
 
 from __future__ import annotations
 
@@ -17,14 +15,15 @@ from omegaconf import DictConfig, OmegaConf
 from .engine.checkpoint import load_checkpoint
 from .engine.corpus import CorpusError, PairedSplit, read_corpus, seen_queries
 from .engine.corpus import split_name as canonical_split
-from .errors import BiencoderError, ConfigError
-from .hydra_glue import conf_dir, fail, hydra_cli, register
 from .engine.model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
+from .engine.rerank import query_groups
 from .engine.runtime import Runtime, decide, set_seed_everywhere, show_progress
 from .engine.schema import validate
 from .engine.state import write_json_atomic
-from .report.run import format_tasks
 from .engine.tasks import evaluate_tasks
+from .errors import BiencoderError, ConfigError
+from .hydra_glue import conf_dir, fail, hydra_cli, register
+from .report.run import format_tasks
 
 log = logging.getLogger("biencoder")
 
@@ -52,7 +51,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     groups = None
     if split_name == "test":  # unseen / seen: does a query's text occur in the train/val pairs a run would use?
         seen = seen_queries(split, [corpus.paired(s, cfg.data.max_debates) for s in ("train", "val")])
-        groups = {"unseen": ~seen, "seen": seen}
+        groups = query_groups(seen)
     # one process, whatever the environment says (never under torchrun)
     runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic, environ={})
     runtime.apply()
@@ -88,18 +87,18 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
 def _embedded(cfg: DictConfig, split: PairedSplit, runtime: Runtime) -> tuple[BiModel, Embeddings, dict, str | None]:
     """(model, :class:`Embeddings` of every row of ``split``, model config, the retrieval space the checkpoint was
     selected with or None) for ``eval.checkpoint``, or for the untrained ``model`` config without one."""
-    trained = None
+    trained, progress = None, show_progress(cfg)
     if cfg.eval.checkpoint is not None:
-        model, tokenizer, model_cfg, settings = load_checkpoint(cfg.eval.checkpoint, progress=show_progress(cfg))
+        model, tokenizer, model_cfg, settings = load_checkpoint(cfg.eval.checkpoint, progress=progress)
         trained = settings["retrieve"]
     else:
-        model, tokenizer = build_model(cfg.model, progress=show_progress(cfg))
+        model, tokenizer = build_model(cfg.model, progress=progress)
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model.to(runtime.device)
     # a frozen encoder's outputs come from (and go to) the cache
     cache_dir = cfg.trainer.cache_dir if model_cfg["encoder"].get("freeze") else None
     pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], cache_dir,
-                            cfg.trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, show_progress(cfg),
+                            cfg.trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, progress,
                             f"encode {split.name}")
     return model, embed_pooled(model, pooled, cfg.eval.pair_batch_size, runtime.device), model_cfg, trained
 

@@ -18,10 +18,9 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .engine.corpus import demo_root
-from .errors import BiencoderError, report
 from .engine.rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
-from .engine.schema import Schema, flags_name, flatten, packaged_minilm_path
+from .engine.schema import Schema, flags_name, flatten, register_resolvers
+from .errors import BiencoderError, report
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:
@@ -45,8 +44,7 @@ def register() -> None:
     """The schema (ConfigStore ``biencoder_schema``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``,
     ``${variant_name:}``, ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
     ConfigStore.instance().store(name="biencoder_schema", node=Schema)
-    OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
-    OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
+    register_resolvers()  # minilm_path, demo_root: the schema's own
     OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
     OmegaConf.register_new_resolver("run_dir", run_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_resolver, replace=True)
@@ -56,7 +54,7 @@ def register() -> None:
 
 def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
     """Bad input: one line on stderr, exit ``code``. ``out_dir`` is removed only when this process created it and
-    wrote everything in it (:func:`biencoder.rundir.discard_if_ours`); anything else is left exactly as it was."""
+    wrote everything in it (:func:`biencoder.engine.rundir.discard_if_ours`); anything else is left exactly as it was."""
     report(err, code)
     if out_dir is not None:
         discard_if_ours(out_dir)

@@ -31,11 +31,11 @@ import torch
 
 from .engine.checkpoint import load_checkpoint
 from .engine.corpus import read_corpus, split_name
-from .errors import BiencoderError, command
 from .engine.model import Embeddings, embed_pooled, pooled_vectors
 from .engine.rerank import NONE, first_kept, shortlist_margins
 from .engine.schema import default_cache_dir
 from .engine.search import NeighbourIndex
+from .errors import BiencoderError, command
 
 DEFAULT_CACHE = default_cache_dir()  # the one definition, trainer.cache_dir's default too
 

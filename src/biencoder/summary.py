@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .engine.schema import is_non_result_key
 from .errors import command
 from .report import SummaryError
 from .report.figures import plot, plot_internals
@@ -23,7 +24,6 @@ from .report.runs import METRICS, QUERY_GROUPS, SPLITS, Run, assign_cells, find_
 from .report.stability import plot_against, run_outcomes, stability_markdown, stability_tables
 from .report.tables import paired_comparisons, summary_table, to_markdown
 from .report.trackers import attach
-from .engine.schema import is_non_result_key
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plot_top1.py", description="Compare biencoder runs: figure + tables.")

@@ -1,6 +1,6 @@
 """Train one ablation cell: ``python -m biencoder.train +variant=ln_relu`` (sweep: ``-m '+variant=glob(*)' seed=0,1,2``).
 
-The Hydra shell over :func:`biencoder.runner.run` (what a run does, and what its folder holds, is said there): it
+The Hydra shell over :func:`biencoder.engine.runner.run` (what a run does, and what its folder holds, is said there): it
 decides the runtime once, finds the run folder (rank 0's, under torchrun), and turns errors into one line and an exit
 code — 2 for a config or input a person can fix, 3 for a diverged run (a sweep goes on past one).
 """
@@ -14,13 +14,13 @@ import hydra
 from omegaconf import DictConfig
 
 from .engine import distributed
-from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
 from .engine.epoch import Diverged
-from .errors import BiencoderError
-from .report.run import summary_text
 from .engine.rundir import discard_if_ours
 from .engine.runner import Runner, run, start_up
 from .engine.runtime import nondeterministic_op
+from .errors import BiencoderError
+from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
+from .report.run import summary_text
 
 __all__ = ["Diverged", "Runner", "main", "run"]  # Runner, run and Diverged: importable from here as before
 

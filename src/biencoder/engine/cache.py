@@ -171,7 +171,7 @@ class EmbeddingCache:
 
 def model_cache(model, tokenizer, max_length: int, cache_dir: str | Path, fingerprint: str,
                 autocast_dtype: torch.dtype | None = None) -> EmbeddingCache:
-    """The :class:`EmbeddingCache` that :func:`biencoder.model.pooled_vectors` reads and fills for ``model`` (a
+    """The :class:`EmbeddingCache` that :func:`biencoder.engine.model.pooled_vectors` reads and fills for ``model`` (a
     BiModel) run with ``autocast_dtype`` (None: fp32)."""
     precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
     return EmbeddingCache(cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision)

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BiencoderError
+from .schema import demo_root
 
 SPLITS = ("training", "validation", "test")
 #: the names printed everywhere (logs, metrics, tables, JSON) -> the corpus's folder names; either is accepted
@@ -51,11 +52,6 @@ class CorpusError(BiencoderError, ValueError):
 
 class CorpusWarning(UserWarning):
     """A stray file in the corpus that is ignored."""
-
-
-def demo_root() -> Path:
-    """Path of the small demo corpus shipped inside the package (original text, same layout)."""
-    return Path(__file__).resolve().parents[1] / "data" / "demo"  # src/biencoder/data/demo
 
 
 def resolve_root(root: str | Path) -> Path:

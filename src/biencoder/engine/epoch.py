@@ -1,7 +1,7 @@
 """One training epoch: mine this epoch's negatives, then one pass of optimisation steps over the triplets.
 
 :class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
-shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.runner.Runner` drives it. A step
+shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.runner.Runner` drives it. A step
 sums its loss parts, head statistics and gradient norms on the device (:class:`EpochSums`): the host reads them once
 per epoch, so no step waits for the device.
 """

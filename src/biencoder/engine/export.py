@@ -34,7 +34,7 @@ CLASSIFIER = "pair_classifier"
 
 
 class PairClassifier(PairHead):
-    """The exported pair classifier (the same module code as the trained :class:`~biencoder.model.BiModel`'s)."""
+    """The exported pair classifier (the same module code as the trained :class:`~biencoder.engine.model.BiModel`'s)."""
 
     def __init__(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool):
         super().__init__()

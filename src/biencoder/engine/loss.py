@@ -1,8 +1,8 @@
 """The training losses, chosen with ``loss=triplet_ce`` (the default) or ``loss=infonce`` (``loss.name``).
 
-Both take a :class:`~biencoder.model.BiModel` and the :class:`~biencoder.model.Embeddings` of a batch of
+Both take a :class:`~biencoder.engine.model.BiModel` and the :class:`~biencoder.engine.model.Embeddings` of a batch of
 (point, counter, negative) triplets, each [B, ·], where the negative is the one mined for that pair
-(:mod:`biencoder.negatives`: never the point's or the counter's text). Both add the pair classifier's
+(:mod:`biencoder.engine.negatives`: never the point's or the counter's text). Both add the pair classifier's
 cross-entropy on (point, counter) → 1 and (point, negative) → 0 with its own weight ``ce_weight``; they differ
 in what trains the sim head, the space that retrieves the k candidates the classifier reranks.
 

@@ -285,7 +285,7 @@ def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int,
     """Pooled encoder vectors [N, hidden] (float32, CPU, row order) of ``texts``, tokenised to ``max_length``.
 
     With ``cache_dir`` (a frozen encoder, whose outputs depend only on its weights) they come from the embedding
-    cache there (:class:`biencoder.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
+    cache there (:class:`biencoder.engine.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
     bar) and added to it. Without it every text is encoded. ``fingerprint``: :func:`encoder_fingerprint` of
     ``model.encoder``, hashed here when None (pass it to hash the encoder once for several calls).
     """

@@ -76,7 +76,7 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
         rate: probability of a random instead of a hard negative.
         rng: the only source of randomness (seeded by the caller).
         n_neighbors: neighbours fetched at first; more are fetched for the rare rows that need them.
-        index: ``balltree`` or ``exact`` (see :mod:`biencoder.search`); ``device`` is where ``exact`` runs.
+        index: ``balltree`` or ``exact`` (see :mod:`biencoder.engine.search`); ``device`` is where ``exact`` runs.
     Returns:
         :class:`MinedNegatives`; a negative never has the text of the point or of its counter.
     """

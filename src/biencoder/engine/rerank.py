@@ -10,8 +10,8 @@ distances keep the lower row first; a candidate that ties the true counter ranks
 * :func:`retrieve` finds the shortlists of the per-epoch pool with a :class:`NeighbourIndex` (``eval.index``);
   :func:`pool_shortlists` those of arbitrary pools (the 8 tasks) from the full distance matrix.
 * :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them.
-* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, the evaluate app, ``scripts/bench.py``);
-  :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.tasks.evaluate_tasks`); the Retriever
+* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``);
+  :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.engine.tasks.evaluate_tasks`); the Retriever
   (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`.
 """
 
@@ -175,6 +175,12 @@ def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: dict[
     return ranks
 
 
+def query_groups(seen: np.ndarray) -> dict[str, np.ndarray]:
+    """The two query groups every test number is reported on: ``{"unseen": [Q] bool, "seen": [Q] bool}`` from
+    ``seen`` [Q] bool (:func:`biencoder.engine.corpus.seen_queries`)."""
+    return {"unseen": ~seen, "seen": seen}
+
+
 def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
     """Top-1 on the unseen and the seen queries (None for an empty group) and their counts.
 
@@ -182,7 +188,7 @@ def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
     counter text occurs in a training or validation pair: :func:`biencoder.corpus.seen_queries`).
     """
     out = {}
-    for group, mask in (("unseen", ~seen), ("seen", seen)):
+    for group, mask in query_groups(seen).items():
         out[f"top1_{group}"] = float(hits[mask].mean()) if mask.any() else None
         out[f"queries_{group}"] = int(mask.sum())
     return out

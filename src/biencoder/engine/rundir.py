@@ -10,7 +10,7 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
   started, and it holds no metrics (a run that trained is never removed).
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
-* **A resumed run is the same run**: every setting but :data:`~biencoder.schema.NON_RESULT_KEYS` must equal the
+* **A resumed run is the same run**: every setting but :data:`~biencoder.engine.schema.NON_RESULT_KEYS` must equal the
   saved one, checked before anything else (a finished run with other settings is refused, not skipped), and it
   continues on the same device type with the same precision (``config_resolved.yaml`` records both resolved).
 """

@@ -2,9 +2,9 @@
 
 Each epoch: mine negatives with the current weights (the training split's embeddings from the previous
 epoch's evaluation are reused, so the split is embedded once per epoch), train on (point, counter, negative)
-triplets (:mod:`biencoder.epoch`), then evaluate retrieve-k-then-rerank top-1 on train, val and test
-(:mod:`biencoder.rerank`). The run folder gets ``metrics.jsonl`` (one row per epoch and split, fsynced per epoch),
-``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``: :mod:`biencoder.checkpoint`) and, at
+triplets (:mod:`biencoder.engine.epoch`), then evaluate retrieve-k-then-rerank top-1 on train, val and test
+(:mod:`biencoder.engine.rerank`). The run folder gets ``metrics.jsonl`` (one row per epoch and split, fsynced per epoch),
+``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``: :mod:`biencoder.engine.checkpoint`) and, at
 the end, ``best.pt``, ``test_hits.npy`` and ``final.json`` (atomically; ``status`` done, or failed / diverged with the
 error) with the 8 official tasks for the best-by-val weights. With ``model.encoder.freeze=true`` the encoder's outputs
 come from the embedding cache. Under ``torchrun`` rank 0 mines, evaluates and writes; every rank trains on its shard
@@ -30,7 +30,7 @@ from .checkpoint import checkpoint_payload, restore_last, training_state
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
 from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, pooled_vectors
-from .rerank import retrieve_rerank, seen_unseen
+from .rerank import query_groups, retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
 from .schema import flags_name, validate
@@ -148,7 +148,7 @@ class Runner:
         same queries and pools as the per-epoch top-1 (the epa task), with the unseen/seen split on test."""
         out = {}
         for name in ("val", "test"):
-            groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else {}
+            groups = query_groups(self.test_seen) if name == "test" else {}
             out[name] = {}
             for score, ranks in baseline_ranks(self.splits[name], self.zero_shot[name]).items():
                 hits = ranks == 1
@@ -266,7 +266,7 @@ class Runner:
         tasks = {"score": cfg.eval.score}
         for name in ("val", "test"):
             emb = embs[name] if name in embs else self.embed(name)
-            groups = {"unseen": ~self.test_seen, "seen": self.test_seen} if name == "test" else None
+            groups = query_groups(self.test_seen) if name == "test" else None
             tasks[name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model, emb=emb, k=cfg.eval.k,
                                          device=self.device, batch_size=cfg.eval.pair_batch_size, groups=groups,
                                          retrieve=cfg.eval.retrieve)
@@ -298,7 +298,7 @@ class Runner:
 
 
 def start_up(cfg: DictConfig) -> Runtime:
-    """Start-up: decide device, precision and process group once (:func:`biencoder.runtime.decide`), set torch's
+    """Start-up: decide device, precision and process group once (:func:`biencoder.engine.runtime.decide`), set torch's
     determinism switches (before any CUDA work) and start the process group (only under torchrun with several
     processes). Raises :class:`ConfigError` when the decision cannot work."""
     runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic)

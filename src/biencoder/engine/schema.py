@@ -3,7 +3,7 @@
 The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
 ``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
 what differs from these defaults (``tests/test_config_defaults.py``). Hydra-free and torch-free: imports only
-:mod:`biencoder.errors` and OmegaConf at import time (``validate`` reads :data:`biencoder.loss.LOSSES` when it
+:mod:`biencoder.errors` and OmegaConf at import time (``validate`` reads :data:`biencoder.engine.loss.LOSSES` when it
 runs), so every engine module may import it.
 """
 
@@ -28,17 +28,17 @@ RETRIEVE_SPACES = ("sim", "encoder")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
 
-#: the choices of trainer.device and trainer.precision (biencoder.runtime.decide reads them)
+#: the choices of trainer.device and trainer.precision (biencoder.engine.runtime.decide reads them)
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
-#: nearest-neighbour searches (biencoder.search.NeighbourIndex)
+#: nearest-neighbour searches (biencoder.engine.search.NeighbourIndex)
 INDEXES = ("balltree", "exact")
 
 
 #: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
 #: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
 #: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
-#: (:mod:`biencoder.rundir`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
+#: (:mod:`biencoder.engine.rundir`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
 #: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
 #: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
 #: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
@@ -138,7 +138,7 @@ class TrainerSchema:
 
 @dataclass
 class LossSchema:
-    """Keys of both losses (biencoder.loss.LOSSES says which loss reads which); a key the chosen loss does not
+    """Keys of both losses (biencoder.engine.loss.LOSSES says which loss reads which); a key the chosen loss does not
     read must keep its default (:func:`validate`)."""
     name: str = "triplet_ce"     # triplet_ce | infonce
     margin: float = 1.0          # triplet_ce
@@ -231,6 +231,22 @@ def packaged_minilm_path() -> str:
             "or set model.encoder.name_or_path to a Hugging Face id or folder"
         )
     return str(Path(spec.origin).resolve().parent / "model")
+
+
+def demo_root() -> Path:
+    """Path of the small demo corpus shipped inside the package (original text, the ArguAna layout)."""
+    return Path(__file__).resolve().parents[1] / "data" / "demo"  # src/biencoder/data/demo
+
+
+def register_resolvers() -> None:
+    """The resolvers the schema's own defaults use, ``${minilm_path:}`` and ``${demo_root:}`` (OmegaConf only):
+    registered when this module is imported, so a plain ``OmegaConf.structured(Schema)`` resolves without Hydra.
+    Safe to call more than once (:func:`biencoder.hydra_glue.register` adds the Hydra-side ones)."""
+    OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
+    OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
+
+
+register_resolvers()
 
 
 def flags_name(use_layernorm: bool, use_relu: bool) -> str:

@@ -7,7 +7,7 @@ counter scores strictly higher than every false candidate (ties count against it
 
 Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features
 tensor): the memory held is a few [Q, 2Q] matrices (float64 distances, float32 scores). The ``rerank`` score is
-:mod:`biencoder.rerank`'s retrieve-then-rerank over each task's pool.
+:mod:`biencoder.engine.rerank`'s retrieve-then-rerank over each task's pool.
 
 Command line: ``python -m biencoder.tasks <root> --split test [--json]`` prints pool sizes per task.
 """
@@ -101,7 +101,7 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
 
     Args:
         score: ``rerank`` (per task pool: k nearest in the ``retrieve`` space, reordered by the classifier's logit
-            margin, the rest after them by distance; :func:`biencoder.rerank.pool_ranks`), ``classifier`` (logit
+            margin, the rest after them by distance; :func:`biencoder.engine.rerank.pool_ranks`), ``classifier`` (logit
             margin for every candidate), ``sim`` (negative sim distance), ``encoder_cosine`` (cosine of pooled
             embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;

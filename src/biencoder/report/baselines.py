@@ -29,7 +29,7 @@ from .statistics import MIN_SEEDS_FOR_SEED_LEVEL, holm, paired_bootstrap, verdic
 
 def _group(run: Run, prefix: str) -> dict:
     """The run's settings under ``prefix`` (``model.``) as a nested dict, schema defaults filled in for keys the run
-    predates (:func:`biencoder.schema.run_settings`)."""
+    predates (:func:`biencoder.engine.schema.run_settings`)."""
     out: dict = {}
     for key, value in run.flat.items():
         if key.startswith(prefix):

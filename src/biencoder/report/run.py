@@ -1,6 +1,6 @@
 """The one-screen summary of one finished run, printed at its end (``final.json`` → text), and the 8 tasks' table.
 
-Used by the runner (:mod:`biencoder.runner`); the comparison of many runs is :mod:`biencoder.summary`.
+Used by the ``train`` and ``evaluate`` apps; the comparison of many runs is :mod:`biencoder.summary`.
 """
 
 from __future__ import annotations

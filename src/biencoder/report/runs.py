@@ -3,7 +3,7 @@
 A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml`` or Hydra's ``.hydra/config.yaml``),
 and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Runs whose settings differ in anything
 but the seed, the head flags (what the variant says) and the settings that change no result
-(:data:`biencoder.schema.NON_RESULT_KEYS`) never share a cell.
+(:data:`biencoder.engine.schema.NON_RESULT_KEYS`) never share a cell.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     """Every run folder (``metrics.jsonl`` beside its config) under ``paths``, recursively.
 
     The config is the runner's ``config_resolved.yaml`` or, failing that, Hydra's ``.hydra/config.yaml``. Raises
-    :class:`SummaryError` (nothing to read) or :class:`~biencoder.state.RunFolderError` (a corrupt metrics.jsonl).
+    :class:`SummaryError` (nothing to read) or :class:`~biencoder.engine.state.RunFolderError` (a corrupt metrics.jsonl).
     """
     runs = []
     for root in map(Path, paths):
