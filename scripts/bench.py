@@ -209,7 +209,7 @@ def compose_config(overrides: list[str]):
     here, not at module level)."""
     from hydra import compose, initialize_config_dir
 
-    from biencoder.engine.schema import validate
+    from biencoder.engine.validation import validate
     from biencoder.hydra_glue import register
 
     register()

@@ -90,7 +90,8 @@ def tiny_model_and_tokenizer():
 
 @pytest.fixture(scope="session")
 def demo_corpus():
-    from biencoder.engine.corpus import demo_root, read_corpus
+    from biencoder.engine.corpus import read_corpus
+    from biencoder.engine.schema import demo_root
 
     return read_corpus(demo_root())
 

@@ -4,7 +4,8 @@ import pytest
 import yaml
 from hydra.errors import MissingConfigException
 
-from biencoder.engine.schema import packaged_minilm_path, validate
+from biencoder.engine.schema import packaged_minilm_path
+from biencoder.engine.validation import validate
 from biencoder.errors import ConfigError
 from conftest import CONF, compose_cfg
 
@@ -100,7 +101,7 @@ def test_defaults_resolve_to_packaged_minilm():
     path = Path(cfg.model.encoder.name_or_path)
     assert path == Path(packaged_minilm_path()) and (path / "config.json").is_file()
     assert "site-packages" not in (CONF / "model" / "minilm.yaml").read_text()
-    from biencoder.engine.corpus import demo_root
+    from biencoder.engine.schema import demo_root
 
     assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from biencoder.corpus import main
-from biencoder.engine.corpus import CorpusError, CorpusWarning, demo_root, read_corpus
+from biencoder.engine.corpus import read_corpus
+from biencoder.engine.layout import CorpusError, CorpusWarning
+from biencoder.engine.schema import demo_root
 from conftest import grid_layout
 
 

@@ -13,7 +13,8 @@ import yaml
 
 from biencoder.engine.runtime import set_seed_everywhere
 from biencoder.engine.schema import packaged_minilm_path
-from biencoder.engine.corpus import demo_root, read_corpus
+from biencoder.engine.corpus import read_corpus
+from biencoder.engine.schema import demo_root
 from biencoder.engine.model import Embeddings, TokenizedTexts, build_model, encode_pooled
 from biencoder.report.baselines import baseline_markdown, baseline_table
 from biencoder.report.runs import assign_cells, find_runs

@@ -130,7 +130,7 @@ def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):
 
 
 def test_unknown_keys_are_refused_even_with_plus():
-    from biencoder.engine.schema import validate
+    from biencoder.engine.validation import validate
 
     with pytest.raises(ConfigError, match=r"trainer\.max_epoch \(did you mean trainer\.max_epochs\?\)"):
         validate(compose_cfg(["+trainer.max_epoch=2"]))

@@ -10,7 +10,6 @@ from .engine.runtime import set_seed_everywhere, show_progress
 from .engine.schema import (
     NON_RESULT_KEYS,
     Schema,
-    check_known_keys,
     flags_name,
     flatten,
     is_non_result_key,
@@ -18,8 +17,8 @@ from .engine.schema import (
     resume_folder,
     resume_requested,
     run_settings,
-    validate,
 )
+from .engine.validation import check_known_keys, validate
 from .errors import ConfigError
 from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
 

@@ -10,18 +10,9 @@ import json
 import sys
 import time
 
-from .engine.corpus import (
-    EXTRACTED,
-    Corpus,
-    CorpusError,
-    PairedSplit,
-    demo_root,
-    read_corpus,
-    resolve_root,
-    run_splits,
-    seen_queries,
-    split_name,
-)
+from .engine.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
+from .engine.layout import EXTRACTED, CorpusError, resolve_root
+from .engine.schema import demo_root
 from .errors import command
 
 __all__ = ["Corpus", "CorpusError", "PairedSplit", "demo_root", "main", "read_corpus", "resolve_root", "run_splits",

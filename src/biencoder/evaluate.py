@@ -13,12 +13,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from .engine.checkpoint import load_checkpoint
-from .engine.corpus import CorpusError, PairedSplit, read_corpus, seen_queries
+from .engine.corpus import PairedSplit, read_corpus, seen_queries
 from .engine.corpus import split_name as canonical_split
+from .engine.layout import CorpusError
 from .engine.model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
 from .engine.rerank import query_groups
 from .engine.runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .engine.schema import validate
+from .engine.validation import validate
 from .engine.state import write_json_atomic
 from .engine.tasks import evaluate_tasks
 from .errors import BiencoderError, ConfigError

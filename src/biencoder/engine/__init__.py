@@ -3,9 +3,10 @@
 Imports point down this list (``docs/architecture.md`` says what each module owns; ``tests/test_import_graph.py``
 checks that no engine module imports an app, the report or Hydra):
 
-- :mod:`~biencoder.engine.schema`: every config key, its default and its check; :mod:`~biencoder.engine.runtime`:
-  seed, device, precision, determinism, decided once;
-- :mod:`~biencoder.engine.corpus`: the ArguAna layout, deduplication, paired splits;
+- :mod:`~biencoder.engine.schema`: every config key and its default; :mod:`~biencoder.engine.validation`: the checks;
+  :mod:`~biencoder.engine.runtime`: seed, device, precision, determinism, decided once;
+- :mod:`~biencoder.engine.layout`, :mod:`~biencoder.engine.corpus`: the ArguAna folders, the tables, deduplication,
+  paired splits;
 - :mod:`~biencoder.engine.cache`, :mod:`~biencoder.engine.model`, :mod:`~biencoder.engine.loss`: the embedding cache,
   the bi-encoder and its pooled vectors, the losses;
 - :mod:`~biencoder.engine.search`, :mod:`~biencoder.engine.negatives`, :mod:`~biencoder.engine.rerank`,

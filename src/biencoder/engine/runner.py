@@ -33,7 +33,8 @@ from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode
 from .rerank import query_groups, retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .schema import flags_name, validate
+from .schema import flags_name
+from .validation import validate
 from .state import rng_states
 from .tasks import baseline_ranks, evaluate_tasks
 from .tracking import Tracker, check_packages

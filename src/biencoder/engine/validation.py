@@ -1,0 +1,172 @@
+"""The checks of a composed config: :func:`validate` names the first bad value in one line (a :class:`ConfigError`)
+before anything is touched; :func:`check_known_keys` refuses a key the schema does not know.
+
+Types and unknown keys are also refused by Hydra's composition against :mod:`.schema`; these checks add ranges,
+choices and combinations, and run on plain ``DictConfig`` objects too (the engine without Hydra). ``validate``
+imports :mod:`.loss` when it runs (for :data:`~biencoder.engine.loss.LOSSES`, which says which loss reads which key):
+``loss`` imports torch, which the schema's importers (the plot) do not need.
+"""
+
+from __future__ import annotations
+
+import math
+
+from omegaconf import DictConfig, OmegaConf
+
+from ..errors import ConfigError
+from .schema import (
+    DEVICES,
+    FUSIONS,
+    INDEXES,
+    LossSchema,
+    LoggerSchema,
+    MlflowSchema,
+    POOLINGS,
+    PRECISIONS,
+    RETRIEVE_SPACES,
+    SCHEDULERS,
+    SCORES,
+    SIM_INITS,
+    TensorBoardSchema,
+    Schema,
+    flatten,
+)
+
+
+def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
+    value = OmegaConf.select(cfg, key)
+    if str(value) not in allowed:
+        raise ConfigError(f"{key}={value!r} is not valid: use one of {', '.join(allowed)}")
+
+
+def _bool(cfg: DictConfig, key: str) -> None:
+    value = OmegaConf.select(cfg, key)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{key}={value!r} is not a boolean: use {key}=true or {key}=false")
+
+
+def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
+    """``key`` must be a number of ``kind`` (an int also passes as a float) and at least ``minimum``."""
+    value = OmegaConf.select(cfg, key)
+    allowed = (int,) if kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value) or value < minimum:
+        raise ConfigError(f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}")
+
+
+#: subtrees whose keys are free-form (passed on to another library)
+FREE_FORM = ("model.encoder.random_init.",)
+
+
+def check_known_keys(cfg: DictConfig) -> None:
+    """Refuse any key the schema does not know, including ones added with ``+key=...`` (which Hydra lets past the
+    schema); name the closest known key when there is one."""
+    import difflib
+
+    # optional subtrees (the loggers) count with their keys, whether or not a run selects them
+    every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
+    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
+    # an unselected optional subtree (logger.mlflow: null) is a known prefix
+    prefixes = {k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)}
+    given = flatten(OmegaConf.to_container(cfg, resolve=False))
+    for key in sorted(given):
+        if key in known or key in prefixes or key.startswith(FREE_FORM):
+            continue
+        parent, _, leaf = key.rpartition(".")
+        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+        raise ConfigError(f"unknown config key {key}{hint}: fix its spelling, or see every key with --cfg job")
+
+
+def _loss(cfg: DictConfig) -> None:
+    """``loss.name`` is a known loss, its keys are in range, and no key of the other loss was changed (it would
+    be silently ignored)."""
+    from .loss import LOSSES  # loss.py imports torch and the model: kept out of the schema's import (no circle)
+
+    _choice(cfg, "loss.name", tuple(LOSSES))
+    _positive(cfg, "loss.margin", kind=float, minimum=0)
+    _positive(cfg, "loss.triplet_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.ce_weight", kind=float, minimum=0)
+    _positive(cfg, "loss.scale", kind=float, minimum=0)
+    if cfg.loss.scale == 0:
+        raise ConfigError("loss.scale=0 is not valid: every score would be 0; use a number > 0 (20 is the usual one)")
+    _bool(cfg, "loss.gather")
+    reads = LOSSES[cfg.loss.name][1]
+    for key, default in vars(LossSchema()).items():
+        if key != "name" and key not in reads and cfg.loss[key] != default:
+            users = [name for name, (_, keys) in LOSSES.items() if key in keys]
+            raise ConfigError(f"loss.{key}={cfg.loss[key]!r} has no effect with loss={cfg.loss.name}: it belongs to "
+                              f"loss={'|'.join(users)}; drop it or pick that loss")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one. The apps call
+    it once per run, before any folder is touched (with :func:`biencoder.engine.tracking.check_packages` for the
+    trackers, which needs the installed packages, not the config alone)."""
+    check_known_keys(cfg)
+    for check in (_model, _trainer, _loss, _negatives, _eval, _data):
+        check(cfg)
+    if not isinstance(cfg.seed, int):
+        raise ConfigError(f"seed={cfg.seed!r} is not an integer")
+
+
+def _model(cfg: DictConfig) -> None:
+    _bool(cfg, "model.head.use_layernorm")
+    _bool(cfg, "model.head.use_relu")
+    _bool(cfg, "model.encoder.freeze")
+    _choice(cfg, "model.pooling", POOLINGS)
+    _choice(cfg, "model.fusion", FUSIONS)
+    _choice(cfg, "model.sim_init", SIM_INITS)
+    _positive(cfg, "model.sim_dim")
+    _positive(cfg, "model.max_length", minimum=8)
+
+
+def _trainer(cfg: DictConfig) -> None:
+    _choice(cfg, "trainer.device", DEVICES)
+    _choice(cfg, "trainer.precision", PRECISIONS)
+    _bool(cfg, "trainer.deterministic")
+    _choice(cfg, "trainer.scheduler", SCHEDULERS)
+    warmup = cfg.trainer.warmup_ratio
+    if not 0 <= warmup < 1:
+        raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
+    if cfg.trainer.progress not in (True, False, "auto"):
+        raise ConfigError(f"trainer.progress={cfg.trainer.progress!r} is not valid: use auto, true or false")
+    resume = cfg.trainer.resume
+    if not isinstance(resume, (bool, str)):
+        raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
+    for key in ("max_epochs", "batch_size", "eval_batch_size"):
+        _positive(cfg, f"trainer.{key}")
+    _positive(cfg, "trainer.num_workers", minimum=0)
+    _positive(cfg, "trainer.checkpoint_every", minimum=0)
+    _positive(cfg, "trainer.lr", kind=float, minimum=0)
+    _positive(cfg, "trainer.head_lr", kind=float, minimum=0)
+
+
+def _negatives(cfg: DictConfig) -> None:
+    _choice(cfg, "negatives.index", INDEXES)
+    _positive(cfg, "negatives.n_neighbors")
+    for key in ("negatives.random_rate.start", "negatives.random_rate.decay"):
+        _positive(cfg, key, kind=float, minimum=0)
+        if OmegaConf.select(cfg, key) > 1:
+            raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid: it must be in [0, 1]")
+
+
+def _eval(cfg: DictConfig) -> None:
+    if cfg.eval.retrieve is not None or cfg.task_name != "evaluate":
+        _choice(cfg, "eval.retrieve", RETRIEVE_SPACES)
+    if cfg.eval.baselines not in (True, False, "auto"):
+        raise ConfigError(f"eval.baselines={cfg.eval.baselines!r} is not valid: use auto, true or false")
+    _choice(cfg, "eval.index", INDEXES)
+    _positive(cfg, "eval.k")
+    _positive(cfg, "eval.every")
+    if cfg.eval.train_queries is not None:
+        _positive(cfg, "eval.train_queries")
+    _choice(cfg, "eval.score", SCORES)
+
+
+def _data(cfg: DictConfig) -> None:
+    if not isinstance(cfg.data.root, str) or not cfg.data.root:
+        raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
+    _bool(cfg, "data.dedup")
+    if cfg.data.max_debates is not None:
+        _positive(cfg, "data.max_debates")
