@@ -247,8 +247,8 @@ class Runner:
         metrics, hits, embs = self.evaluate_epoch(names, epoch)
         elapsed = time.time() - epoch_start
         base = {"variant": self.variant, "seed": int(self.cfg.seed)}
-        rows = [{"epoch": epoch, "split": name, **base, **metrics[name],
-                 **({**train_stats, "epoch_time_s": elapsed} if name == "train" else {})} for name in names]
+        rows = [{"epoch": epoch, "split": name, **base, **metrics[name]} for name in names]
+        rows[0].update(train_stats, epoch_time_s=elapsed)  # names[0] is always train: its row carries the epoch's training
         log.info("epoch %d  loss %.4f  " % (epoch, train_stats["loss"]) + "  ".join(
             f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
         if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
