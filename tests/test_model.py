@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.model import BiModel, Embeddings, TokenizedTexts, encode, head_statistics, pair_margins
+from biencoder.engine.model import (BiModel, Embeddings, TokenizedTexts, encode, head_statistics, head_statistics_vector,
+                                    pair_margins)
 from conftest import compose_cfg
 
 
@@ -103,6 +104,19 @@ def test_head_statistics_by_hand():
     assert stats["head_pre_sample_var"] == pytest.approx(2.5)  # variances 1 and 4
     assert stats["head_post_zero_share"] == pytest.approx(0.25)
     assert stats["head_pre_zero_share"] == 0.0
+
+
+def test_head_statistics_of_several_steps_at_once_are_each_steps_own_to_the_bit():
+    """The training step keeps its tensors and computes the statistics of S steps in one go: [S, 12], row i equal to
+    the statistics of step i alone, bit for bit (not just close), for the LayerNorm/ReLU head input and odd shapes."""
+    torch.manual_seed(0)
+    for steps, batch, width in [(16, 64, 1536), (5, 24, 1536), (3, 7, 13), (1, 32, 384)]:
+        features = torch.randn(steps, batch, width) * 3 + 1
+        head_input = torch.relu(torch.nn.functional.layer_norm(features, (width,)))
+        together = head_statistics_vector(features, head_input)
+        alone = torch.stack([head_statistics_vector(f, h) for f, h in zip(features, head_input)])
+        assert together.shape == (steps, 12)
+        assert torch.equal(together, alone)
 
 
 def test_pca_init_projects_on_the_principal_components(tiny_model_and_tokenizer):

@@ -22,6 +22,7 @@ from .corpus import PairedSplit
 from .loss import LossOutput, build_loss
 from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector
 from .negatives import MinedNegatives, mine_negatives, random_rate
+from .optim import FlatParameters
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
 STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
@@ -67,27 +68,49 @@ def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
 class EpochSums:
     """Per-step values summed on the device over an epoch and read by the host once (:meth:`means`): no step waits.
 
-    The loss parts are summed in float64 and the statistics in float32, as when the parts were host floats and the
-    statistics 0-d tensors, so the means are the same numbers to the last digit.
+    The loss parts are summed in float64 every step. The head statistics and gradient norms are summed in float32;
+    a step only keeps its (detached) head tensors, and the statistics of ``every`` steps are computed in one batched
+    call (:func:`head_statistics_vector` of [S, B, F]) instead of ~100 small ops per step: the same float32 values,
+    added in step order, so the means are the same numbers to the last digit as when each step computed its own.
     """
 
-    def __init__(self):
-        self.steps, self.part_names, self.parts, self.stats = 0, (), None, None
+    def __init__(self, every: int = 16):
+        self.every, self.steps, self.part_names, self.parts, self.stats = every, 0, (), None, None
+        self.kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    def add(self, parts: dict[str, torch.Tensor], stats: torch.Tensor) -> None:
-        """Add one step's loss ``parts`` (0-d tensors) and ``stats`` [S] (names: :data:`STEP_STATISTICS`)."""
+    def add(self, parts: dict[str, torch.Tensor], features: torch.Tensor, head_input: torch.Tensor,
+            grad_norms: torch.Tensor) -> None:
+        """Add one step's loss ``parts`` (0-d tensors), head tensors ``features`` and ``head_input`` [B, F] and
+        ``grad_norms`` [2] (encoder, head); the statistics named by :data:`STEP_STATISTICS` are computed later."""
         vector = torch.stack(list(parts.values()))
         if self.parts is None:
-            self.part_names, self.parts, self.stats = tuple(parts), vector.to(torch.float64), stats.float()
+            self.part_names, self.parts = tuple(parts), vector.to(torch.float64)
         else:
             self.parts.add_(vector)
-            self.stats.add_(stats)
         self.steps += 1
+        if self.kept and self.kept[0][0].shape != features.shape:  # a smaller last batch: its own stack
+            self._compute()
+        self.kept.append((features.detach(), head_input.detach(), grad_norms))
+        if len(self.kept) == self.every:
+            self._compute()
+
+    def _compute(self) -> None:
+        """The statistics of the kept steps ([S, 14]), added to the sums one step after the other."""
+        features, head_input, grad_norms = map(torch.stack, zip(*self.kept))
+        self.kept = []
+        rows = torch.cat([head_statistics_vector(features, head_input), grad_norms.float()], dim=1)
+        for row in rows:
+            if self.stats is None:
+                self.stats = row.clone()
+            else:
+                self.stats.add_(row)
 
     def means(self) -> dict[str, float]:
         """Mean per step of every part and statistic (two host reads); empty before the first step."""
         if self.parts is None:
             return {}
+        if self.kept:
+            self._compute()
         values = dict(zip(self.part_names, self.parts.tolist()))
         values.update(zip(STEP_STATISTICS, self.stats.tolist()))
         return {key: value / self.steps for key, value in values.items()}
@@ -145,10 +168,17 @@ class EpochTrainer:
         if not self.frozen:
             groups.insert(0, {"params": model.encoder.parameters(), "lr": cfg.trainer.lr})
         # CUDA: fused, one kernel per step and group, its step counters on the device (nothing read by the host).
-        # Elsewhere foreach, one multi-tensor update instead of a Python loop over parameters: on a CPU the fused
-        # kernel rounds differently (about 2e-7 apart per step), which would move same-seed CPU numbers
+        # Elsewhere foreach: on a CPU the fused kernel rounds differently (about 2e-7 apart per step), which would move
+        # same-seed CPU numbers. A CPU's foreach is a loop of ~33 ops per tensor, so the head's tensors become views of
+        # one flat tensor, one update instead of 6, the same values bit for bit; checkpoints keep the per-tensor layout
+        # (engine.optim). Not under DDP, which buckets gradients itself
         fused = device.type == "cuda"
+        self.flat_head = FlatParameters(groups[-1]["params"]) if not fused and distributed.world_size() == 1 else None
+        if self.flat_head is not None:
+            groups[-1]["params"] = [self.flat_head.flat]
         self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=fused, foreach=not fused)
+        if self.flat_head is not None:
+            self.flat_head.attach(self.optimizer)
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
@@ -267,9 +297,11 @@ class EpochTrainer:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             out = self.step(**inputs)
         self.optimizer.zero_grad(set_to_none=True)
+        if self.flat_head is not None:
+            self.flat_head.zero_grad()  # backward adds into the flat gradient's views
         out.total.backward()
         grad_norms = [_grad_norm([p.grad for p in params if p.grad is not None], self.device)
                       for params in self.grad_groups]
-        sums.add(out.parts, torch.cat([head_statistics_vector(out.features, out.head_input), torch.stack(grad_norms)]))
+        sums.add(out.parts, out.features, out.head_input, torch.stack(grad_norms))
         self.optimizer.step()
         self.scheduler.step()
