@@ -119,6 +119,42 @@ def test_head_statistics_of_several_steps_at_once_are_each_steps_own_to_the_bit(
         assert torch.equal(together, alone)
 
 
+def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny_model_and_tokenizer):
+    """BiModel.pool with ``padded`` (from the host's token lengths) builds the mask transformers would build from the
+    2-D one (None, or the 4-D padding mask), so the pooled outputs are the same to the bit, padded batch or not, in
+    train and eval mode; and the forward reads nothing back (transformers' own check calls ``mask.all()``)."""
+    from biencoder.engine.model import encoder_mask
+
+    model, tokenizer = tiny_model_and_tokenizer
+    assert model.encoder.config._attn_implementation == "sdpa"
+    texts = TokenizedTexts(["a short one", "a much longer text than the short one, with more words in it", "two",
+                            "and a fourth text of middling length"], tokenizer, 32)
+    reads = []
+    for rows in ([0, 1, 2, 3], [1, 1], [2, 2, 2]):
+        batch = texts.batch(rows)
+        assert batch["padded"] == (len(set(texts.lengths[rows])) > 1)
+        for training in (False, True):
+            model.train(training)
+            torch.manual_seed(1)  # the same dropout masks for both calls
+            with torch.no_grad():
+                plain = model.pool(batch["input_ids"], batch["attention_mask"])
+            torch.manual_seed(1)
+            original = torch.Tensor.all
+            with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+                patch.setattr(torch.Tensor, "all", lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
+                decided = model.pool(**batch)
+            assert torch.equal(plain, decided), (rows, training)
+    model.eval()
+    assert reads == []
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:  # the check this replaces: transformers' own read
+        patch.setattr(torch.Tensor, "all", lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
+        model.pool(batch["input_ids"], batch["attention_mask"])
+    assert reads
+    mask = texts.batch([0, 1])["attention_mask"]
+    assert encoder_mask(model.encoder, mask, None) is mask and encoder_mask(model.encoder, mask, False) is None
+    assert encoder_mask(model.encoder, mask, True).shape == (2, 1, mask.shape[1], mask.shape[1])
+
+
 def test_pca_init_projects_on_the_principal_components(tiny_model_and_tokenizer):
     """model.sim_init=pca: sim(x) = V_k^T (x - mean), i.e. sklearn's PCA transform up to the sign of each
     component; with sim_dim >= hidden every distance between the vectors it was fit on is kept exactly."""

@@ -127,9 +127,13 @@ class BiModel(PairHead):
         self.sim_head.weight.copy_(weight)
         self.sim_head.bias.copy_(-(weight @ mean))
 
-    def pool(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Token ids [B, L] and mask [B, L] → pooled encoder output [B, hidden]."""
-        output = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+    def pool(self, input_ids: Tensor, attention_mask: Tensor, padded: bool | None = None) -> Tensor:
+        """Token ids [B, L] and mask [B, L] → pooled encoder output [B, hidden].
+
+        ``padded`` (known on the host from the token lengths: :meth:`TokenizedTexts.batch`) lets an SDPA encoder
+        skip the host sync of transformers' own check of the mask (:func:`encoder_mask`); None: the 2-D mask as is.
+        """
+        output = self.encoder(input_ids=input_ids, attention_mask=encoder_mask(self.encoder, attention_mask, padded))
         if self.pooling == "pooler":
             return output.pooler_output
         if self.pooling == "cls":
@@ -141,12 +145,29 @@ class BiModel(PairHead):
         """Pooled vectors [B, hidden] → :class:`Embeddings` (the sim head applied)."""
         return Embeddings(self.sim_head(pooled), pooled)
 
-    def embed(self, input_ids: Tensor, attention_mask: Tensor) -> Embeddings:
+    def embed(self, input_ids: Tensor, attention_mask: Tensor, padded: bool | None = None) -> Embeddings:
         """Token ids [B, L] and mask [B, L] → :class:`Embeddings` with sim [B, sim_dim], pooled [B, hidden]."""
-        return self.from_pooled(self.pool(input_ids, attention_mask))
+        return self.from_pooled(self.pool(input_ids, attention_mask, padded))
 
     def head_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not name.startswith("encoder.")]
+
+
+def encoder_mask(encoder: nn.Module, attention_mask: Tensor, padded: bool | None) -> Tensor | None:
+    """The attention mask to give ``encoder`` for a batch whose 2-D ``attention_mask`` [B, L] has padding or not.
+
+    An SDPA encoder (transformers 5) turns the 2-D mask into None when nothing is padded and else into the boolean
+    [B, 1, L, L] mask of the padding, and decides which by ``mask.all()``: a read of the device's mask by the host, a
+    sync in every forward. With ``padded`` known on the host, the same mask is built here (a 4-D mask is passed
+    through as is), so no forward waits; the outputs are the same to the bit (tests/test_model.py). Other attention
+    implementations, or ``padded`` None, get the 2-D mask.
+    """
+    if padded is None or getattr(encoder.config, "_attn_implementation", None) != "sdpa":
+        return attention_mask
+    if not padded:
+        return None
+    batch, length = attention_mask.shape
+    return attention_mask.bool()[:, None, None, :].expand(batch, 1, length, length)
 
 
 def load_encoder(name_or_path: str, random_init: dict | None = None, progress: bool = True):
@@ -202,7 +223,8 @@ def bimodel(encoder: nn.Module, model_cfg) -> BiModel:
 class TokenizedTexts:
     """Texts tokenised once (truncated to ``max_length``); batches are padded on demand.
 
-    ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L]}`` (L = longest row in the batch).
+    ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L], "padded": bool}`` (L = longest row in the
+    batch; ``padded``: some row is shorter, known here on the host: :func:`encoder_mask`).
     """
 
     def __init__(self, texts: list[str], tokenizer, max_length: int):
@@ -223,7 +245,8 @@ class TokenizedTexts:
             n = self.lengths[row]
             input_ids[i, :n] = self.ids[row]
             mask[i, :n] = 1
-        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask)}
+        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask),
+                "padded": bool(self.lengths[rows].min() < width)}
 
 
 @contextmanager
@@ -251,9 +274,11 @@ def encode_pooled(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, d
     with eval_mode(model), tqdm(total=len(order), desc=desc, unit="text", disable=not progress, leave=False) as bar:
         for start in range(0, len(order), batch_size):
             batch = texts.batch(order[start:start + batch_size])
+            padded = batch.pop("padded")
             if device.type == "cuda":
                 batch = {k: v.pin_memory() for k, v in batch.items()}
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+            batch["padded"] = padded
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 pooled.append(model.pool(**batch).float().cpu())
             bar.update(len(batch["input_ids"]))
