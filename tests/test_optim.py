@@ -1,5 +1,5 @@
-"""FlatParameters: foreach AdamW over one flat tensor is the per-tensor update bit for bit, and its state_dict is the
-per-tensor one (so checkpoints resume across both)."""
+"""FlatGroups: foreach AdamW over one flat tensor per group is the per-tensor update bit for bit, and its state_dict is
+the per-tensor one (so checkpoints resume across both)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from biencoder.engine.optim import FlatParameters
+from biencoder.engine.optim import FlatGroups
 
 
 def head(seed: int = 0) -> nn.Module:
@@ -35,16 +35,18 @@ def train(model, optimizer, scheduler, flat, steps, start=0):
         scheduler.step()
 
 
-def make(flatten: bool, extra_group: bool = False):
-    """(model, optimizer, scheduler, flat) as the runner builds them: an optional first group, the head last."""
+def make(flatten, extra_group: bool = False):
+    """(model, optimizer, scheduler, flat) as the runner builds them: an optional first group, the head last.
+    ``flatten``: False, "last" (only the last group flattened) or "all"."""
     model = head()
     params = list(model.parameters())
     groups = [{"params": params, "lr": 3e-3}]
     if extra_group:  # a first group (the encoder's in the runner): here the first Linear, the head the rest
         groups = [{"params": params[:2], "lr": 1e-3}, {"params": params[2:], "lr": 3e-3}]
-    flat = FlatParameters(groups[-1]["params"]) if flatten else None
-    if flat is not None:
-        groups[-1]["params"] = [flat.flat]
+    flattened = {False: [], "last": groups[-1:], "all": groups}[flatten]
+    flat = FlatGroups([g["params"] for g in flattened]) if flattened else None
+    for group, one in zip(flattened, flat.flats if flat else []):
+        group["params"] = [one]
     optimizer = torch.optim.AdamW(groups, weight_decay=0.01, foreach=True)
     if flat is not None:
         flat.attach(optimizer)
@@ -56,9 +58,9 @@ def same(a: nn.Module, b: nn.Module) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
 
-@pytest.mark.parametrize("extra_group", [False, True])
-def test_flat_adamw_equals_per_tensor_bit_for_bit(extra_group):
-    plain, flat = make(False, extra_group), make(True, extra_group)
+@pytest.mark.parametrize("extra_group, flatten", [(False, "all"), (True, "last"), (True, "all")])
+def test_flat_adamw_equals_per_tensor_bit_for_bit(extra_group, flatten):
+    plain, flat = make(False, extra_group), make(flatten, extra_group)
     assert same(plain[0], flat[0])
     train(*plain, steps=60)
     train(*flat, steps=60)
@@ -68,9 +70,9 @@ def test_flat_adamw_equals_per_tensor_bit_for_bit(extra_group):
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(plain[0].parameters(), flat[0].parameters()))
 
 
-@pytest.mark.parametrize("extra_group", [False, True])
-def test_state_dict_is_the_per_tensor_layout_and_resumes_both_ways(extra_group):
-    plain, flat = make(False, extra_group), make(True, extra_group)
+@pytest.mark.parametrize("extra_group, flatten", [(False, "all"), (True, "last"), (True, "all")])
+def test_state_dict_is_the_per_tensor_layout_and_resumes_both_ways(extra_group, flatten):
+    plain, flat = make(False, extra_group), make(flatten, extra_group)
     train(*plain, steps=7)
     train(*flat, steps=7)
     saved_plain, saved_flat = plain[1].state_dict(), flat[1].state_dict()
@@ -80,7 +82,7 @@ def test_state_dict_is_the_per_tensor_layout_and_resumes_both_ways(extra_group):
         assert state.keys() == saved_flat["state"][index].keys()
         assert all(torch.equal(v, saved_flat["state"][index][k]) for k, v in state.items())
     # each kind resumes from the other's checkpoint and goes on exactly as the uninterrupted run
-    for source, target_flat in ((saved_plain, True), (saved_flat, False), (saved_flat, True)):
+    for source, target_flat in ((saved_plain, flatten), (saved_flat, False), (saved_flat, flatten)):
         resumed = make(target_flat, extra_group)
         resumed[0].load_state_dict(copy.deepcopy(plain[0].state_dict()))
         resumed[1].load_state_dict(copy.deepcopy(source))
@@ -95,7 +97,7 @@ def test_state_dict_is_the_per_tensor_layout_and_resumes_both_ways(extra_group):
 
 
 def test_a_state_of_other_shapes_is_refused():
-    plain, flat = make(False), make(True)
+    plain, flat = make(False), make("all")
     train(*plain, steps=2)
     saved = plain[1].state_dict()
     saved["state"][3]["step"] = saved["state"][3]["step"] + 1  # one tensor a step ahead of the others
@@ -104,10 +106,10 @@ def test_a_state_of_other_shapes_is_refused():
 
 
 def test_views_survive_a_model_zero_grad_and_load_state_dict():
-    model, optimizer, scheduler, flat = make(True)
+    model, optimizer, scheduler, flat = make("all")
     model.zero_grad(set_to_none=True)  # drops the views; zero_grad re-attaches them
     train(model, optimizer, scheduler, flat, steps=1)
-    assert all(p.grad.untyped_storage().data_ptr() == flat.grad.untyped_storage().data_ptr()
+    assert all(p.grad.untyped_storage().data_ptr() == flat.grads[0].untyped_storage().data_ptr()
                for p in model.parameters())
     model.load_state_dict(head(seed=1).state_dict())  # copies into the views: the flat tensor sees the new values
-    assert torch.equal(flat.flat.data, torch.cat([p.reshape(-1) for p in head(seed=1).parameters()]))
+    assert torch.equal(flat.flats[0].data, torch.cat([p.reshape(-1) for p in head(seed=1).parameters()]))

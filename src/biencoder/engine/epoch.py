@@ -22,7 +22,7 @@ from .corpus import PairedSplit
 from .loss import LossOutput, build_loss
 from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector
 from .negatives import MinedNegatives, mine_negatives, random_rate
-from .optim import FlatParameters
+from .optim import FlatGroups
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
 STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
@@ -173,16 +173,16 @@ class EpochTrainer:
             groups.insert(0, {"params": model.encoder.parameters(), "lr": cfg.trainer.lr})
         # CUDA: fused, one kernel per step and group, its step counters on the device (nothing read by the host).
         # Elsewhere foreach: on a CPU the fused kernel rounds differently (about 2e-7 apart per step), which would move
-        # same-seed CPU numbers. A CPU's foreach is a loop of ~33 ops per tensor, so the head's tensors become views of
-        # one flat tensor, one update instead of 6, the same values bit for bit; checkpoints keep the per-tensor layout
-        # (engine.optim). Not under DDP, which buckets gradients itself
+        # same-seed CPU numbers. A CPU's foreach is a loop of ~33 ops per tensor, so each group's tensors become views
+        # of one flat tensor, one update per group instead of one per tensor, the same values bit for bit; checkpoints
+        # keep the per-tensor layout (engine.optim). Not under DDP, which buckets gradients itself
         fused = device.type == "cuda"
-        self.flat_head = FlatParameters(groups[-1]["params"]) if not fused and distributed.world_size() == 1 else None
-        if self.flat_head is not None:
-            groups[-1]["params"] = [self.flat_head.flat]
+        self.flat = FlatGroups([g["params"] for g in groups]) if not fused and distributed.world_size() == 1 else None
+        for group, flat in zip(groups, self.flat.flats if self.flat else []):
+            group["params"] = [flat]
         self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=fused, foreach=not fused)
-        if self.flat_head is not None:
-            self.flat_head.attach(self.optimizer)
+        if self.flat is not None:
+            self.flat.attach(self.optimizer)
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
@@ -302,8 +302,8 @@ class EpochTrainer:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             out = self.step(**inputs)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.flat_head is not None:
-            self.flat_head.zero_grad()  # backward adds into the flat gradient's views
+        if self.flat is not None:
+            self.flat.zero_grad()  # backward adds into the flat gradients' views
         out.total.backward()
         grad_norms = [_grad_norm([p.grad for p in params if p.grad is not None], self.device)
                       for params in self.grad_groups]
