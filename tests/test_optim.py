@@ -113,3 +113,21 @@ def test_views_survive_a_model_zero_grad_and_load_state_dict():
                for p in model.parameters())
     model.load_state_dict(head(seed=1).state_dict())  # copies into the views: the flat tensor sees the new values
     assert torch.equal(flat.flats[0].data, torch.cat([p.reshape(-1) for p in head(seed=1).parameters()]))
+
+
+def test_an_unused_pooler_is_left_out_of_the_optimiser_and_never_changes(tmp_path):
+    """With mean pooling the encoder's pooler feeds nothing: it is not optimised, so weight decay on a flat tensor
+    (which gives every view a zero gradient, not None) cannot shrink it; the other parameters train."""
+    from biencoder.engine.runner import Runner
+    from conftest import compose_cfg
+
+    runner = Runner(compose_cfg(["model=tiny", "model.pooling=mean", "trainer.max_epochs=1", "trainer.progress=false",
+                                 "trainer.weight_decay=0.5", "eval.baselines=false"]), tmp_path)
+    pooler = {k: v.detach().clone() for k, v in runner.model.encoder.pooler.state_dict().items()}
+    layer = runner.model.encoder.encoder.layer[0].output.dense.weight.detach().clone()
+    assert runner.trainer.flat is not None  # the CPU path: the groups are flat
+    held = {id(p) for params in runner.trainer.flat.groups for p in params}
+    assert not any(id(p) in held for p in runner.model.encoder.pooler.parameters())
+    runner.trainer.train_epoch(0, runner.trainer.mine(0, runner.embed("train").sim))
+    assert all(torch.equal(v, runner.model.encoder.pooler.state_dict()[k]) for k, v in pooler.items())
+    assert not torch.equal(layer, runner.model.encoder.encoder.layer[0].output.dense.weight)

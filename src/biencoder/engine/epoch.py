@@ -168,9 +168,12 @@ class EpochTrainer:
         self.device, self.amp_dtype, self.progress = device, amp_dtype, progress
         self.frozen = pooled is not None
         self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
-        groups = [{"params": model.head_parameters(), "lr": cfg.trainer.head_lr}]
+        # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
+        self.grad_groups = ([] if self.frozen else [p for p in model.encoder.parameters() if p.requires_grad],
+                            model.head_parameters())
+        groups = [{"params": self.grad_groups[1], "lr": cfg.trainer.head_lr}]
         if not self.frozen:
-            groups.insert(0, {"params": model.encoder.parameters(), "lr": cfg.trainer.lr})
+            groups.insert(0, {"params": self.grad_groups[0], "lr": cfg.trainer.lr})
         # CUDA: fused, one kernel per step and group, its step counters on the device (nothing read by the host).
         # Elsewhere foreach: on a CPU the fused kernel rounds differently (about 2e-7 apart per step), which would move
         # same-seed CPU numbers. A CPU's foreach is a loop of ~33 ops per tensor, so each group's tensors become views
@@ -183,8 +186,6 @@ class EpochTrainer:
         self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=fused, foreach=not fused)
         if self.flat is not None:
             self.flat.attach(self.optimizer)
-        # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
-        self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
             cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio))

@@ -108,10 +108,13 @@ class FlatGroups:
         loads. Raises ValueError when a group does not hold the tensors of the right number and shapes, or when
         their step counters differ."""
         state, groups, new = {}, [], 0
-        for saved, layout in zip(state_dict["param_groups"], self._layout(optimizer)):
+        for g, (saved, layout) in enumerate(zip(state_dict["param_groups"], self._layout(optimizer))):
             ids, at = [], iter(saved["params"])
-            if len(saved["params"]) != sum(1 if params is None else len(params) for params in layout):
-                raise ValueError("optimizer state: a group does not hold as many tensors as this run's")
+            mine = sum(1 if params is None else len(params) for params in layout)
+            if len(saved["params"]) != mine:
+                raise ValueError(f"optimizer state: group {g} holds {len(saved['params'])} tensors, this run's {mine} (a "
+                                 "checkpoint of another model or biencoder version): resume it with the version that "
+                                 "wrote it, or start a new run folder")
             for params in layout:
                 if params is None:
                     index = next(at)
