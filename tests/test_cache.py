@@ -179,6 +179,27 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     assert all(not torch.equal(p, q) for p, q in zip(runner.model.head_parameters(), heads_before))
 
 
+def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypatch):
+    """eval.retrieve=encoder with a frozen encoder: the shortlists cannot change, so each split is searched once
+    per run (not every epoch), and the epoch's metrics are those of a fresh search."""
+    from biencoder.engine import rerank, runner as runner_module
+
+    searches = []
+    original = runner_module.retrieve
+    monkeypatch.setattr(runner_module, "retrieve", lambda *a, **k: searches.append(1) or original(*a, **k))
+    runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "eval.retrieve=encoder"]),
+                    tmp_path / "run")
+    for epoch in range(2):
+        runner.trainer.train_epoch(epoch, runner.trainer.mine(epoch, runner.embed("train").sim))
+        metrics, _, embs = runner.evaluate_epoch(("train", "val", "test"), epoch)
+        for name, emb in embs.items():
+            fresh, _ = rerank.retrieve_rerank(runner.model, emb, runner.splits[name], runner.cfg.eval.k,
+                                              index=runner.cfg.eval.index, pairs=runner.eval_pairs[name],
+                                              space="encoder")
+            assert {key: metrics[name][key] for key in fresh} == fresh
+    assert len(searches) == 3  # one per split, in the first epoch
+
+
 def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls):
     from biencoder import train as train_module
 

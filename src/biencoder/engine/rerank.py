@@ -121,19 +121,21 @@ def shortlist_ranks(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray
 
 def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 1024,
                     device="cpu", index: str = "balltree", pairs: np.ndarray | None = None,
-                    space: str = "sim") -> tuple[dict[str, float], np.ndarray]:
+                    space: str = "sim", rows: np.ndarray | None = None) -> tuple[dict[str, float], np.ndarray]:
     """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``, indices of pairs).
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
     of every query is always the whole split. ``space``: where the k come from, ``sim`` (the sim head) or
-    ``encoder`` (the encoder's own cosine; see :meth:`Embeddings.retrieval`).
+    ``encoder`` (the encoder's own cosine; see :meth:`Embeddings.retrieval`). ``rows``: the shortlists [P, k'] when
+    they are known already (:func:`retrieve` of the same vectors: a frozen encoder's own space is the same every epoch).
     Returns (metrics, hits): ``top1`` (reranked; ties count against the true counter), ``retrieval_top1``
     (nearest neighbour), ``recall_at_k`` (true counter among the k), ``mrr`` (reciprocal rank of the true
     counter after reranking the k; 0 when it is not among them), ``queries``, ``k``; ``hits`` [Q] bool is the
     reranked top-1 outcome per query.
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
-    rows, _ = retrieve(emb.retrieval(space).numpy(), split, k, index, device, pairs)
+    if rows is None:
+        rows, _ = retrieve(emb.retrieval(space).numpy(), split, k, index, device, pairs)
     [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], batch_size, device)
     rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs])
     hits = rank == 1

@@ -30,7 +30,7 @@ from .checkpoint import checkpoint_payload, restore_last, training_state
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
 from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, pooled_vectors
-from .rerank import query_groups, retrieve_rerank, seen_unseen
+from .rerank import query_groups, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
 from .schema import flags_name
@@ -77,6 +77,7 @@ class Runner:
         self.trainer = EpochTrainer(cfg, self.model, self.splits["train"], self.pooled.get("train"),
                                     self.tokens.get("train"), self.device, self.amp_dtype, self.progress)
         self.eval_pairs = self._eval_pairs()
+        self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
         self.zero_shot = self._zero_shot()
 
     def _inputs(self) -> tuple[str | None, dict[str, torch.Tensor], dict[str, TokenizedTexts]]:
@@ -132,10 +133,21 @@ class Runner:
             raise Diverged(epoch, f"{name} embeddings")
         metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
                                         self.cfg.eval.pair_batch_size, self.device, index=self.cfg.eval.index,
-                                        pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve)
+                                        pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve,
+                                        rows=self.fixed_shortlists(name, emb))
         if name == "test":
             metrics.update(seen_unseen(hits, self.test_seen))
         return metrics, hits
+
+    def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
+        """The per-epoch shortlists of split ``name`` when they cannot change: a frozen encoder's own space
+        (``eval.retrieve=encoder``) is the same every epoch, so it is searched once per run; else None."""
+        if not (self.frozen and self.cfg.eval.retrieve == "encoder"):
+            return None
+        if name not in self.shortlists:
+            self.shortlists[name], _ = retrieve(emb.retrieval("encoder").numpy(), self.splits[name], self.cfg.eval.k,
+                                                self.cfg.eval.index, self.device, self.eval_pairs[name])
+        return self.shortlists[name]
 
     def evaluate_epoch(self, names, epoch: int = -1) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
         metrics, hits, embs = {}, {}, {}
