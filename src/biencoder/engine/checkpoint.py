@@ -104,15 +104,11 @@ def training_state(epoch: int, model: BiModel, trainer_state: dict, best: dict, 
 def restore_last(state: dict, path: Path, model: BiModel, trainer, fingerprint: str | None) -> tuple[int, dict, torch.Tensor]:
     """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``model``, ``trainer`` (an
     :class:`~biencoder.engine.epoch.EpochTrainer`) and this rank's RNGs; returns (next epoch, best so far, train embeddings
-    to mine with). Raises :class:`RunFolderError` for another encoder, another optimiser state or another number of
-    processes."""
+    to mine with). Raises :class:`RunFolderError` for another encoder or another number of processes."""
     if state["encoder_fingerprint"] != fingerprint:
         raise RunFolderError(f"{path} was trained on another encoder than model.encoder.name_or_path loads now")
     model.load_state_dict(state["model"], strict=fingerprint is None)
-    try:
-        trainer.load_state_dict(state)
-    except ValueError as err:  # an optimiser state of other parameters (engine.optim, torch)
-        raise RunFolderError(f"{path}: {err}") from None
+    trainer.load_state_dict(state)
     rngs = state["rng"]
     if len(rngs) != distributed.world_size():
         raise RunFolderError(f"{path} was saved by {len(rngs)} process(es), not "

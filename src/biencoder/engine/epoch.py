@@ -22,7 +22,6 @@ from .corpus import PairedSplit
 from .loss import LossOutput, build_loss
 from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector
 from .negatives import MinedNegatives, mine_negatives, random_rate
-from .optim import FlatGroups
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
 STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
@@ -72,8 +71,8 @@ class EpochSums:
     a step only keeps its (detached) head tensors, and the statistics of ``every`` steps are computed in one batched
     call (:func:`head_statistics_vector` of [S, B, F]) instead of ~100 small ops per step: the same float32 values,
     added in step order, so the means are the same numbers to the last digit as when each step computed its own.
-    8 steps: the frozen epoch's train phase measured 172 ms at 4 and 8, 180 at 1 and 215 at 16 (a bigger stack
-    leaves the cache).
+    8 steps: the frozen epoch's train phase took a median 172 ms against 181 ms when each step computed its own
+    (BENCHMARKS section 7), and 215 ms at 16 (a bigger stack leaves the cache).
     """
 
     def __init__(self, every: int = 8):
@@ -168,24 +167,17 @@ class EpochTrainer:
         self.device, self.amp_dtype, self.progress = device, amp_dtype, progress
         self.frozen = pooled is not None
         self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
-        # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
-        self.grad_groups = ([] if self.frozen else [p for p in model.encoder.parameters() if p.requires_grad],
-                            model.head_parameters())
-        groups = [{"params": self.grad_groups[1], "lr": cfg.trainer.head_lr}]
+        groups = [{"params": model.head_parameters(), "lr": cfg.trainer.head_lr}]
         if not self.frozen:
-            groups.insert(0, {"params": self.grad_groups[0], "lr": cfg.trainer.lr})
+            groups.insert(0, {"params": model.encoder.parameters(), "lr": cfg.trainer.lr})
         # CUDA: fused, one kernel per step and group, its step counters on the device (nothing read by the host).
         # Elsewhere foreach: on a CPU the fused kernel rounds differently (about 2e-7 apart per step), which would move
-        # same-seed CPU numbers. A CPU's foreach is a loop of ~33 ops per tensor, so each group's tensors become views
-        # of one flat tensor, one update per group instead of one per tensor, the same values bit for bit; checkpoints
-        # keep the per-tensor layout (engine.optim). Not under DDP, which buckets gradients itself
+        # same-seed CPU numbers. (A CPU's foreach is a loop of ~33 ops per tensor; one flat tensor per group halves the
+        # frozen step's ops, but measured no faster: BENCHMARKS section 7)
         fused = device.type == "cuda"
-        self.flat = FlatGroups([g["params"] for g in groups]) if not fused and distributed.world_size() == 1 else None
-        for group, flat in zip(groups, self.flat.flats if self.flat else []):
-            group["params"] = [flat]
         self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=fused, foreach=not fused)
-        if self.flat is not None:
-            self.flat.attach(self.optimizer)
+        # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
+        self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
             cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio))
@@ -303,8 +295,6 @@ class EpochTrainer:
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             out = self.step(**inputs)
         self.optimizer.zero_grad(set_to_none=True)
-        if self.flat is not None:
-            self.flat.zero_grad()  # backward adds into the flat gradients' views
         out.total.backward()
         grad_norms = [_grad_norm([p.grad for p in params if p.grad is not None], self.device)
                       for params in self.grad_groups]

@@ -107,9 +107,6 @@ class BiModel(PairHead):
             raise ConfigError(f"model.pooling=pooler but {type(encoder).__name__} has no pooler: use model.pooling=cls or mean")
         self.encoder = encoder
         self.pooling = pooling
-        if pooling != "pooler" and getattr(encoder, "pooler", None) is not None:
-            # its output feeds nothing: no gradient, no optimiser update (nor weight decay), as if it were not there
-            encoder.pooler.requires_grad_(False)
         self.sim_head = nn.Linear(hidden, sim_dim)
         self._make_head(fusion, sim_dim, hidden, use_layernorm, use_relu)  # after sim_head: the same init as ever
 
