@@ -18,7 +18,7 @@
    cache is warmed first (it says so; 5-10 min on 2 cores).
 5. One training step (:meth:`biencoder.engine.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
    encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
-   counted with ``torch.profiler`` over 32 (frozen) or 16 steps, so that the head statistics, computed once every 8
+   counted with ``torch.profiler`` over 32 (frozen) or 8 steps, so that the head statistics, computed once every 8
    steps (:class:`biencoder.engine.epoch.EpochSums`), count at their share; and ms per step.
 6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log): the default
    run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints ``finetune_epoch_s``.
@@ -525,7 +525,7 @@ def main(argv=None) -> int:
         print("\n5. one training step (EpochTrainer.train_step, demo corpus): operator calls and host syncs per step")
         for frozen in (False, True):
             # a multiple of EpochSums.every (8): the head statistics, computed every 8 steps, count at their share
-            r = bench_step_counts(frozen, steps=32 if frozen else 16)
+            r = bench_step_counts(frozen, steps=32 if frozen else 8)
             names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
             print(f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "
                   f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {r['exempt']:g} reads of AdamW's CPU "
