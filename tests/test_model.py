@@ -155,6 +155,42 @@ def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny
     assert encoder_mask(model.encoder, mask, True).shape == (2, 1, mask.shape[1], mask.shape[1])
 
 
+SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+         "vocab_size": 100, "max_position_embeddings": 64}
+SMALL_CONFIGS = {"bert": SMALL, "roberta": SMALL, "xlm-roberta": SMALL, "electra": SMALL,
+                 "albert": {**SMALL, "embedding_size": 16},
+                 "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64, "vocab_size": 100,
+                                "max_position_embeddings": 64},
+                 "modernbert": {**SMALL, "global_attn_every_n_layers": 2, "local_attention": 4,
+                                "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1,
+                                "sep_token_id": 2},
+                 "bert as a decoder": {**SMALL, "is_decoder": True}}
+
+
+@pytest.mark.parametrize("kind", list(SMALL_CONFIGS))
+def test_the_host_mask_is_used_only_where_it_gives_the_same_outputs(kind):
+    """Each model type of HOST_MASK_MODEL_TYPES gives bit for bit the outputs of the 2-D mask on a padded batch;
+    ModernBERT (sliding-window layers) and a BERT decoder (causal mask) would not, so they keep the 2-D mask."""
+    from transformers import AutoConfig, AutoModel
+
+    from biencoder.engine.model import HOST_MASK_MODEL_TYPES, encoder_mask
+
+    model_type = kind.split()[0]
+    torch.manual_seed(0)
+    encoder = AutoModel.from_config(AutoConfig.for_model(model_type, **SMALL_CONFIGS[kind]))
+    model = BiModel(encoder, sim_dim=8, pooling="mean").eval()
+    lengths = torch.tensor([12, 5, 9, 12])
+    mask = (torch.arange(12)[None, :] < lengths[:, None]).long()
+    ids = torch.randint(5, 100, (4, 12)) * mask
+    host = encoder_mask(encoder, mask, True)
+    if kind in HOST_MASK_MODEL_TYPES:
+        assert host.shape == (4, 1, 12, 12)
+    else:
+        assert host is mask
+    with torch.no_grad():
+        assert torch.equal(model.pool(ids, mask), model.pool(ids, mask, True))
+
+
 def test_pca_init_projects_on_the_principal_components(tiny_model_and_tokenizer):
     """model.sim_init=pca: sim(x) = V_k^T (x - mean), i.e. sklearn's PCA transform up to the sign of each
     component; with sim_dim >= hidden every distance between the vectors it was fit on is kept exactly."""

@@ -70,7 +70,8 @@ class EpochSums:
     The loss parts are summed in float64 every step. The head statistics and gradient norms are summed in float32;
     a step only keeps its (detached) head tensors, and the statistics of ``every`` steps are computed in one batched
     call (:func:`head_statistics_vector` of [S, B, F]) instead of ~100 small ops per step: the same float32 values,
-    added in step order, so the means are the same numbers to the last digit as when each step computed its own.
+    added in step order, so on a CPU the means are the same numbers to the last digit as when each step computed its
+    own (a GPU's reductions may round differently for a batched shape).
     8 steps: the frozen epoch's train phase took a median 172 ms against 181 ms when each step computed its own
     (BENCHMARKS section 7), and 215 ms at 16 (a bigger stack leaves the cache).
     """

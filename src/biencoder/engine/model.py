@@ -10,6 +10,7 @@ import logging
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from ..errors import ConfigError
 from .cache import encoder_fingerprint, model_cache
 
 log = logging.getLogger("biencoder")
+_TRANSFORMERS_MAJOR = int(version("transformers").split(".")[0])
 
 
 @dataclass
@@ -153,16 +155,25 @@ class BiModel(PairHead):
         return [p for name, p in self.named_parameters() if not name.startswith("encoder.")]
 
 
+#: encoders whose SDPA attention builds exactly a two-way padding mask from the 2-D one (transformers 5): for these
+#: :func:`encoder_mask` gives the same outputs to the bit (tests/test_model.py runs each); others keep the 2-D mask.
+#: Not here on purpose: decoders (causal masks), ModernBERT (sliding-window layers take a mask of their own)
+HOST_MASK_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
+
+
 def encoder_mask(encoder: nn.Module, attention_mask: Tensor, padded: bool | None) -> Tensor | None:
     """The attention mask to give ``encoder`` for a batch whose 2-D ``attention_mask`` [B, L] has padding or not.
 
-    An SDPA encoder (transformers 5) turns the 2-D mask into None when nothing is padded and else into the boolean
-    [B, 1, L, L] mask of the padding, and decides which by ``mask.all()``: a read of the device's mask by the host, a
-    sync in every forward. With ``padded`` known on the host, the same mask is built here (a 4-D mask is passed
-    through as is), so no forward waits; the outputs are the same to the bit (tests/test_model.py). Other attention
-    implementations, or ``padded`` None, get the 2-D mask.
+    A BERT-family SDPA encoder (transformers 5) turns the 2-D mask into None when nothing is padded and else into
+    the boolean [B, 1, L, L] mask of the padding, and decides which by ``mask.all()``: a read of the device's mask by
+    the host, a sync in every forward. With ``padded`` known on the host, the same mask is built here (a 4-D mask is
+    passed through as is), so no forward waits; the outputs are the same to the bit (tests/test_model.py). Every
+    other encoder (a model type not in :data:`HOST_MASK_MODEL_TYPES`, a decoder, another attention implementation,
+    transformers 4) and ``padded`` None get the 2-D mask.
     """
-    if padded is None or getattr(encoder.config, "_attn_implementation", None) != "sdpa":
+    config = encoder.config
+    if (padded is None or getattr(config, "_attn_implementation", None) != "sdpa" or _TRANSFORMERS_MAJOR < 5
+            or config.model_type not in HOST_MASK_MODEL_TYPES or getattr(config, "is_decoder", False)):
         return attention_mask
     if not padded:
         return None
@@ -236,7 +247,7 @@ class TokenizedTexts:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def batch(self, rows) -> dict[str, Tensor]:
+    def batch(self, rows) -> dict[str, Tensor | bool]:
         rows = np.asarray(rows)
         width = int(self.lengths[rows].max())
         input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
@@ -344,7 +355,7 @@ HEAD_STATISTIC_NAMES = tuple(f"head_{tag}_{name}" for tag in ("pre", "post") for
 def head_statistics_vector(features: Tensor, head_input: Tensor) -> Tensor:
     """:func:`head_statistics` as float32 values on the inputs' device, named by :data:`HEAD_STATISTIC_NAMES`: [12]
     for one step's tensors [B, F], or [S, 12] for S steps' at once ([S, B, F] each; what the training step keeps and
-    computes every few steps). The values are the same to the last bit either way (tests/test_model.py)."""
+    computes every few steps). On a CPU the values are the same to the last bit either way (tests/test_model.py)."""
     # both tensors at once ([..., 2, B, F]): each statistic is one op for all, with the same reductions per row (and so
     # the same float32 values) as when they were computed one tensor and one step at a time
     x = torch.stack([features.detach(), head_input.detach()], dim=-3).float()
