@@ -139,7 +139,7 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
             g = outcomes[outcomes["cell"] == cell].groupby("x")[column]
             n = int(g.size().max())
             ax.plot(g.mean().index, g.mean(), marker=MARKERS[i % len(MARKERS)], color=colors[cell], linewidth=2,
-                    label=f"{cell} ({n} seeds)")
+                    label=f"{cell} ({n} seed{'' if n == 1 else 's'})")
             ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.15, linewidth=0)
         if runs is not None:  # the zero-shot / TF-IDF top-1 the runs recorded, as reference lines
             draw_baselines(ax, runs, split)
