@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .corpus import PairedSplit
 from .loss import LossOutput, build_loss
-from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector
+from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector, to_device
 from .negatives import MinedNegatives, mine_negatives, random_rate
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
@@ -246,9 +246,8 @@ class EpochTrainer:
         text_id = torch.tensor(self.split.text_id, device=self.device)
         if not self.frozen:
             for batch in self.loader(epoch, negatives):
-                rows, padded = batch.pop("rows"), batch.pop("padded")
-                batch = {k: v.to(self.device, non_blocking=True) for k, v in batch.items()}
-                batch["padded"] = padded  # a host bool: BiModel.pool's mask without a host sync
+                rows = batch.pop("rows")
+                batch = to_device(batch, self.device)  # "padded" stays a host bool: BiModel.pool's mask, no sync
                 yield rows.numpy(), {**batch, "text_id": text_id[rows.T.reshape(-1).to(self.device)]}
             return
         rows = triplet_rows(self.split, negatives)[self._order(epoch)]  # [Q, 3]

@@ -260,6 +260,13 @@ class TokenizedTexts:
                 "padded": bool(self.lengths[rows].min() < width)}
 
 
+def to_device(batch: dict, device: torch.device, pin: bool = False) -> dict:
+    """``batch``'s tensors copied to ``device`` (non-blocking; pinned first with ``pin``), its other values (the
+    host's ``padded``) as they are."""
+    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) if isinstance(v, Tensor) else v
+            for k, v in batch.items()}
+
+
 @contextmanager
 def eval_mode(model: nn.Module):
     """Eval mode (no dropout) and no gradients inside; the model's previous mode is restored after."""
@@ -284,12 +291,7 @@ def encode_pooled(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, d
     pooled = []
     with eval_mode(model), tqdm(total=len(order), desc=desc, unit="text", disable=not progress, leave=False) as bar:
         for start in range(0, len(order), batch_size):
-            batch = texts.batch(order[start:start + batch_size])
-            padded = batch.pop("padded")
-            if device.type == "cuda":
-                batch = {k: v.pin_memory() for k, v in batch.items()}
-            batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-            batch["padded"] = padded
+            batch = to_device(texts.batch(order[start:start + batch_size]), device, pin=device.type == "cuda")
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 pooled.append(model.pool(**batch).float().cpu())
             bar.update(len(batch["input_ids"]))
