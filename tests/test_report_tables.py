@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import yaml
 
+from biencoder.report import SummaryError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import holm
 from biencoder.report.tables import paired_comparisons, summary_table
@@ -105,3 +106,49 @@ def test_paired_comparison_splits_unseen_and_seen(tmp_path):
     assert c["diff_test_top1"] == pytest.approx(0.1)
     assert c["diff_unseen"] == pytest.approx(-0.2) and c["diff_seen"] == pytest.approx(0.4)
     assert c["queries_unseen"] == 50 and c["ci_unseen_high"] < 0 < c["ci_seen_low"]
+
+
+def _loss_runs(tmp_path, hits_of):
+    """Runs of two losses, each at its own head_lr (the settings changed together), seeds 0-2."""
+    for (variant, loss, lr), n in hits_of.items():
+        for seed in (0, 1, 2):
+            h = np.zeros(100, bool)
+            h[:n] = True
+            folder = write_run(tmp_path / f"{variant}_{loss}_{seed}", variant, seed, [0.1], [n / 100], h)
+            config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+            config.update(loss={"name": loss}, trainer={"head_lr": lr})
+            (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    return runs
+
+
+def test_a_reference_of_settings_changed_together(tmp_path):
+    """--reference loss.name=triplet_ce,trainer.head_lr=3e-4 pairs each infonce cell (at 1e-3) with the same variant
+    under triplet_ce (at 3e-4); loss.name=triplet_ce alone pairs nothing, and a named reference that pairs nothing
+    is an error rather than a silently empty table."""
+    runs = _loss_runs(tmp_path, {("plain", "triplet_ce", 3e-4): 20, ("plain", "infonce", 1e-3): 35,
+                                 ("ln", "triplet_ce", 3e-4): 30, ("ln", "infonce", 1e-3): 25})
+    table = paired_comparisons(runs, "loss.name=triplet_ce,trainer.head_lr=3e-4", n_boot=500)
+    got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
+    assert got == pytest.approx({("plain loss=infonce head_lr=0.001", "plain loss=triplet_ce head_lr=0.0003"): 0.15,
+                                 ("ln loss=infonce head_lr=0.001", "ln loss=triplet_ce head_lr=0.0003"): -0.05})
+    assert set(table["seeds"]) == {3} and np.allclose(table["p_holm"], holm(table["p"]))
+    assert paired_comparisons(runs, "loss.name=triplet_ce", n_boot=100).empty
+    with pytest.raises(SummaryError, match="loss.name=triplet_ce pairs no two cells.*loss.name, trainer.head_lr"):
+        paired_comparisons(runs, "loss.name=triplet_ce", n_boot=100, strict=True)
+    with pytest.raises(SummaryError, match="'fast' is not a number"):
+        paired_comparisons(runs, "trainer.head_lr=fast", n_boot=100)
+
+
+def test_plot_top1_stops_before_writing_when_a_reference_pairs_nothing(tmp_path, capsys):
+    from biencoder.summary import main
+
+    _loss_runs(tmp_path / "runs", {("plain", "triplet_ce", 3e-4): 20, ("plain", "infonce", 1e-3): 35})
+    out = tmp_path / "out" / "top1.png"
+    out.parent.mkdir()
+    assert main([str(tmp_path / "runs"), "--out", str(out), "--reference", "loss.name=triplet_ce", "--n-boot", "100"]) != 0
+    assert "pairs no two cells" in capsys.readouterr().err and not any(out.parent.iterdir())
+    assert main([str(tmp_path / "runs"), "--out", str(out), "--n-boot", "100",
+                 "--reference", "loss.name=triplet_ce,trainer.head_lr=3e-4"]) == 0
+    assert "| plain loss=infonce head_lr=0.001 | plain loss=triplet_ce head_lr=0.0003 | 3 (matched" in out.with_suffix(".md").read_text()

@@ -32,9 +32,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--metric", default="top1", choices=METRICS)
     parser.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS, help="splits to draw")
     parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
-    parser.add_argument("--reference", action="append", metavar="VARIANT|KEY=VALUE",
+    parser.add_argument("--reference", action="append", metavar="VARIANT|KEY=VALUE[,KEY=VALUE]",
                         help="what cells are compared against: a variant (default plain) or key=value, e.g. "
-                             "eval.retrieve=sim; repeat it for one table with one Holm adjustment over all")
+                             "eval.retrieve=sim, or key=value pairs joined by commas for settings changed together "
+                             "(loss.name=triplet_ce,trainer.head_lr=3e-4); repeat it for one table with one Holm "
+                             "adjustment over all")
     parser.add_argument("--n-boot", type=int, default=10000)
     parser.add_argument("--x", metavar="KEY", help="a swept config key (e.g. trainer.head_lr): plot best val and test "
                         "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)")
@@ -65,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.x:
         return _main_against(runs, args.x, out, statuses)
     varying = assign_cells(runs)
+    # before anything is written: a --reference that pairs nothing stops here
+    comparisons = (paired_comparisons(runs, args.reference or ["plain"], args.n_boot, strict=bool(args.reference))
+                   if args.metric == "top1" else pd.DataFrame())
     plot(runs, out, args.metric, args.split)
     table = summary_table(runs, args.metric, args.n_boot)
-    references = args.reference or ["plain"]
-    comparisons = paired_comparisons(runs, references, args.n_boot) if args.metric == "top1" else pd.DataFrame()
     markdown = to_markdown(table, comparisons, args.metric)
     out.with_suffix(".md").write_text(markdown + "\n")
     table.to_csv(out.with_suffix(".csv"), index=False)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from . import SummaryError
 from .runs import Run, best_rows
 from .statistics import MIN_SEEDS_FOR_SEED_LEVEL, bootstrap_ci, holm, paired_bootstrap, verdict
 
@@ -52,14 +53,17 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) ->
     return pd.DataFrame(rows)
 
 
-def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_boot: int = 10000) -> pd.DataFrame:
+def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_boot: int = 10000,
+                       strict: bool = False) -> pd.DataFrame:
     """Test top-1 of each cell minus its reference cell, paired over test queries.
 
     A reference is a variant (``plain``: every other variant against the ``plain`` cell with the same other
     settings) or ``key=value`` (``eval.retrieve=sim``: every cell against the cell that differs only in that key
-    being ``value``). Several references make one table, and its Holm adjustment covers all its comparisons.
+    being ``value``), or several ``key=value`` joined by commas, for settings that were changed together
+    (``loss.name=triplet_ce,trainer.head_lr=3e-4``: each loss at its own validation-chosen learning rate). Several references make one table, and its Holm adjustment covers all its comparisons.
     Per-query hits are matched by seed (pooled over seeds when the cells share none); queries (and, with 3+
-    matched seeds, seeds) are resampled jointly.
+    matched seeds, seeds) are resampled jointly. ``strict``: a reference that pairs no cell is an error (the user
+    named it), instead of contributing no rows.
     """
     references = [reference] if isinstance(reference, str) else list(reference)
     complete = [r for r in runs if r.complete and r.hits is not None]
@@ -72,6 +76,7 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
     cell_of = {v: k for k, v in identity.items()}
     rows = []
     for ref in references:
+        before = len(rows)
         for cell, members in sorted(by_cell.items()):
             ref_cell = _reference_cell(ref, identity[cell], cell_of)
             if ref_cell is None:
@@ -93,6 +98,12 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
                     row.update({f"diff_{group}": d, f"ci_{group}_low": lo, f"ci_{group}_high": hi,
                                 f"queries_{group}": int(mask.sum())})
             rows.append(row)
+        if strict and len(rows) == before:
+            separate = sorted({key for _, settings in identity.values() for key, _ in settings})
+            raise SummaryError(
+                f"--reference {ref} pairs no two cells of these runs (cells: {', '.join(sorted(by_cell))}; they differ "
+                f"in the variant{''.join(', ' + key for key in separate)}): name a variant or key=value, and join "
+                "settings that changed together with commas, e.g. loss.name=triplet_ce,trainer.head_lr=3e-4")
     out = pd.DataFrame(rows)
     if len(out):  # several comparisons in one table: Holm-adjusted verdicts
         out["p_holm"] = holm(out["p"])
@@ -102,15 +113,19 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
 
 def _reference_cell(ref: str, identity: tuple, cell_of: dict) -> str | None:
     """The cell a cell of ``identity`` (variant, sorted settings) is compared with under the reference ``ref`` (a
-    variant or ``key=value``); None when it is the reference itself, or when no such cell ran."""
+    variant, ``key=value``, or ``key=value,key=value`` for settings that changed together); None when it is the
+    reference itself, or when no such cell ran."""
     variant, settings = identity
     if "=" not in ref:
         return None if variant == ref else cell_of.get((ref, settings))
-    key, _, value = ref.partition("=")
     current = dict(settings)
-    if key not in current or str(current[key]) == value:
+    wanted = dict(part.partition("=")[::2] for part in ref.split(","))
+    if any(key not in current for key in wanted):
         return None
-    return cell_of.get((variant, tuple(sorted({**current, key: _typed(value, current[key])}.items()))))
+    wanted = {key: _typed(value, current[key]) for key, value in wanted.items()}
+    if all(current[key] == value for key, value in wanted.items()):
+        return None
+    return cell_of.get((variant, tuple(sorted({**current, **wanted}.items()))))
 
 
 def _typed(value: str, like):
@@ -118,7 +133,10 @@ def _typed(value: str, like):
     if isinstance(like, bool):
         return value.lower() == "true"
     if isinstance(like, (int, float)):
-        return type(like)(float(value))
+        try:
+            return type(like)(float(value))
+        except ValueError:
+            raise SummaryError(f"--reference value {value!r} is not a number, as the runs' {like!r} is") from None
     return value
 
 
