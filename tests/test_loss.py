@@ -153,3 +153,47 @@ def test_ddp_shared_negatives_equal_the_local_ones_with_one_process(tmp_path):
     for a, b in zip(shared_grads, local_grads):
         assert torch.allclose(a, b, atol=1e-7)
     assert any(g.abs().sum() > 0 for g in shared_grads[1:])  # the gradient reached the gathered candidates
+
+
+def _two_rank_infonce(rank: int, world: int, rendezvous: str, out: str) -> None:
+    """One rank of :func:`test_gathered_negatives_across_two_processes`: its own 3 queries' loss with gather=True."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)
+        point, counter, negative = (torch.randn(world * 3, 8) for _ in range(3))
+        own = [t[rank * 3:(rank + 1) * 3].clone().requires_grad_() for t in (point, counter, negative)]
+        text_id = torch.arange(3 * world * 3).view(3, world * 3)[:, rank * 3:(rank + 1) * 3]
+        scores, target, _ = InfoNCELoss(scale=5.0, gather=True).scores(*own, text_id)
+        loss = torch.nn.functional.cross_entropy(scores, target)
+        loss.backward()
+        torch.save({"loss": loss.detach(), "grads": [t.grad for t in own]}, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_gathered_negatives_across_two_processes(tmp_path):
+    """Two gloo processes, 3 queries each: each rank's loss equals the single-process loss of its queries against
+    all 12 candidates, and each rank's rows get the gradient of the *sum* of both ranks' losses (what DDP then
+    averages), as when one process computes everything."""
+    import torch.multiprocessing as mp
+
+    world = 2
+    mp.spawn(_worker_entry, args=(world, str(tmp_path / "rendezvous"), str(tmp_path)), nprocs=world)
+    torch.manual_seed(0)
+    point, counter, negative = (torch.randn(world * 3, 8, requires_grad=True) for _ in range(3))
+    candidates = torch.nn.functional.normalize(torch.cat([counter, negative]), dim=-1)
+    scores = 5.0 * torch.nn.functional.normalize(point, dim=-1) @ candidates.T
+    per_query = torch.nn.functional.cross_entropy(scores, torch.arange(world * 3), reduction="none")
+    total = sum(per_query[r * 3:(r + 1) * 3].mean() for r in range(world))
+    total.backward()
+    for rank in range(world):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert torch.allclose(got["loss"], per_query[rank * 3:(rank + 1) * 3].mean().detach(), atol=1e-6)
+        for mine, full in zip(got["grads"], (point, counter, negative)):
+            assert torch.allclose(mine, full.grad[rank * 3:(rank + 1) * 3], atol=1e-6)
+
+
+def _worker_entry(rank: int, world: int, rendezvous: str, folder: str) -> None:
+    _two_rank_infonce(rank, world, rendezvous, f"{folder}/rank{rank}.pt")

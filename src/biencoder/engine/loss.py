@@ -23,7 +23,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.distributed.nn.functional import all_gather
 from torch.nn import functional as F
 
 from .model import BiModel, Embeddings
@@ -104,12 +103,29 @@ def _group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+class _GatherWithGrad(torch.autograd.Function):
+    """All-gather whose backward sends each rank the gradient of every rank's loss with respect to its own rows (the
+    sum over ranks), with the public collectives only (torch's ``distributed.nn`` version is deprecated)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor) -> Tensor:
+        out = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, tensor.contiguous())
+        return torch.cat(out)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad)  # every rank's loss saw every rank's rows
+        return grad.chunk(dist.get_world_size())[dist.get_rank()]
+
+
 def gather_with_grad(tensor: Tensor) -> Tensor:
     """[N, ·] on every process → [world·N, ·] in rank order, differentiable (each rank's gradient flows back to
     the rank that made the rows). Without an initialised process group: ``tensor`` itself."""
     if not _group():
         return tensor
-    return torch.cat(all_gather(tensor))
+    return _GatherWithGrad.apply(tensor)
 
 
 def _gather_ids(ids: Tensor) -> Tensor:
