@@ -37,9 +37,10 @@ def check_one_run(logs, processes: int = 2):
     assert [r["queries"] for r in rows] == [30, 30, 32] * 2
     final = json.loads((out / "final.json").read_text())
     assert final["status"] == "done" and final["best_epoch"] in (0, 1)
+    threads = final["runtime"].pop("cpu_threads")  # torchrun's OMP_NUM_THREADS: 1 unless set
     assert final["runtime"] == {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": False,
                                 "processes": processes}
-    assert f"on cpu (fp32, {processes} processes)" in (out / "train.log").read_text()
+    assert f"on cpu (fp32, {processes} processes, {threads} CPU thread" in (out / "train.log").read_text()
     assert (out / "train.log").read_text().count("epoch 1  loss") == 1  # one rank logs
     import torch
 

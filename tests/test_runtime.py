@@ -83,8 +83,13 @@ def test_cuda_without_a_gpu_and_bad_values_are_refused(gpus):
 
 def test_the_record():
     runtime = Runtime(torch.device("cpu"), "fp32", deterministic=True, world_size=2)
-    assert runtime.record() == {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": True,
-                                "processes": 2}
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # the thread count of the moment: it moves a CPU run's last digits
+        assert runtime.record() == {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": True,
+                                    "processes": 2, "cpu_threads": 1}
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_deterministic_sets_the_torch_switches_and_cublas_workspace(global_determinism):
@@ -161,11 +166,14 @@ def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determini
 
     final = run(compose_cfg(["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "eval.tasks=false",
                              "trainer.deterministic=true"]), tmp_path)
-    expected = {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": True, "processes": 1}
+    expected = {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": True, "processes": 1,
+                "cpu_threads": torch.get_num_threads()}
     assert final["runtime"] == expected == json.loads((tmp_path / "final.json").read_text())["runtime"]
     saved = yaml.safe_load((tmp_path / "config_resolved.yaml").read_text())
     assert saved["runtime"] == expected
     # auto, resolved: what the summaries group by and what a resume is checked against
     assert (saved["trainer"]["device"], saved["trainer"]["precision"], saved["trainer"]["deterministic"]) == (
         "cpu", "fp32", True)
-    assert "on cpu (fp32, deterministic, 1 process)" in (tmp_path / "train.log").read_text()
+    threads = torch.get_num_threads()
+    assert f"on cpu (fp32, deterministic, 1 process, {threads} CPU thread{'s' if threads > 1 else ''})" in (
+        tmp_path / "train.log").read_text()

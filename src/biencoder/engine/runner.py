@@ -211,9 +211,10 @@ class Runner:
         return 0, best, embed_pooled(self.model, pooled, self.cfg.eval.pair_batch_size, self.device).sim
 
     def _log_start(self) -> None:
-        cfg, rt, n = self.cfg, self.runtime, distributed.world_size()
+        cfg, rt, n, threads = self.cfg, self.runtime, distributed.world_size(), torch.get_num_threads()
         how = ([rt.device_name] if rt.device.type == "cuda" else []) + [rt.precision] + (
-            ["deterministic"] if rt.deterministic else []) + [f"{n} process{'es' if n > 1 else ''}"]
+            ["deterministic"] if rt.deterministic else []) + [f"{n} process{'es' if n > 1 else ''}"] + (
+            [f"{threads} CPU thread{'s' if threads > 1 else ''}"] if rt.device.type == "cpu" else [])
         log.info("variant %s seed %d on %s (%s) | %s | pairs train/val/test %s", self.variant, cfg.seed, self.device,
                  ", ".join(how), cfg.data.name, "/".join(str(s.n_pairs) for s in self.splits.values()))
         if cfg.data.dedup:
