@@ -75,3 +75,25 @@ def test_best_epoch_query_count_and_recorded_baselines(tmp_path):
     assert recorded_baseline(list(runs.values()), "test", "tfidf") == 0.25 and recorded_baseline([], "test") is None
     runs["b"].final["baselines"]["test"]["encoder_cosine"]["top1"] = 0.3  # the runs disagree: no line to draw
     assert recorded_baseline(list(runs.values()), "test") is None
+
+
+def test_a_repeated_seed_is_one_run_not_two_seeds(tmp_path, caplog):
+    """The same variant, settings and seed twice (the folders differ only in a key that changes no result): one
+    draw, so the summary counts 1 seed, keeps the run that finished last, and says which one it left out."""
+    import os
+
+    from biencoder.report.tables import summary_table
+
+    first = write_run(tmp_path / "a" / "relu_s0", "relu", 0, [0.2], [0.3], np.ones(10, bool))
+    again = write_run(tmp_path / "b" / "relu_s0", "relu", 0, [0.2], [0.3], np.ones(10, bool))
+    other = write_run(tmp_path / "b" / "relu_s1", "relu", 1, [0.4], [0.5], np.ones(10, bool))
+    config = yaml.safe_load((again / ".hydra" / "config.yaml").read_text())
+    config["trainer"] = {"cache_dir": "/elsewhere"}  # a non-result key
+    (again / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    os.utime(first / "final.json", (1e9, 1e9))  # `first` finished long before `again`
+    with caplog.at_level("WARNING", logger="biencoder"):
+        runs = find_runs([tmp_path])
+    assert sorted(r.path for r in runs) == sorted([again, other])
+    assert f"{first}: left out, a repeat of variant relu seed 0 with the same settings as {again}" in caplog.text
+    assign_cells(runs)
+    assert summary_table(runs, n_boot=100).iloc[0]["seeds"] == 2

@@ -8,6 +8,7 @@ but the seed, the head flags (what the variant says) and the settings that chang
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,8 @@ import yaml
 from ..engine.schema import is_non_result_key, run_settings
 from ..engine.state import read_final, read_metrics
 from . import SummaryError
+
+log = logging.getLogger("biencoder")
 
 SPLITS = ("train", "val", "test")
 METRICS = ("top1", "retrieval_top1", "mrr", "recall_at_k")
@@ -88,7 +91,27 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     if not runs:
         raise SummaryError(f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
                            "train some with python -m biencoder.train")
-    return runs
+    return one_run_per_seed(runs)
+
+
+def one_run_per_seed(runs: list[Run]) -> list[Run]:
+    """``runs`` with one run per setting and seed: a run repeated with the same settings and seed (differing at most in
+    :data:`~biencoder.engine.schema.NON_RESULT_KEYS`, e.g. its log folder) is one draw, not two seeds. The complete
+    run whose ``final.json`` was written last is kept (else the last found); each one left out is logged."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        identity = repr((run.variant, sorted((k, repr(v)) for k, v in run.flat.items() if not is_non_result_key(k))))
+        groups.setdefault(identity, []).append(run)
+    kept = []
+    for group in groups.values():
+        done = [r for r in group if r.complete]
+        keep = max(done, key=lambda r: (r.path / "final.json").stat().st_mtime) if done else group[-1]
+        kept.append(keep)
+        for other in group:
+            if other is not keep:
+                log.warning("%s: left out, a repeat of variant %s seed %d with the same settings as %s", other.path,
+                            other.variant, other.seed, keep.path)
+    return [r for r in runs if any(r is k for k in kept)]
 
 
 def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
