@@ -96,8 +96,10 @@ def _embedded(cfg: DictConfig, split: PairedSplit, runtime: Runtime) -> tuple[Bi
         model, tokenizer = build_model(cfg.model, progress=progress)
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     model.to(runtime.device)
-    # a frozen encoder's outputs come from (and go to) the cache
-    cache_dir = cfg.trainer.cache_dir if model_cfg["encoder"].get("freeze") else None
+    # an untrained encoder's outputs (no checkpoint: zero-shot) and a frozen one's come from (and go to) the cache,
+    # which the frozen runs share; a fine-tuned encoder's would be used by this checkpoint alone
+    untrained = cfg.eval.checkpoint is None or model_cfg["encoder"].get("freeze")
+    cache_dir = cfg.trainer.cache_dir if untrained else None
     pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], cache_dir,
                             cfg.trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, progress,
                             f"encode {split.name}")
