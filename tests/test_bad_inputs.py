@@ -84,7 +84,9 @@ CASES = [
     ("negative lr", lambda t: [*module("train"), *FAST, "trainer.lr=-0.1"], None, "trainer.lr=-0.1"),
     ("random rate above 1", lambda t: [*module("train"), *FAST, "negatives.random_rate.start=1.5"], None,
      "negatives.random_rate.start"),
-    ("unknown key", lambda t: [*module("train"), *FAST, "trainer.epochs=3"], None, "trainer.epochs"),
+    # not Hydra's "use +trainer.epochs=3", which would only lead to the next line
+    ("unknown key", lambda t: [*module("train"), *FAST, "trainer.epochs=3"], None,
+     "unknown config key trainer.epochs (did you mean trainer.max_epochs?)"),
     ("unknown key added with +", lambda t: [*module("train"), *FAST, "+trainer.max_epoch=2"], None,
      "did you mean trainer.max_epochs?"),
     ("a group without +", lambda t: [*module("train"), *FAST, "variant=ln"], None, "use +variant=ln"),

@@ -16,10 +16,11 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .engine.rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
 from .engine.schema import Schema, flags_name, flatten, register_resolvers
+from .engine.validation import unknown_key_message
 from .errors import BiencoderError, report
 
 
@@ -83,6 +84,11 @@ def _one_line(err: BaseException) -> str:
     if ours is not None:
         return str(ours)
     text = str(err).strip()
+    refused = re.match(r"Could not override '([\w.]+)'", text)
+    if refused and isinstance(err.__cause__, (ConfigAttributeError, ConfigKeyError)):  # a key the schema lacks: not Hydra's "+key=" hint
+        message = unknown_key_message(refused.group(1))
+        if message:
+            return message
     lines = text.splitlines()
     first = lines[0] if text else type(err).__name__
     hints = [_HINT.sub(lambda m: m.group(2), line.strip()) for line in lines[1:] if _HINT.match(line.strip())]

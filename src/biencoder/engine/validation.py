@@ -60,6 +60,16 @@ FREE_FORM = ("model.encoder.random_init.",)
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse any key the schema does not know, including ones added with ``+key=...`` (which Hydra lets past the
     schema); name the closest known key when there is one."""
+    for key in sorted(flatten(OmegaConf.to_container(cfg, resolve=False))):
+        message = unknown_key_message(key)
+        if message:
+            raise ConfigError(message)
+
+
+def unknown_key_message(key: str) -> str | None:
+    """The one line for a config key the schema does not know (with the closest known key, if any), or None when it
+    is known. Also used for Hydra's own refusal of ``trainer.epochs=3``, whose hint (``+trainer.epochs=3``) would only
+    lead to this line (:mod:`biencoder.hydra_glue`)."""
     import difflib
 
     # optional subtrees (the loggers) count with their keys, whether or not a run selects them
@@ -67,15 +77,13 @@ def check_known_keys(cfg: DictConfig) -> None:
     known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
     # an unselected optional subtree (logger.mlflow: null) is a known prefix
     prefixes = {k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)}
-    given = flatten(OmegaConf.to_container(cfg, resolve=False))
-    for key in sorted(given):
-        if key in known or key in prefixes or key.startswith(FREE_FORM):
-            continue
-        parent, _, leaf = key.rpartition(".")
-        siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
-        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
-        hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
-        raise ConfigError(f"unknown config key {key}{hint}: fix its spelling, or see every key with --cfg job")
+    if key in known or key in prefixes or key.startswith(FREE_FORM):
+        return None
+    parent, _, leaf = key.rpartition(".")
+    siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
+    hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
+    return f"unknown config key {key}{hint}: fix its spelling, or see every key with --cfg job"
 
 
 def _loss(cfg: DictConfig) -> None:
