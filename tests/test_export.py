@@ -52,3 +52,18 @@ def test_export_refuses_a_used_folder_and_leaves_it(tmp_path, capsys):
     assert "exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "st").iterdir()] == ["mine.txt"]
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_the_command_shows_no_progress_bars_off_a_terminal(tmp_path, capfd):
+    """Output to a file or a pipe (here: pytest's capture, not a terminal) gets the two result lines and no
+    transformers bars ("Writing model shards", "Loading weights"); the bars' setting is left as it was."""
+    from transformers.utils import logging as hf_logging
+
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["+variant=ln", "eval.tasks=false", "trainer.max_epochs=1"]), out)
+    hf_logging.enable_progress_bar()
+    capfd.readouterr()
+    assert main([str(out), str(tmp_path / "st")]) == 0
+    printed = capfd.readouterr()
+    assert "it/s" not in printed.err + printed.out and "sentence-transformers model:" in printed.out
+    assert hf_logging.is_progress_bar_enabled()

@@ -53,12 +53,26 @@ def _st_modules():
     return SentenceTransformer, Transformer, Pooling, Dense
 
 
-def export(run: str | Path, out_dir: str | Path) -> Path:
-    """Write ``out_dir`` (which must not exist yet, or be empty) from a run folder or its ``best.pt``."""
-    SentenceTransformer, Transformer, Pooling, Dense = _st_modules()
+def export(run: str | Path, out_dir: str | Path, progress: bool = False) -> Path:
+    """Write ``out_dir`` (which must not exist yet, or be empty) from a run folder or its ``best.pt``. ``progress``:
+    show transformers' bars while the encoder is written and read back (the command: when stderr is a terminal)."""
+    from transformers.utils import logging as hf_logging
+
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"'{out}' exists and is not empty: export into a new folder (nothing there was touched)")
+    bars = hf_logging.is_progress_bar_enabled()
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        return _export(run, out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def _export(run: str | Path, out: Path) -> Path:
+    SentenceTransformer, Transformer, Pooling, Dense = _st_modules()
     model, tokenizer, model_cfg, settings = load_checkpoint(run, progress=False, what="run")
     hidden, sim_dim = model.encoder.config.hidden_size, model.sim_head.out_features
     # built next to the target and renamed at the end: an interrupted export never looks finished
