@@ -130,3 +130,19 @@ def test_real_test_tfidf_baseline(real_corpus):
     assert result["epa"]["accuracy_at_1"] == pytest.approx(0.259, abs=0.005)
     accs = [result[t]["accuracy_at_1"] for t in ("sdoc", "sdc", "sda", "sta")]
     assert accs == sorted(accs, reverse=True)  # bigger pools are harder
+
+
+def test_the_task_table_gives_each_splits_own_pool_size():
+    """A run's summary table shows val and test side by side; their pools differ, so each split's average number of
+    false candidates is shown (it once showed val's under both)."""
+    from biencoder.engine.tasks import TASKS
+    from biencoder.report.run import format_tasks
+
+    def results(per_query, queries):
+        return {t: {"accuracy_at_1": 0.5, "mrr": 0.75, "queries": queries, "candidates": per_query * queries,
+                    "groups": {}} for t in TASKS}
+
+    lines = format_tasks({"val": results(10, 4), "test": results(20, 5)}).splitlines()
+    assert lines[0] == "| task | avg false cands (val / test) | val acc@1 | val MRR | test acc@1 | test MRR |"
+    assert lines[2] == "| sdoc | 10.0 / 20.0 | 0.500 | 0.750 | 0.500 | 0.750 |"
+    assert format_tasks({"test": results(20, 5)}).splitlines()[2] == "| sdoc | 20.0 | 0.500 | 0.750 |"

@@ -59,11 +59,13 @@ def format_tasks(results: dict[str, dict[str, dict]]) -> str:
     head = [f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
             for n in names]
     width = 2 + sum(2 + len(groups[n]) for n in names)
-    lines = ["| task | avg cands | " + " | ".join(head) + " |", "|" + "---|" * width]
+    # each split has its own pools: the candidates per query, split by split
+    cands = "avg false cands" + (f" ({' / '.join(names)})" if len(names) > 1 else "")
+    lines = [f"| task | {cands} | " + " | ".join(head) + " |", "|" + "---|" * width]
     for task in TASKS:
-        first = results[names[0]][task]
+        sizes = " / ".join(f"{results[n][task]['candidates'] / max(results[n][task]['queries'], 1):.1f}" for n in names)
         cells = " | ".join(f"{fmt(results[n][task]['accuracy_at_1'])} | {fmt(results[n][task]['mrr'])}"
                            + "".join(f" | {fmt(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
                            for n in names)
-        lines.append(f"| {task} | {first['candidates'] / max(first['queries'], 1):.1f} | {cells} |")
+        lines.append(f"| {task} | {sizes} | {cells} |")
     return "\n".join(lines)
