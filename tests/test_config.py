@@ -38,6 +38,7 @@ def test_unknown_variant_fails_at_composition():
 @pytest.mark.parametrize("override, key", [
     ("model.pooling=max", "model.pooling"),
     ("eval.k=0", "eval.k"),
+    ("eval.pair_batch_size=0", "eval.pair_batch_size"),  # once a ValueError from range() after the run started
     ("trainer.device=tpu", "trainer.device"),
     ("eval.score=bm25", "eval.score"),
     ("trainer.lr=-1e-5", "trainer.lr"),

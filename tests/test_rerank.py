@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from biencoder.engine.model import Embeddings, TokenizedTexts, encode
-from biencoder.engine.rerank import NONE, distances, pool_ranks, pool_shortlists, retrieve, retrieve_rerank, shortlist_ranks
+from biencoder.engine.rerank import (NONE, distances, pool_ranks, pool_shortlists, retrieve, retrieve_rerank,
+                                     shortlist_margins, shortlist_ranks)
 from biencoder.engine.tasks import candidate_types, evaluate_tasks, task_masks
 from test_negatives import paired_split
 
@@ -113,3 +114,28 @@ def test_the_two_shortlist_finders_agree_on_demo(tiny_model_and_tokenizer, demo_
         if space == "sim":  # the nearest candidate is the pool's first by distance
             assert metrics["retrieval_top1"] == evaluate_tasks(split, "sim", emb=emb)["epa"]["accuracy_at_1"]
         assert task_masks(candidate_types(split))["epa"].tolist() == per_epoch_pool(split).tolist()
+
+
+def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_corpus):
+    """eval.pair_batch_size is one of the keys that change no result (schema.NON_RESULT_KEYS), and its default differs
+    by device (256 on a CPU, 1024 on a GPU): the per-epoch metrics and per-query hits are the same for any block
+    size, a partial last block included. The margins agree to float32 rounding: BLAS may compute a block's leftover
+    rows with another kernel (blocks of 7 rows differed by ~1e-6 here; multiples of 8 were equal to the bit)."""
+    from biencoder.engine.model import embed_pooled
+    from biencoder.engine.runtime import Runtime
+
+    model, tokenizer = tiny_model_and_tokenizer
+    split = demo_corpus.paired("test")
+    pooled = encode(model, TokenizedTexts(split.texts, tokenizer, 64)).pooled
+    results = []
+    for size in (7, 256, 1024):
+        emb = embed_pooled(model, pooled, batch_size=size)
+        margins = shortlist_margins(model, emb, split.query, [retrieve(emb.sim.numpy(), split, 5, "exact")[0]],
+                                    batch_size=size)
+        results.append((emb.sim, margins[0], retrieve_rerank(model, emb, split, k=5, batch_size=size, index="exact")))
+    for sim, margins, (metrics, hits) in results[1:]:
+        torch.testing.assert_close(sim, results[0][0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(margins, results[0][1], rtol=1e-5, atol=1e-5)
+        assert metrics == results[0][2][0] and np.array_equal(hits, results[0][2][1])
+    cpu, gpu = Runtime(torch.device("cpu"), "fp32"), Runtime(torch.device("cuda", 0), "bf16")
+    assert (cpu.pair_batch_size(None), gpu.pair_batch_size(None), cpu.pair_batch_size(64)) == (256, 1024, 64)

@@ -174,6 +174,7 @@ def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determini
     # auto, resolved: what the summaries group by and what a resume is checked against
     assert (saved["trainer"]["device"], saved["trainer"]["precision"], saved["trainer"]["deterministic"]) == (
         "cpu", "fp32", True)
+    assert saved["eval"]["pair_batch_size"] == 256  # null in the config: the CPU's block size, as used
     threads = torch.get_num_threads()
     assert f"on cpu (fp32, deterministic, 1 process, {threads} CPU thread{'s' if threads > 1 else ''})" in (
         tmp_path / "train.log").read_text()

@@ -63,7 +63,8 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
         model, emb, model_cfg, trained = _embedded(cfg, split, runtime)
         retrieve = retrieve or trained
     tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
-                           batch_size=cfg.eval.pair_batch_size, groups=groups, retrieve=retrieve or "sim")
+                           batch_size=runtime.pair_batch_size(cfg.eval.pair_batch_size), groups=groups,
+                           retrieve=retrieve or "sim")
     result = {
         "score": score,
         "retrieve": (retrieve or "sim") if score == "rerank" else None,
@@ -103,7 +104,8 @@ def _embedded(cfg: DictConfig, split: PairedSplit, runtime: Runtime) -> tuple[Bi
     pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], cache_dir,
                             cfg.trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, progress,
                             f"encode {split.name}")
-    return model, embed_pooled(model, pooled, cfg.eval.pair_batch_size, runtime.device), model_cfg, trained
+    emb = embed_pooled(model, pooled, runtime.pair_batch_size(cfg.eval.pair_batch_size), runtime.device)
+    return model, emb, model_cfg, trained
 
 
 register()

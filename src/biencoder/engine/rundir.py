@@ -105,12 +105,14 @@ def hydra_subdir_resolver(*, _root_: DictConfig) -> str | None:
 
 def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
     """``cfg`` with every interpolation resolved, as ``config_resolved.yaml`` records it: ``trainer.device`` and
-    ``trainer.precision`` as the runtime resolved them (``cpu``/``cuda``, ``fp32``/``bf16``; never ``auto``), and
+    ``trainer.precision`` as the runtime resolved them (``cpu``/``cuda``, ``fp32``/``bf16``; never ``auto``),
+    ``eval.pair_batch_size`` as used (null: the device's), and
     ``runtime``: the record of the process (device name, precision, determinism, processes). The precision is thus
     a setting summaries group by; ``runtime.`` is a non-result prefix."""
     config = OmegaConf.to_container(cfg, resolve=True)
     if runtime is not None:
         config["trainer"].update(device=runtime.device.type, precision=runtime.precision)
+        config["eval"]["pair_batch_size"] = runtime.pair_batch_size(config["eval"]["pair_batch_size"])
         config["runtime"] = runtime.record()
     return config
 

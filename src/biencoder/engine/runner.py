@@ -59,6 +59,7 @@ class Runner:
         corpus, self.splits = run_splits(cfg.data)
         self.runtime = start_up(cfg) if runtime is None else runtime  # decided once, at start-up
         self.device, self.amp_dtype = self.runtime.device, self.runtime.autocast_dtype
+        self.pair_batch_size = self.runtime.pair_batch_size(cfg.eval.pair_batch_size)
         self.main = distributed.is_main()
         self.variant = variant or flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
@@ -123,7 +124,7 @@ class Runner:
     # -- evaluation -------------------------------------------------------------------------------------------
     def embed(self, name: str) -> Embeddings:
         if self.frozen:
-            return embed_pooled(self.model, self.pooled[name], self.cfg.eval.pair_batch_size, self.device)
+            return embed_pooled(self.model, self.pooled[name], self.pair_batch_size, self.device)
         return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
                       self.amp_dtype, progress=self.progress, desc=f"encode {name}")
 
@@ -132,7 +133,7 @@ class Runner:
         if not (torch.isfinite(emb.sim).all() and torch.isfinite(emb.pooled).all()):
             raise Diverged(epoch, f"{name} embeddings")
         metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
-                                        self.cfg.eval.pair_batch_size, self.device, index=self.cfg.eval.index,
+                                        self.pair_batch_size, self.device, index=self.cfg.eval.index,
                                         pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve,
                                         rows=self.fixed_shortlists(name, emb))
         if name == "test":
@@ -208,7 +209,7 @@ class Runner:
         self.model.init_sim_from_pca(pooled)
         if not self.main:
             return 0, best, None
-        return 0, best, embed_pooled(self.model, pooled, self.cfg.eval.pair_batch_size, self.device).sim
+        return 0, best, embed_pooled(self.model, pooled, self.pair_batch_size, self.device).sim
 
     def _log_start(self) -> None:
         cfg, rt, n, threads = self.cfg, self.runtime, distributed.world_size(), torch.get_num_threads()
@@ -282,7 +283,7 @@ class Runner:
             emb = embs[name] if name in embs else self.embed(name)
             groups = query_groups(self.test_seen) if name == "test" else None
             tasks[name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model, emb=emb, k=cfg.eval.k,
-                                         device=self.device, batch_size=cfg.eval.pair_batch_size, groups=groups,
+                                         device=self.device, batch_size=self.pair_batch_size, groups=groups,
                                          retrieve=cfg.eval.retrieve)
         return tasks
 

@@ -173,8 +173,10 @@ class EvalSchema:
     # zero-shot encoder cosine and TF-IDF on the same val/test queries in the run summary: auto = when cheap (frozen
     # encoder: cached vectors; or at most 2000 val+test texts) | true | false
     baselines: Any = "auto"
-    # pairs per classifier call: blocks that stay in cache are faster on a CPU (1024: 2.7x 4096's speed)
-    pair_batch_size: int = 1024
+    # pairs (or rows) per classifier / sim-head call; null = by device (Runtime.pair_batch_size): 256 on a CPU, where a
+    # block of features stays in cache, 1024 on a GPU. Changes no result (tests/test_rerank.py; BLAS may round a
+    # block's leftover rows in another way: 256 and 1024 gave the same numbers to the bit on the 2-core VM)
+    pair_batch_size: Optional[int] = None
     index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree
     # per-epoch train metrics on a fixed sample of N train queries (pool: the whole split); null = all
     train_queries: Optional[int] = None

@@ -167,6 +167,8 @@ def _eval(cfg: DictConfig) -> None:
     _choice(cfg, "eval.index", INDEXES)
     _positive(cfg, "eval.k")
     _positive(cfg, "eval.every")
+    if cfg.eval.pair_batch_size is not None:
+        _positive(cfg, "eval.pair_batch_size")
     if cfg.eval.train_queries is not None:
         _positive(cfg, "eval.train_queries")
     _choice(cfg, "eval.score", SCORES)
