@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from biencoder.engine.corpus import read_corpus  # noqa: E402
 from biencoder.engine.rerank import retrieve_rerank  # noqa: E402
+from biencoder.engine.runtime import Runtime  # noqa: E402
 from biencoder.engine.model import BiModel, Embeddings  # noqa: E402
 from biencoder.engine.search import NeighbourIndex  # noqa: E402
 
@@ -135,9 +136,11 @@ def bench_eval(corpus_root: Path, device: torch.device, k: int = 10) -> dict:
     pooled[split.counter] = pooled[split.query] + 0.5 * torch.randn(len(split.query), 384, generator=gen)
     with torch.no_grad():
         emb = Embeddings(model.sim_head(pooled.to(device)).float().cpu(), pooled)
-    t_ours, (metrics, _) = timed(lambda: retrieve_rerank(model, emb, split, k, device=device), repeat=3, sync=device)
+    size = Runtime(device, "fp32").pair_batch_size(None)  # the block size a run uses on this device
+    t_ours, (metrics, _) = timed(lambda: retrieve_rerank(model, emb, split, k, size, device=device), repeat=3,
+                                 sync=device)
     t_ours_exact, (metrics_exact, _) = timed(
-        lambda: retrieve_rerank(model, emb, split, k, device=device, index="exact"), repeat=3, sync=device)
+        lambda: retrieve_rerank(model, emb, split, k, size, device=device, index="exact"), repeat=3, sync=device)
     t_seed, seed_top1 = timed(lambda: seed_style_top1(model, emb, split, k, device), sync=device)
     assert abs(seed_top1 - metrics["top1"]) < 1e-12 and metrics_exact["top1"] == metrics["top1"], \
         (seed_top1, metrics["top1"], metrics_exact["top1"])

@@ -138,16 +138,21 @@ def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_
     assert sim_metrics["recall_at_k"] != metrics["recall_at_k"]  # a different shortlist, not the sim head's
 
 
-def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, caplog):
+def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, monkeypatch):
     """No checkpoint: the encoder as loaded, untrained, so its vectors are the embedding cache's (keyed by its weights),
-    shared with the frozen runs; a second evaluation encodes nothing and gives the same tasks."""
+    shared with the frozen runs; a second evaluation runs the encoder on no text and gives the same tasks."""
+    from biencoder.engine import model as model_module
     from biencoder.evaluate import run_evaluation
     from conftest import compose_cfg
 
+    encoded = []
+    real = model_module.encode_pooled
+    monkeypatch.setattr(model_module, "encode_pooled", lambda m, texts, *a, **k: encoded.append(len(texts)) or real(
+        m, texts, *a, **k))
     overrides = ["model=tiny", "model.pooling=mean", "eval.score=encoder_cosine", "trainer.progress=false",
                  f"trainer.cache_dir={tmp_path / 'cache'}"]
     first = run_evaluation(compose_cfg(overrides, config_name="evaluate"), tmp_path / "a")
-    with caplog.at_level("INFO", logger="biencoder"):
-        second = run_evaluation(compose_cfg(overrides, config_name="evaluate"), tmp_path / "b")
-    assert "encode test: 64 of 64 texts from the embedding cache" in caplog.text and "encoded" not in caplog.text
-    assert second["tasks"] == first["tasks"]
+    assert encoded == [63]  # the demo test split's distinct texts, once
+    second = run_evaluation(compose_cfg(overrides, config_name="evaluate"), tmp_path / "b")
+    assert encoded == [63] and second["tasks"] == first["tasks"]
+    assert any((tmp_path / "cache").iterdir())

@@ -79,21 +79,23 @@ def test_best_epoch_query_count_and_recorded_baselines(tmp_path):
 
 def test_a_repeated_seed_is_one_run_not_two_seeds(tmp_path, caplog):
     """The same variant, settings and seed twice (the folders differ only in a key that changes no result): one
-    draw, so the summary counts 1 seed, keeps the run that finished last, and says which one it left out."""
-    import os
-
+    draw, so the summary counts 1 seed, keeps the first finished run by path (not by file times, which a copy
+    resets), and names the ones it leaves out; a seed with no finished run keeps all of its runs."""
     from biencoder.report.tables import summary_table
 
-    first = write_run(tmp_path / "a" / "relu_s0", "relu", 0, [0.2], [0.3], np.ones(10, bool))
-    again = write_run(tmp_path / "b" / "relu_s0", "relu", 0, [0.2], [0.3], np.ones(10, bool))
-    other = write_run(tmp_path / "b" / "relu_s1", "relu", 1, [0.4], [0.5], np.ones(10, bool))
+    crashed = write_run(tmp_path / "a" / "relu_s0", "relu", 0, [0.2], complete=False, test=[0.3])
+    kept = write_run(tmp_path / "b" / "relu_s0", "relu", 0, [0.2], [0.3], np.ones(10, bool))
+    again = write_run(tmp_path / "c" / "relu_s0", "relu", 0, [0.2], [0.4], np.ones(10, bool))
+    other = write_run(tmp_path / "c" / "relu_s1", "relu", 1, [0.4], [0.5], np.ones(10, bool))
+    unfinished = [write_run(tmp_path / d / "relu_s2", "relu", 2, [0.1], [0.1], complete=False) for d in "ab"]
     config = yaml.safe_load((again / ".hydra" / "config.yaml").read_text())
     config["trainer"] = {"cache_dir": "/elsewhere"}  # a non-result key
     (again / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
-    os.utime(first / "final.json", (1e9, 1e9))  # `first` finished long before `again`
     with caplog.at_level("WARNING", logger="biencoder"):
         runs = find_runs([tmp_path])
-    assert sorted(r.path for r in runs) == sorted([again, other])
-    assert f"{first}: left out, a repeat of variant relu seed 0 with the same settings as {again}" in caplog.text
+    assert sorted(r.path for r in runs) == sorted([kept, other, *unfinished])
+    for left in (crashed, again):
+        assert f"{left}: left out, a repeat of variant relu seed 0 with the same settings as {kept}" in caplog.text
     assign_cells(runs)
-    assert summary_table(runs, n_boot=100).iloc[0]["seeds"] == 2
+    row = summary_table(runs, n_boot=100).iloc[0]
+    assert (row["seeds"], row["incomplete"], row["test_top1_mean"]) == (2, 2, 0.4)  # seed 0 at 0.3, seed 1 at 0.5

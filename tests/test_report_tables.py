@@ -152,3 +152,23 @@ def test_plot_top1_stops_before_writing_when_a_reference_pairs_nothing(tmp_path,
     assert main([str(tmp_path / "runs"), "--out", str(out), "--n-boot", "100",
                  "--reference", "loss.name=triplet_ce,trainer.head_lr=3e-4"]) == 0
     assert "| plain loss=infonce head_lr=0.001 | plain loss=triplet_ce head_lr=0.0003 | 3 (matched" in out.with_suffix(".md").read_text()
+
+
+def test_a_named_reference_whose_runs_are_unfinished_is_no_error(tmp_path, capsys):
+    """Mid-sweep: the reference cell exists but none of its runs finished, so its comparisons wait (no row) instead
+    of stopping the plot; --reference with another metric or with --x is refused, since it pairs test top-1."""
+    from biencoder.summary import main
+
+    runs_dir = tmp_path / "runs"
+    _loss_runs(runs_dir, {("plain", "infonce", 1e-3): 35})
+    write_run(runs_dir / "plain_triplet_running", "plain", 0, [0.1], [0.2], complete=False)
+    config = yaml.safe_load((runs_dir / "plain_triplet_running" / ".hydra" / "config.yaml").read_text())
+    config.update(loss={"name": "triplet_ce"}, trainer={"head_lr": 3e-4})
+    (runs_dir / "plain_triplet_running" / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = find_runs([runs_dir])
+    assign_cells(runs)
+    assert paired_comparisons(runs, "loss.name=triplet_ce,trainer.head_lr=3e-4", n_boot=100, strict=True).empty
+    for extra in (["--metric", "mrr"], ["--x", "trainer.head_lr"]):
+        assert main([str(runs_dir), "--reference", "plain", "--out", str(tmp_path / "x.png"), *extra]) == 2
+        assert "--reference pairs test top-1 per query" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()

@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
                            "resume them with trainer.resume=true, or pass --allow-unfinished to draw them anyway")
     if args.x and args.baselines:
         raise SummaryError("--baselines goes with the per-cell table: run it without --x")
+    if args.reference and (args.x or args.metric != "top1"):
+        raise SummaryError("--reference pairs test top-1 per query: use it without --x and with --metric top1")
     out = args.out or Path(args.paths[0]) / f"{args.metric}.png"
     if args.x:
         return _main_against(runs, args.x, out, statuses)

@@ -72,10 +72,11 @@ class Runtime:
         """Pairs per classifier call (and rows per sim-head call) in evaluation: ``eval.pair_batch_size``, or by device
         when it is null. On a CPU 256: a [256, 1536] block of pair features stays in cache through the LayerNorm, ReLU
         and output layer; reranking the 10 600 val pairs took 27-40 ms against 40-48 ms at 1024 (2-core VM,
-        2026-11-24, the same margins to the bit). On a GPU 1024, as the H100 runs used (fewer, larger launches)."""
+        2026-11-24, the same margins to the bit). On a GPU 4096, what the H100 runs of RESULTS.md used (fewer, larger
+        launches)."""
         if configured is not None:
             return int(configured)
-        return 1024 if self.device.type == "cuda" else 256
+        return 4096 if self.device.type == "cuda" else 256
 
     def record(self) -> dict:
         """What the run record (``final.json``) states about the process that computed it. ``cpu_threads`` (torch's

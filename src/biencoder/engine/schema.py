@@ -174,7 +174,7 @@ class EvalSchema:
     # encoder: cached vectors; or at most 2000 val+test texts) | true | false
     baselines: Any = "auto"
     # pairs (or rows) per classifier / sim-head call; null = by device (Runtime.pair_batch_size): 256 on a CPU, where a
-    # block of features stays in cache, 1024 on a GPU. Changes no result (tests/test_rerank.py; BLAS may round a
+    # block of features stays in cache, 4096 on a GPU. Changes no result (tests/test_rerank.py; BLAS may round a
     # block's leftover rows in another way: 256 and 1024 gave the same numbers to the bit on the 2-core VM)
     pair_batch_size: Optional[int] = None
     index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree

@@ -9,6 +9,7 @@ imports :mod:`.loss` when it runs (for :data:`~biencoder.engine.loss.LOSSES`, wh
 
 from __future__ import annotations
 
+import functools
 import math
 
 from omegaconf import DictConfig, OmegaConf
@@ -66,17 +67,23 @@ def check_known_keys(cfg: DictConfig) -> None:
             raise ConfigError(message)
 
 
+@functools.lru_cache(maxsize=1)
+def _known_keys() -> tuple[frozenset[str], frozenset[str]]:
+    """(every key of the schema, every prefix of one): built once per process, not once per key checked."""
+    # optional subtrees (the loggers) count with their keys, whether or not a run selects them
+    every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
+    known = frozenset(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
+    # an unselected optional subtree (logger.mlflow: null) is a known prefix
+    return known, frozenset(k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1))
+
+
 def unknown_key_message(key: str) -> str | None:
     """The one line for a config key the schema does not know (with the closest known key, if any), or None when it
     is known. Also used for Hydra's own refusal of ``trainer.epochs=3``, whose hint (``+trainer.epochs=3``) would only
     lead to this line (:mod:`biencoder.hydra_glue`)."""
     import difflib
 
-    # optional subtrees (the loggers) count with their keys, whether or not a run selects them
-    every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
-    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
-    # an unselected optional subtree (logger.mlflow: null) is a known prefix
-    prefixes = {k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1)}
+    known, prefixes = _known_keys()
     if key in known or key in prefixes or key.startswith(FREE_FORM):
         return None
     parent, _, leaf = key.rpartition(".")

@@ -95,23 +95,24 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 
 def one_run_per_seed(runs: list[Run]) -> list[Run]:
-    """``runs`` with one run per setting and seed: a run repeated with the same settings and seed (differing at most in
-    :data:`~biencoder.engine.schema.NON_RESULT_KEYS`, e.g. its log folder) is one draw, not two seeds. The complete
-    run whose ``final.json`` was written last is kept (else the last found); each one left out is logged."""
+    """``runs`` with one finished run per setting and seed: a run repeated with the same variant, settings and seed
+    (differing at most in :data:`~biencoder.engine.schema.NON_RESULT_KEYS`, e.g. its log folder) is one draw, not
+    two seeds. The first finished one by path is kept, so the choice is the same on every copy of the folders; the
+    other runs of that seed, finished or not, are left out and logged. A seed with no finished run keeps all its
+    runs (each outcome, failed or diverged, counts as before)."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
         identity = repr((run.variant, sorted((k, repr(v)) for k, v in run.flat.items() if not is_non_result_key(k))))
         groups.setdefault(identity, []).append(run)
-    kept = []
+    left_out = set()
     for group in groups.values():
-        done = [r for r in group if r.complete]
-        keep = max(done, key=lambda r: (r.path / "final.json").stat().st_mtime) if done else group[-1]
-        kept.append(keep)
+        done = sorted((r for r in group if r.complete), key=lambda r: str(r.path))
         for other in group:
-            if other is not keep:
+            if done and other is not done[0]:
+                left_out.add(id(other))
                 log.warning("%s: left out, a repeat of variant %s seed %d with the same settings as %s", other.path,
-                            other.variant, other.seed, keep.path)
-    return [r for r in runs if any(r is k for k in kept)]
+                            other.variant, other.seed, done[0].path)
+    return [r for r in runs if id(r) not in left_out]
 
 
 def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:

@@ -62,24 +62,31 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
     being ``value``), or several ``key=value`` joined by commas, for settings that were changed together
     (``loss.name=triplet_ce,trainer.head_lr=3e-4``: each loss at its own validation-chosen learning rate). Several references make one table, and its Holm adjustment covers all its comparisons.
     Per-query hits are matched by seed (pooled over seeds when the cells share none); queries (and, with 3+
-    matched seeds, seeds) are resampled jointly. ``strict``: a reference that pairs no cell is an error (the user
-    named it), instead of contributing no rows.
+    matched seeds, seeds) are resampled jointly. ``strict``: a reference that pairs no two cells of ``runs``
+    (finished or not) is an error (the user named it), instead of contributing no rows; a pair whose runs have not
+    finished yet gives no row.
     """
     references = [reference] if isinstance(reference, str) else list(reference)
     complete = [r for r in runs if r.complete and r.hits is not None]
     by_cell: dict[str, list[Run]] = {}
     for r in complete:
         by_cell.setdefault(r.cell, []).append(r)
-    # a cell's identity: its variant and the settings that separate cells
-    identity = {cell: (members[0].variant, tuple(sorted(members[0].settings.items())))
-                for cell, members in by_cell.items()}
+    # a cell's identity: its variant and the settings that separate cells (of every run: finished or not)
+    identity = {r.cell: (r.variant, tuple(sorted(r.settings.items()))) for r in runs}
     cell_of = {v: k for k, v in identity.items()}
+    if strict:
+        for ref in references:
+            if not any(_reference_cell(ref, identity[cell], cell_of) for cell in identity):
+                separate = sorted({key for _, settings in identity.values() for key, _ in settings})
+                raise SummaryError(
+                    f"--reference {ref} pairs no two cells of these runs (cells: {', '.join(sorted(identity))}; they "
+                    f"differ in the variant{''.join(', ' + key for key in separate)}): name a variant or key=value, "
+                    "and join settings that changed together with commas, e.g. loss.name=triplet_ce,trainer.head_lr=3e-4")
     rows = []
     for ref in references:
-        before = len(rows)
         for cell, members in sorted(by_cell.items()):
             ref_cell = _reference_cell(ref, identity[cell], cell_of)
-            if ref_cell is None:
+            if ref_cell is None or ref_cell not in by_cell:  # no such cell, or none of its runs finished yet
                 continue
             ref_runs = {r.seed: r for r in by_cell[ref_cell]}
             own = {r.seed: r for r in members}
@@ -98,12 +105,6 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
                     row.update({f"diff_{group}": d, f"ci_{group}_low": lo, f"ci_{group}_high": hi,
                                 f"queries_{group}": int(mask.sum())})
             rows.append(row)
-        if strict and len(rows) == before:
-            separate = sorted({key for _, settings in identity.values() for key, _ in settings})
-            raise SummaryError(
-                f"--reference {ref} pairs no two cells of these runs (cells: {', '.join(sorted(by_cell))}; they differ "
-                f"in the variant{''.join(', ' + key for key in separate)}): name a variant or key=value, and join "
-                "settings that changed together with commas, e.g. loss.name=triplet_ce,trainer.head_lr=3e-4")
     out = pd.DataFrame(rows)
     if len(out):  # several comparisons in one table: Holm-adjusted verdicts
         out["p_holm"] = holm(out["p"])
