@@ -62,9 +62,8 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     if score != "tfidf":
         model, emb, model_cfg, trained = _embedded(cfg, split, runtime)
         retrieve = retrieve or trained
-    tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device,
-                           batch_size=runtime.pair_batch_size(cfg.eval.pair_batch_size), groups=groups,
-                           retrieve=retrieve or "sim")
+    tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device, groups=groups,
+                           batch_size=runtime.pair_batch_size(cfg.eval.pair_batch_size), retrieve=retrieve or "sim")
     result = {
         "score": score,
         "retrieve": (retrieve or "sim") if score == "rerank" else None,

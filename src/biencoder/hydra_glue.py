@@ -85,7 +85,8 @@ def _one_line(err: BaseException) -> str:
         return str(ours)
     text = str(err).strip()
     refused = re.match(r"Could not override '([\w.]+)'", text)
-    if refused and isinstance(err.__cause__, (ConfigAttributeError, ConfigKeyError)):  # a key the schema lacks: not Hydra's "+key=" hint
+    # a key the schema lacks: our line (with the closest key), not Hydra's hint to append it with +
+    if refused and isinstance(err.__cause__, (ConfigAttributeError, ConfigKeyError)):
         message = unknown_key_message(refused.group(1))
         if message:
             return message

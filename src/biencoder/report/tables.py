@@ -58,13 +58,12 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
     """Test top-1 of each cell minus its reference cell, paired over test queries.
 
     A reference is a variant (``plain``: every other variant against the ``plain`` cell with the same other
-    settings) or ``key=value`` (``eval.retrieve=sim``: every cell against the cell that differs only in that key
-    being ``value``), or several ``key=value`` joined by commas, for settings that were changed together
-    (``loss.name=triplet_ce,trainer.head_lr=3e-4``: each loss at its own validation-chosen learning rate). Several references make one table, and its Holm adjustment covers all its comparisons.
-    Per-query hits are matched by seed (pooled over seeds when the cells share none); queries (and, with 3+
-    matched seeds, seeds) are resampled jointly. ``strict``: a reference that pairs no two cells of ``runs``
-    (finished or not) is an error (the user named it), instead of contributing no rows; a pair whose runs have not
-    finished yet gives no row.
+    settings), ``key=value`` (``eval.retrieve=sim``: every cell against the cell that differs only in that key being
+    ``value``), or such pairs joined by commas for settings changed together (``loss.name=triplet_ce,trainer.head_lr=
+    3e-4``: each loss at its own learning rate). Several references make one table, Holm-adjusted over all its rows.
+    Per-query hits are matched by seed (pooled over seeds when the cells share none); queries (and, with 3+ matched
+    seeds, seeds) are resampled jointly. ``strict``: a reference that pairs no two cells of ``runs`` (finished or not)
+    is an error (the user named it); a pair whose runs have not finished yet gives no row.
     """
     references = [reference] if isinstance(reference, str) else list(reference)
     complete = [r for r in runs if r.complete and r.hits is not None]
@@ -75,13 +74,7 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
     identity = {r.cell: (r.variant, tuple(sorted(r.settings.items()))) for r in runs}
     cell_of = {v: k for k, v in identity.items()}
     if strict:
-        for ref in references:
-            if not any(_reference_cell(ref, identity[cell], cell_of) for cell in identity):
-                separate = sorted({key for _, settings in identity.values() for key, _ in settings})
-                raise SummaryError(
-                    f"--reference {ref} pairs no two cells of these runs (cells: {', '.join(sorted(identity))}; they "
-                    f"differ in the variant{''.join(', ' + key for key in separate)}): name a variant or key=value, "
-                    "and join settings that changed together with commas, e.g. loss.name=triplet_ce,trainer.head_lr=3e-4")
+        _check_references(references, identity, cell_of)
     rows = []
     for ref in references:
         for cell, members in sorted(by_cell.items()):
@@ -110,6 +103,17 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
         out["p_holm"] = holm(out["p"])
         out["verdict"] = [verdict(d, p) for d, p in zip(out["diff_test_top1"], out["p_holm"])]
     return out
+
+
+def _check_references(references: list[str], identity: dict, cell_of: dict) -> None:
+    """Raise :class:`SummaryError` for a reference that pairs no two cells (``identity``: cell → (variant, settings))."""
+    for ref in references:
+        if not any(_reference_cell(ref, identity[cell], cell_of) for cell in identity):
+            separate = sorted({key for _, settings in identity.values() for key, _ in settings})
+            raise SummaryError(
+                f"--reference {ref} pairs no two cells of these runs (cells: {', '.join(sorted(identity))}; they "
+                f"differ in the variant{''.join(', ' + key for key in separate)}): name a variant or key=value, "
+                "and join settings that changed together with commas, e.g. loss.name=triplet_ce,trainer.head_lr=3e-4")
 
 
 def _reference_cell(ref: str, identity: tuple, cell_of: dict) -> str | None:
