@@ -41,3 +41,19 @@ def test_mining_and_retrieval_agree_across_indexes(demo_corpus):
     np.testing.assert_array_equal(mined[0].is_random, mined[1].is_random)
     got = [retrieve(sim, split, 5, index=kind)[0] for kind in ("balltree", "exact")]
     np.testing.assert_array_equal(got[0], got[1])
+
+
+def test_the_float64_refinement_is_the_same_in_any_number_of_parts():
+    """Exact search re-ranks each block's shortlists in parts of ``refine`` queries (32 on a CPU, for the cache): any
+    split, uneven ones included, gives the same distances and rows to the bit, duplicate rows (exact ties) too."""
+    rng = np.random.default_rng(3)
+    data = rng.normal(size=(700, 24))
+    data[350:] = data[:350]  # every row has a twin: ties everywhere, broken lower row first
+    queries = data[rng.permutation(700)[:300]] + rng.normal(scale=1e-2, size=(300, 24))
+    d_one, r_one = NeighbourIndex(data, "exact", block=128, refine=128).query(queries, 7)
+    for refine in (1, 7, 32):
+        d, r = NeighbourIndex(data, "exact", block=128, refine=refine).query(queries, 7)
+        np.testing.assert_array_equal(r, r_one)
+        np.testing.assert_array_equal(d, d_one)
+    assert (r_one[:, 1] - r_one[:, 0] == 350).all()  # each twin pair together, the lower row first
+    assert NeighbourIndex(data, "exact").refine == 32 and NeighbourIndex(data, "exact", block=64).refine == 32

@@ -29,14 +29,19 @@ class NeighbourIndex:
         block: queries per distance block for ``exact``; default 256 on a CPU, where a [256, N] float32 block of
             distances stays in cache (1.8x faster than 2048 for N = 5592, the same neighbours; scripts/bench.py), and
             2048 on a GPU (fewer launches).
+        refine: queries per float64 re-ranking of the shortlists, default 32 on a CPU (their [32, k + 16, D] float64
+            rows stay in cache: the mining search of 2796 queries took 83-96 ms against 97-116 ms re-ranking 256 at
+            once, BENCHMARKS section 7), the whole block on a GPU.
     """
 
     def __init__(self, data: np.ndarray, kind: str = "balltree", device: str | torch.device = "cpu",
-                 block: int | None = None):
+                 block: int | None = None, refine: int | None = None):
         if kind not in INDEXES:
             raise ValueError(f"index {kind!r} is not one of {INDEXES}")
         self.kind, self.n = kind, len(data)
-        self.block = block or (256 if torch.device(device).type == "cpu" else 2048)
+        on_cpu = torch.device(device).type == "cpu"
+        self.block = block or (256 if on_cpu else 2048)
+        self.refine = refine or (32 if on_cpu else self.block)
         if kind == "balltree":
             self.tree = BallTree(np.asarray(data, dtype=np.float64))
         else:
@@ -58,11 +63,18 @@ class NeighbourIndex:
             d2 = torch.addmm(self.norms[None, :], q, self.data.T, alpha=-2.0)  # ||x||² − 2 q·x (+ ||q||², constant)
             cand = torch.topk(d2, short, dim=1, largest=False, sorted=False).indices  # [B, short]
             cand = torch.sort(cand, dim=1).values  # equal distances (duplicate texts) keep the lower row first
-            rows_of = torch.index_select(self.exact, 0, cand.reshape(-1)).view(*cand.shape, -1)  # [B, short, D]
-            exact = (rows_of - q64[:, None, :]).pow_(2).sum(-1)  # [B, short] float64
-            order = torch.sort(exact, dim=1, stable=True)
-            dists.append(order.values[:, :k].sqrt().cpu())
-            rows.append(cand.gather(1, order.indices[:, :k]).cpu())
+            for part, q_part in zip(cand.split(self.refine), q64.split(self.refine)):
+                d, r = self._refine(part, q_part, k)
+                dists.append(d), rows.append(r)
         if not dists:
             return np.zeros((0, k)), np.zeros((0, k), dtype=np.int64)
         return torch.cat(dists).double().numpy(), torch.cat(rows).numpy()
+
+    def _refine(self, cand: torch.Tensor, q64: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The k nearest of each query's float32 shortlist ``cand`` [B, short] by float64 distance, nearest first (ties:
+        lower row first): (distances [B, k], rows [B, k]) on the CPU. Row by row, so any split of the queries gives the
+        same values."""
+        rows_of = torch.index_select(self.exact, 0, cand.reshape(-1)).view(*cand.shape, -1)  # [B, short, D]
+        exact = (rows_of - q64[:, None, :]).pow_(2).sum(-1)  # [B, short] float64
+        order = torch.sort(exact, dim=1, stable=True)
+        return order.values[:, :k].sqrt().cpu(), cand.gather(1, order.indices[:, :k]).cpu()
