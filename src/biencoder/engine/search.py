@@ -30,8 +30,8 @@ class NeighbourIndex:
             distances stays in cache (1.8x faster than 2048 for N = 5592, the same neighbours; scripts/bench.py), and
             2048 on a GPU (fewer launches).
         refine: queries per float64 re-ranking of the shortlists, default 32 on a CPU (their [32, k + 16, D] float64
-            rows stay in cache: the mining search of 2796 queries took 83-96 ms against 97-116 ms re-ranking 256 at
-            once, BENCHMARKS section 7), the whole block on a GPU.
+            rows stay in cache: a mining-shaped search of 2796 queries took 88 ms against 105 ms re-ranking 256 at once,
+            medians, BENCHMARKS section 7), the whole block on a GPU.
     """
 
     def __init__(self, data: np.ndarray, kind: str = "balltree", device: str | torch.device = "cpu",
@@ -65,7 +65,8 @@ class NeighbourIndex:
             cand = torch.sort(cand, dim=1).values  # equal distances (duplicate texts) keep the lower row first
             for part, q_part in zip(cand.split(self.refine), q64.split(self.refine)):
                 d, r = self._refine(part, q_part, k)
-                dists.append(d), rows.append(r)
+                dists.append(d)
+                rows.append(r)
         if not dists:
             return np.zeros((0, k)), np.zeros((0, k), dtype=np.int64)
         return torch.cat(dists).double().numpy(), torch.cat(rows).numpy()
