@@ -181,15 +181,16 @@ class Runner:
         return restore_last(state, self.folder.last, self.model, self.trainer, self.fingerprint)
 
     # -- the run ----------------------------------------------------------------------------------------------
-    def fit(self) -> dict | None:
-        """Train (from ``last.pt`` when it exists) and return what ``final.json`` holds; None on ranks > 0."""
+    def fit(self, state: dict | None = None) -> dict | None:
+        """Train (from ``state``, else from ``last.pt`` when it exists) and return what ``final.json`` holds; None on
+        ranks > 0."""
         with logging_redirect_tqdm():  # log lines go above the progress bars instead of through them
-            return self._fit()
+            return self._fit(state)
 
-    def _start(self) -> tuple[int, dict, torch.Tensor | None]:
-        """(first epoch, best so far, the training split's sim vectors the first mining uses): from ``last.pt``, or
-        fresh (the sim head started from the training PCA with ``model.sim_init=pca``)."""
-        state = self.folder.load_state()
+    def _start(self, state: dict | None) -> tuple[int, dict, torch.Tensor | None]:
+        """(first epoch, best so far, the training split's sim vectors the first mining uses): from ``state`` (else
+        ``last.pt``), or fresh (the sim head started from the training PCA with ``model.sim_init=pca``)."""
+        state = self.folder.load_state() if state is None else state
         if state is not None:
             epoch, best, train_sim = self.load_last(state)
             dropped = self.folder.truncate(epoch - 1) if self.main else 0
@@ -227,10 +228,10 @@ class Runner:
                      "or validation pair (reported as seen/unseen)", self.overlap["test_queries_seen"],
                      len(self.test_seen))
 
-    def _fit(self) -> dict | None:
+    def _fit(self, state: dict | None) -> dict | None:
         start = time.time()
         self._log_start()
-        first_epoch, best, train_sim = self._start()
+        first_epoch, best, train_sim = self._start(state)
         if self.main:
             self.tracker.open(first_epoch)
         epochs = self.cfg.trainer.max_epochs
@@ -340,11 +341,12 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runti
     done = folder.open(cfg, main=distributed.is_main(), runtime=runtime)
     if done is not None:
         return done
+    state = folder.load_state()  # an unreadable last.pt is refused here, before anything in the folder changes
     runner = Runner(cfg, folder.path, experiment, runtime, variant)  # reads the corpus first
     if runner.main:
         folder.start(cfg, runtime)
     try:
-        return runner.fit()
+        return runner.fit(state)
     except Diverged as err:
         if runner.main:
             folder.record("diverged", variant=runner.variant, seed=int(cfg.seed), epoch=err.epoch, what=err.what,
