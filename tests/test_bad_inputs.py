@@ -175,3 +175,43 @@ def test_a_corrupt_cache_entry_is_recomputed_not_fatal(tmp_path):
     rows = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in "ab"]
     strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k != "epoch_time_s"} for x in lines]
     assert strip(rows[0]) == strip(rows[1])
+
+
+def test_a_log_file_that_cannot_be_written_is_one_line(capsys, monkeypatch):
+    """Hydra configures the job's log file before the app runs; in a folder that exists but is not writable (a
+    read-only mount, or trainer.resume at one) logging raises "Unable to configure handler 'file'", a ValueError
+    around the OSError. (As root no permission bit stops a write, so the failing open is made with a path under
+    /proc; the error takes the same way.)"""
+    import logging.config
+
+    from biencoder.hydra_glue import hydra_cli
+
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)
+    monkeypatch.setattr(sys, "argv", ["biencoder.train"])
+
+    def app():
+        logging.config.dictConfig({"version": 1, "handlers": {"file": {
+            "class": "logging.FileHandler", "filename": "/proc/no-such-folder/train.log"}}})
+
+    with pytest.raises(SystemExit) as stop:
+        hydra_cli(app)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "/proc/no-such-folder/train.log" in err[0] and "writable folder" in err[0]
+
+
+def test_an_eval_output_that_is_a_folder_is_refused_before_the_evaluation(tmp_path):
+    """eval.output names the JSON file; a folder is one line before any work, and the evaluation's own folder
+    (made by this process) is not left behind. The folder named stays as it was."""
+    target = tmp_path / "results"
+    target.mkdir()
+    environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    proc = subprocess.run([sys.executable, "-m", "biencoder.evaluate", "eval.score=tfidf", f"eval.output={target}",
+                           f"paths.log_dir={tmp_path / 'logs'}"], capture_output=True, text=True, env=environ,
+                          cwd=tmp_path, timeout=300)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert f"eval.output={target} is a folder" in errors[0] and f"{target / 'eval.json'}" in errors[0]
+    assert list(target.iterdir()) == []
+    evaluations = tmp_path / "logs" / "evaluations"
+    assert not evaluations.exists() or list(evaluations.iterdir()) == []

@@ -85,12 +85,37 @@ def test_a_fresh_run_with_a_bad_value_leaves_no_folder(tmp_path):
 
 
 def test_an_existing_output_folder_is_never_removed(tmp_path):
-    """hydra.run.dir pointing at a folder the user made: the error leaves the folder and the user's file there."""
+    """hydra.run.dir pointing at a folder the user made: an error found before (a bad value) or after Hydra wrote
+    into it (a corpus that does not exist) leaves the folder as it was: the user's file, and nothing added (Hydra's
+    .hydra/ and train.log, made by this process, are removed)."""
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "keep.txt").write_text("precious\n")
+    before = snapshot(folder)
     one_error_line(train(*TINY, "trainer.lr=-1", f"hydra.run.dir={folder}"))
-    assert (folder / "keep.txt").read_text() == "precious\n"
+    assert snapshot(folder) == before
+    error = one_error_line(train(*TINY, f"data.root={tmp_path / 'no-corpus'}", f"hydra.run.dir={folder}"))
+    assert "no-corpus" in error
+    assert snapshot(folder) == before
+
+
+def test_a_new_output_folder_named_on_the_command_line_is_removed_after_an_error(tmp_path):
+    folder = tmp_path / "new" / "run"
+    error = one_error_line(train(*TINY, f"data.root={tmp_path / 'no-corpus'}", f"hydra.run.dir={folder}"))
+    assert "no-corpus" in error and not folder.exists()
+
+
+def test_resume_with_a_corrupt_last_pt_changes_nothing(tmp_path):
+    """The unreadable checkpoint is refused before the folder is touched: no final.json 'failed', the same
+    config_resolved.yaml, nothing written to train.log."""
+    folder = tmp_path / "run"
+    assert train(*TINY, f"hydra.run.dir={folder}", "trainer.keep_last=true").returncode == 0
+    (folder / "final.json").unlink()  # an interrupted run, as far as resume can tell
+    (folder / "last.pt").write_bytes(b"\x00" * 64)
+    before = snapshot(folder)
+    error = one_error_line(train(*TINY, f"trainer.resume={folder}"))
+    assert "last.pt" in error and "corrupt" in error
+    assert snapshot(folder) == before
 
 
 def test_resumed_jobs_stay_in_their_cell(finished_sweep, tmp_path):
@@ -225,3 +250,11 @@ def test_a_run_made_with_balltree_resumes_and_groups_under_the_exact_default(tmp
     assert run(compose_cfg(cfg), new)["best"] == done["best"]  # the same numbers with exact search
     runs = find_runs([old, new])
     assert assign_cells(runs) == [] and {r.cell for r in runs} == {"plain"}
+
+
+def test_a_sweep_whose_glob_matches_nothing_is_an_error_and_leaves_no_folder(tmp_path):
+    """`+variant=glob(x*)` matches no variant: Hydra launches 0 jobs and would exit 0 with an empty sweep folder."""
+    sweep = tmp_path / "logs" / "sweep"
+    error = one_error_line(train("-m", *TINY, "+variant=glob(x*)", f"hydra.sweep.dir={sweep}"))
+    assert "launched 0 jobs" in error and "conf/variant/*.yaml" in error
+    assert not sweep.exists()

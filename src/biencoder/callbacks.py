@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
+
+from .errors import ConfigError, report
+
+
+def _discard_empty_sweep(sweep: Path) -> None:
+    """The folder of a sweep without jobs: Hydra's multirun.yaml, written by this process, and the folder if that
+    leaves it empty (nothing else is removed)."""
+    from .engine.rundir import PROCESS_START
+
+    record = sweep / "multirun.yaml"
+    if record.is_file() and not record.is_symlink() and record.stat().st_mtime >= PROCESS_START:
+        record.unlink()
+    try:
+        sweep.rmdir()  # only when empty
+    except OSError:
+        pass
 
 
 class SweepSummary(Callback):
@@ -14,6 +31,12 @@ class SweepSummary(Callback):
         from .summary import main
 
         sweep = Path(config.hydra.sweep.dir)
+        if not any(path.is_dir() for path in sweep.iterdir()):  # every job makes its folder first
+            _discard_empty_sweep(sweep)
+            # an exit, not an exception: Hydra turns a callback's exceptions into warnings
+            sys.exit(report(ConfigError("the sweep launched 0 jobs: a list or glob() in the overrides matched no "
+                                        "option (a group's options are its files, e.g. conf/variant/*.yaml for "
+                                        "+variant=glob(*))")))
         print(f"\n== sweep finished: {sweep}", flush=True)
         if any(sweep.rglob("final.json")):
             main([str(sweep), "--n-boot", "2000"])

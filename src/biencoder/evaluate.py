@@ -37,6 +37,9 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     """The 8 tasks on ``eval.split`` with ``eval.score``; writes JSON to ``eval.output`` (default in out_dir)."""
     start = time.time()
     validate(cfg)
+    if cfg.eval.output and Path(cfg.eval.output).is_dir():  # found now, not after the evaluation
+        raise ConfigError(f"eval.output={cfg.eval.output} is a folder: name the JSON file to write, e.g. "
+                          f"eval.output={Path(cfg.eval.output) / 'eval.json'}")
     score = cfg.eval.score
     try:
         split_name = canonical_split(str(cfg.eval.split))

@@ -132,12 +132,33 @@ def conf_dir() -> str:
     return str(shipped if shipped.is_dir() else here.parent.parent / "conf")
 
 
+def _os_error(err: BaseException) -> OSError | None:
+    """The OSError in ``err``'s cause chain (logging.config wraps it in a ValueError), or None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+def note_run_dir(argv: list[str]) -> None:
+    """A ``hydra.run.dir=<path>`` override replaces the ``${run_dir:...}`` resolver that notes whether the folder
+    existed: note it here, before Hydra creates it, so that an error removes only what this process made there."""
+    for arg in argv:
+        key, _, value = arg.lstrip("+").partition("=")
+        if key == "hydra.run.dir" and value and "${" not in value:
+            new_dir_resolver(value)
+
+
 def hydra_cli(app) -> None:
     """Run a ``@hydra.main`` app so that a bad override, config file or output folder costs one line and exit 2.
 
     Hydra prints composition errors over several lines; here they are caught and shortened. With
     ``HYDRA_FULL_ERROR=1`` set by the user every error propagates with its full traceback, as Hydra does.
     """
+    note_run_dir(sys.argv[1:])
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return app()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # make Hydra raise instead of printing, so the error can be shortened
@@ -152,6 +173,12 @@ def hydra_cli(app) -> None:
         print(f"error: {_into_null(sys.argv[1:])}", file=sys.stderr)
         sys.exit(2)
     except ValueError as err:
+        unwritable = _os_error(err) if "Unable to configure handler" in str(err) else None
+        if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
+            print(f"error: cannot write the log file {unwritable.filename or ''} ({unwritable.strerror or unwritable}): "
+                  "hydra.run.dir (or paths.log_dir, or the trainer.resume folder) must be a writable folder",
+                  file=sys.stderr)
+            sys.exit(2)
         if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
             raise
         print(f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "

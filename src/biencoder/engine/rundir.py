@@ -5,9 +5,11 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
 * **Nothing this process did not create is ever deleted.** Hydra makes the output folder before the app runs, so
   the run-dir resolvers (``${run_dir:...}`` for ``hydra.run.dir``, ``${job_dir:...}`` for a sweep job,
   ``${new_dir:...}`` for other apps' folders) note whether
-  the folder already existed when Hydra resolved its path, which is before Hydra creates it. On a bad-input
-  error a folder is removed only if it did not exist then, every file in it was written after this process
-  started, and it holds no metrics (a run that trained is never removed).
+  the folder already existed when Hydra resolved its path, which is before Hydra creates it (a ``hydra.run.dir=``
+  given on the command line is noted before Hydra starts). On a bad-input error a folder is removed only if it did
+  not exist then, every file in it was written after this process started, and it holds no metrics (a run that
+  trained is never removed). In a folder that did exist, only the entries that were not there (Hydra's ``.hydra/``,
+  the log) are removed, on the same conditions.
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
 * **A resumed run is the same run**: every setting but :data:`~biencoder.engine.schema.NON_RESULT_KEYS` must equal the
@@ -49,6 +51,8 @@ log = logging.getLogger("biencoder")
 PROCESS_START = time.time() - 2.0
 #: absolute folder path -> whether it existed when its path was first resolved (before Hydra created it)
 _EXISTED: dict[str, bool] = {}
+#: absolute folder path -> the names in it then, for a folder that existed
+_ENTRIES: dict[str, frozenset[str]] = {}
 #: what makes a folder a run folder of this tool
 RUN_MARKERS = ("config_resolved.yaml", "last.pt", "final.json")
 
@@ -56,7 +60,10 @@ RUN_MARKERS = ("config_resolved.yaml", "last.pt", "final.json")
 def new_dir_resolver(path: str | Path) -> str:
     """``${new_dir:<path>}``: ``path`` unchanged; notes whether it existed before this process resolved it."""
     key = os.path.abspath(str(path))
-    _EXISTED.setdefault(key, os.path.exists(key))
+    if key not in _EXISTED:
+        _EXISTED[key] = os.path.exists(key)
+        if os.path.isdir(key):
+            _ENTRIES[key] = frozenset(os.listdir(key))
     return str(path)
 
 
@@ -118,18 +125,32 @@ def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
 
 
 def discard_if_ours(path: str | Path) -> bool:
-    """Remove ``path`` after a bad-input error, only if this process created it, wrote every file in it and
-    trained nothing into it. Returns whether it was removed; anything else is left exactly as it was."""
-    folder = Path(path)
-    if not folder.is_dir() or not created_by_this_process(folder) or (folder / "metrics.jsonl").exists():
+    """Remove what this process made of ``path`` after a bad-input error: the folder, if this process created it,
+    wrote every file in it and trained nothing into it; in a folder that existed before, the entries that were not
+    there then, on the same conditions. Returns whether anything was removed; anything else is left as it was."""
+    folder, key = Path(path), os.path.abspath(str(path))
+    metrics = folder / "metrics.jsonl"
+    if not folder.is_dir() or metrics.exists() and metrics.stat().st_mtime >= PROCESS_START:
+        return False  # this process trained into it
+    if created_by_this_process(folder):
+        entries = [folder]
+    elif key in _ENTRIES:
+        entries = [folder / name for name in sorted(set(os.listdir(folder)) - _ENTRIES[key])]
+    else:
         return False
-    files = [p for p in folder.rglob("*") if not p.is_dir()]
-    if any(p.is_symlink() or p.lstat().st_mtime < PROCESS_START for p in files):
+    files = [p for entry in entries for p in ([entry, *entry.rglob("*")] if entry.is_dir() else [entry])
+             if not p.is_dir() or p.is_symlink()]
+    if not entries or any(p.is_symlink() or p.lstat().st_mtime < PROCESS_START for p in files):
         return False
     for handler in logging.getLogger().handlers + log.handlers:  # close our log file before removing it
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == folder.resolve():
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve().is_relative_to(
+                folder.resolve()):
             handler.close()
-    shutil.rmtree(folder, ignore_errors=True)
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
     return True
 
 
