@@ -51,6 +51,9 @@ def test_export_refuses_a_used_folder_and_leaves_it(tmp_path, capsys):
     assert main([str(out), str(tmp_path / "st")]) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "st").iterdir()] == ["mine.txt"]
+    (tmp_path / "empty.txt").write_text("")
+    assert main([str(out), str(tmp_path / "empty.txt")]) == 2
+    assert "empty.txt' is a file" in capsys.readouterr().err and (tmp_path / "empty.txt").read_text() == ""
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 

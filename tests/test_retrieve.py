@@ -11,7 +11,7 @@ import torch
 from biencoder.engine.checkpoint import load_checkpoint
 from biencoder.engine.rerank import retrieve
 from biencoder.engine.model import TokenizedTexts, encode, pair_margins
-from biencoder.retrieve import Retriever, main, read_texts
+from biencoder.retrieve import InputError, Retriever, main, read_texts
 from biencoder.engine.runner import run
 from conftest import FAST, compose_cfg
 
@@ -72,6 +72,9 @@ def test_input_formats(tmp_path):
     assert read_texts(tmp_path / "a.txt") == (["first", "second"], ["1", "3"])
     assert read_texts(tmp_path / "a.jsonl") == (["first", "second"], ["x", "3"])
     assert read_texts(tmp_path / "a.csv", text_column="body", id_column="key") == (["first", "second"], ["k1", "k2"])
+    (tmp_path / "null.jsonl").write_text('{"text": "first"}\n{"text": null}\n')
+    with pytest.raises(InputError, match=r"null.jsonl' line 2: 'text' is null, not a string"):
+        read_texts(tmp_path / "null.jsonl")  # not the query "None"
 
 
 def test_cli_outputs(trained, tmp_path, capsys):

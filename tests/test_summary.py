@@ -26,6 +26,16 @@ def test_cli_outputs_and_errors(tmp_path, capsys):
     assert "no significant difference" in out and "(+1 incomplete)" in out
     for name in ("top1.png", "top1.md", "top1.csv", "top1_paired.csv", "top1_internals.png"):
         assert (tmp_path / "logs" / name).stat().st_size > 0
+    # --out: an extension matplotlib cannot write (or the tables' own) is one line, before anything is written
+    assert main([str(tmp_path / "logs"), "--out", str(tmp_path / "o" / "summary.md")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and ".png, .pdf, .svg" in err[0] and not (tmp_path / "o").exists()
+    # no extension: the figure is a .png, and the path printed is the one written
+    (tmp_path / "o").mkdir()
+    assert main([str(tmp_path / "logs"), "--out", str(tmp_path / "o" / "summary")]) == 0
+    assert f"figure: {tmp_path / 'o' / 'summary.png'}" in capsys.readouterr().out
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["summary.csv", "summary.md", "summary.png",
+                                                                  "summary_paired.csv"]
 
 
 def test_script_on_real_runner_output(tmp_path):

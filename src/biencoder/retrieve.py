@@ -138,7 +138,10 @@ def read_texts(path: str | Path, what: str = "--candidates", text_column: str = 
             if not isinstance(record, dict) or text_column not in record:
                 raise InputError(f"{what} '{path}' line {number} has no '{text_column}' field: "
                                  f"name the field with --text-column")
-            texts.append(str(record[text_column]))
+            if not isinstance(record[text_column], str):  # null, a number, a list: not a text ("None" is no query)
+                raise InputError(f"{what} '{path}' line {number}: '{text_column}' is "
+                                 f"{json.dumps(record[text_column])[:40]}, not a string")
+            texts.append(record[text_column])
             ids.append(str(record.get(id_column or "id", number)))
     elif path.suffix.lower() == ".csv":
         rows = list(csv.DictReader(content.splitlines()))

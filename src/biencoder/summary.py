@@ -49,6 +49,20 @@ def parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: the figure formats --out takes (matplotlib writes them all; the tables go beside the figure as .md and .csv)
+FIGURE_FORMATS = (".png", ".pdf", ".svg")
+
+
+def _figure_path(out: Path) -> Path:
+    """``--out`` as the figure's path: .png added to a path without an extension; another extension is an error."""
+    if not out.suffix:
+        return out.with_suffix(".png")
+    if out.suffix.lower() not in FIGURE_FORMATS:
+        raise SummaryError(f"--out {out}: the figure's format comes from its extension, one of "
+                           f"{', '.join(FIGURE_FORMATS)} (the tables go beside it as .md and .csv)")
+    return out
+
+
 def _counts(statuses: dict) -> str:
     return ", ".join(f"{n} {s}" for s, n in statuses.items())
 
@@ -65,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SummaryError("--baselines goes with the per-cell table: run it without --x")
     if args.reference and (args.x or args.metric != "top1"):
         raise SummaryError("--reference pairs test top-1 per query: use it without --x and with --metric top1")
-    out = args.out or Path(args.paths[0]) / f"{args.metric}.png"
+    out = _figure_path(args.out) if args.out else Path(args.paths[0]) / f"{args.metric}.png"
     if args.x:
         return _main_against(runs, args.x, out, statuses)
     varying = assign_cells(runs)

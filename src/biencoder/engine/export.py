@@ -60,7 +60,8 @@ def export(run: str | Path, out_dir: str | Path, progress: bool = False) -> Path
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"'{out}' exists and is not empty: export into a new folder (nothing there was touched)")
+        what = "is a file" if not out.is_dir() else "exists and is not empty"
+        raise ConfigError(f"'{out}' {what}: export into a new folder (nothing there was touched)")
     bars = hf_logging.is_progress_bar_enabled()
     if not progress:
         hf_logging.disable_progress_bar()
