@@ -258,3 +258,11 @@ def test_a_sweep_whose_glob_matches_nothing_is_an_error_and_leaves_no_folder(tmp
     error = one_error_line(train("-m", *TINY, "+variant=glob(x*)", f"hydra.sweep.dir={sweep}"))
     assert "launched 0 jobs" in error and "conf/variant/*.yaml" in error
     assert not sweep.exists()
+
+
+def test_multirun_flag_after_an_override_is_understood(tmp_path):
+    """`python -m biencoder.train model=tiny -m ...` was argparse's usage error ("unrecognized arguments"); the
+    sweep starts (here with no job: the glob matches nothing, which is its own one-line error)."""
+    sweep = tmp_path / "sweep"
+    error = one_error_line(train(*TINY, "-m", "+variant=glob(x*)", f"hydra.sweep.dir={sweep}"))
+    assert "launched 0 jobs" in error

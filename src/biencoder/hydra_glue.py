@@ -159,6 +159,10 @@ def hydra_cli(app) -> None:
     ``HYDRA_FULL_ERROR=1`` set by the user every error propagates with its full traceback, as Hydra does.
     """
     note_run_dir(sys.argv[1:])
+    # -m after an override ("model=tiny -m seed=0,1") is a usage error in argparse, which takes the overrides as one
+    # list of positionals; the flag means the same anywhere, so it goes first
+    multirun = [arg for arg in sys.argv[1:] if arg in ("-m", "--multirun")]
+    sys.argv[1:] = multirun + [arg for arg in sys.argv[1:] if arg not in multirun]
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return app()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # make Hydra raise instead of printing, so the error can be shortened
