@@ -100,9 +100,33 @@ def test_an_existing_output_folder_is_never_removed(tmp_path):
 
 
 def test_a_new_output_folder_named_on_the_command_line_is_removed_after_an_error(tmp_path):
-    folder = tmp_path / "new" / "run"
+    """The folder and the parents made for it go; the parent that was there stays."""
+    folder = tmp_path / "new" / "deeper" / "run"
     error = one_error_line(train(*TINY, f"data.root={tmp_path / 'no-corpus'}", f"hydra.run.dir={folder}"))
-    assert "no-corpus" in error and not folder.exists()
+    assert "no-corpus" in error and not (tmp_path / "new").exists() and tmp_path.is_dir()
+
+
+def test_in_a_folder_that_existed_only_this_jobs_hydra_files_are_removed(tmp_path):
+    """What appeared in an existing folder while the command ran, but was not written by it (another process's
+    files, a new project folder), stays: only Hydra's files of this job, absent before, are removed."""
+    from biencoder.engine.rundir import discard_if_ours, new_dir_resolver
+    from biencoder.hydra_glue import HYDRA_FILES
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "README.txt").write_text("mine\n")
+    (home / "evaluate.log").write_text("an older log\n")
+    new_dir_resolver(home)  # what Hydra resolves before it writes
+    for name in HYDRA_FILES + ("train.log",):
+        (home / name).parent.mkdir(exist_ok=True)
+        (home / name).write_text("")
+    (home / "other_project").mkdir()
+    (home / "other_project" / "last.pt").write_bytes(b"x")
+    (home / "tfidf.json").write_text("{}")
+    (home / "evaluate.log").write_text("an older log, appended to\n")
+    assert discard_if_ours(home, HYDRA_FILES + ("train.log", "evaluate.log"))
+    assert sorted(p.name for p in home.iterdir()) == ["README.txt", "evaluate.log", "other_project", "tfidf.json"]
+    assert (home / "other_project" / "last.pt").exists()
 
 
 def test_resume_with_a_corrupt_last_pt_changes_nothing(tmp_path):
@@ -253,11 +277,18 @@ def test_a_run_made_with_balltree_resumes_and_groups_under_the_exact_default(tmp
 
 
 def test_a_sweep_whose_glob_matches_nothing_is_an_error_and_leaves_no_folder(tmp_path):
-    """`+variant=glob(x*)` matches no variant: Hydra launches 0 jobs and would exit 0 with an empty sweep folder."""
+    """`+variant=glob(x*)` matches no variant: Hydra launches 0 jobs and would exit 0 with an empty sweep folder.
+    Into a sweep folder that holds earlier jobs it is the same error, and those jobs stay as they were."""
     sweep = tmp_path / "logs" / "sweep"
     error = one_error_line(train("-m", *TINY, "+variant=glob(x*)", f"hydra.sweep.dir={sweep}"))
     assert "launched 0 jobs" in error and "conf/variant/*.yaml" in error
     assert not sweep.exists()
+    old_job = sweep / "0_ln_s0"
+    old_job.mkdir(parents=True)
+    (old_job / "metrics.jsonl").write_text("{}\n")
+    os.utime(old_job / "metrics.jsonl", (1e9, 1e9))  # written long before this command
+    error = one_error_line(train("-m", *TINY, "+variant=glob(x*)", f"hydra.sweep.dir={sweep}"))
+    assert "launched 0 jobs" in error and (old_job / "metrics.jsonl").read_text() == "{}\n"
 
 
 def test_multirun_flag_after_an_override_is_understood(tmp_path):

@@ -10,18 +10,25 @@ from hydra.experimental.callback import Callback
 from .errors import ConfigError, report
 
 
+def _ran_jobs(sweep: Path) -> bool:
+    """Whether this process's sweep ran a job: every job writes in its own subfolder (a resumed, finished one at
+    least its log), so a file below a subfolder is newer than the process."""
+    from .engine.rundir import PROCESS_START
+
+    return sweep.is_dir() and any(file.stat().st_mtime >= PROCESS_START for sub in sweep.iterdir() if sub.is_dir()
+                                  for file in sub.rglob("*") if file.is_file())
+
+
 def _discard_empty_sweep(sweep: Path) -> None:
-    """The folder of a sweep without jobs: Hydra's multirun.yaml, written by this process, and the folder if that
-    leaves it empty (nothing else is removed)."""
+    """The folder of a sweep without jobs, when it holds only Hydra's multirun.yaml written by this process (a new
+    sweep folder); a folder that holds anything else is left as it is."""
     from .engine.rundir import PROCESS_START
 
     record = sweep / "multirun.yaml"
-    if record.is_file() and not record.is_symlink() and record.stat().st_mtime >= PROCESS_START:
+    if sweep.is_dir() and [p.name for p in sweep.iterdir()] == [record.name] and not record.is_symlink() and \
+            record.stat().st_mtime >= PROCESS_START:
         record.unlink()
-    try:
-        sweep.rmdir()  # only when empty
-    except OSError:
-        pass
+        sweep.rmdir()
 
 
 class SweepSummary(Callback):
@@ -31,7 +38,7 @@ class SweepSummary(Callback):
         from .summary import main
 
         sweep = Path(config.hydra.sweep.dir)
-        if not any(path.is_dir() for path in sweep.iterdir()):  # every job makes its folder first
+        if not _ran_jobs(sweep):
             _discard_empty_sweep(sweep)
             # an exit, not an exception: Hydra turns a callback's exceptions into warnings
             sys.exit(report(ConfigError("the sweep launched 0 jobs: a list or glob() in the overrides matched no "

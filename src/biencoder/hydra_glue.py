@@ -53,12 +53,18 @@ def register() -> None:
     OmegaConf.register_new_resolver("hydra_subdir", hydra_subdir_resolver, replace=True)
 
 
+#: what Hydra writes into a job's folder besides ``<job name>.log`` (``hydra.output_subdir``)
+HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
+
+
 def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
-    """Bad input: one line on stderr, exit ``code``. ``out_dir`` is removed only when this process created it and
-    wrote everything in it (:func:`biencoder.engine.rundir.discard_if_ours`); anything else is left exactly as it was."""
+    """Bad input: one line on stderr, exit ``code``. What this process made of ``out_dir`` is removed
+    (:func:`biencoder.engine.rundir.discard_if_ours`: the folder if it created it, else only Hydra's files of this
+    job); anything else is left exactly as it was."""
     report(err, code)
     if out_dir is not None:
-        discard_if_ours(out_dir)
+        job = HydraConfig.get().job.name if HydraConfig.initialized() else None
+        discard_if_ours(out_dir, HYDRA_FILES + ((f"{job}.log",) if job else ()))
     sys.exit(code)
 
 

@@ -8,8 +8,9 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
   the folder already existed when Hydra resolved its path, which is before Hydra creates it (a ``hydra.run.dir=``
   given on the command line is noted before Hydra starts). On a bad-input error a folder is removed only if it did
   not exist then, every file in it was written after this process started, and it holds no metrics (a run that
-  trained is never removed). In a folder that did exist, only the entries that were not there (Hydra's ``.hydra/``,
-  the log) are removed, on the same conditions.
+  trained is never removed); the empty parent folders this process made for it go too. In a folder that did exist,
+  only the files Hydra writes for the job (``.hydra/*.yaml``, the job's log) are removed, when they were not there
+  before and were written since this process started: nothing else there, whoever made it, is touched.
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
 * **A resumed run is the same run**: every setting but :data:`~biencoder.engine.schema.NON_RESULT_KEYS` must equal the
@@ -53,6 +54,8 @@ PROCESS_START = time.time() - 2.0
 _EXISTED: dict[str, bool] = {}
 #: absolute folder path -> the names in it then, for a folder that existed
 _ENTRIES: dict[str, frozenset[str]] = {}
+#: absolute folder path -> its outermost ancestor that did not exist either, for a folder that did not exist
+_FIRST_NEW: dict[str, str] = {}
 #: what makes a folder a run folder of this tool
 RUN_MARKERS = ("config_resolved.yaml", "last.pt", "final.json")
 
@@ -64,6 +67,11 @@ def new_dir_resolver(path: str | Path) -> str:
         _EXISTED[key] = os.path.exists(key)
         if os.path.isdir(key):
             _ENTRIES[key] = frozenset(os.listdir(key))
+        elif not _EXISTED[key]:
+            first = key
+            while not os.path.exists(os.path.dirname(first)):
+                first = os.path.dirname(first)
+            _FIRST_NEW[key] = first
     return str(path)
 
 
@@ -124,34 +132,56 @@ def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
     return config
 
 
-def discard_if_ours(path: str | Path) -> bool:
-    """Remove what this process made of ``path`` after a bad-input error: the folder, if this process created it,
-    wrote every file in it and trained nothing into it; in a folder that existed before, the entries that were not
-    there then, on the same conditions. Returns whether anything was removed; anything else is left as it was."""
+def discard_if_ours(path: str | Path, job_files: tuple[str, ...] = ()) -> bool:
+    """Remove what this process made of ``path`` after a bad-input error; returns whether anything was removed.
+
+    A folder this process created goes, with the empty parents it created for it, if every file in it was written by
+    this process and nothing was trained into it. In a folder that existed, only the files named by ``job_files``
+    (relative paths: what Hydra writes for the job) go, each only if its first part was not in the folder before and
+    it was written since this process started; then their folders if empty. Nothing else is touched."""
     folder, key = Path(path), os.path.abspath(str(path))
     metrics = folder / "metrics.jsonl"
     if not folder.is_dir() or metrics.exists() and metrics.stat().st_mtime >= PROCESS_START:
         return False  # this process trained into it
     if created_by_this_process(folder):
-        entries = [folder]
-    elif key in _ENTRIES:
-        entries = [folder / name for name in sorted(set(os.listdir(folder)) - _ENTRIES[key])]
-    else:
+        files = [p for p in folder.rglob("*") if not p.is_dir() or p.is_symlink()]
+        if any(p.is_symlink() or p.lstat().st_mtime < PROCESS_START for p in files):
+            return False
+        _close_logs(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        _remove_empty(os.path.dirname(key), _FIRST_NEW.get(key))
+        return True
+    if key not in _ENTRIES:
         return False
-    files = [p for entry in entries for p in ([entry, *entry.rglob("*")] if entry.is_dir() else [entry])
-             if not p.is_dir() or p.is_symlink()]
-    if not entries or any(p.is_symlink() or p.lstat().st_mtime < PROCESS_START for p in files):
-        return False
-    for handler in logging.getLogger().handlers + log.handlers:  # close our log file before removing it
+    mine = [folder / name for name in job_files if Path(name).parts[0] not in _ENTRIES[key]]
+    mine = [p for p in mine if p.is_file() and not p.is_symlink() and p.lstat().st_mtime >= PROCESS_START]
+    _close_logs(folder)
+    for file in mine:
+        file.unlink()
+        if file.parent != folder:
+            _remove_empty(str(file.parent), str(file.parent))
+    return bool(mine)
+
+
+def _close_logs(folder: Path) -> None:
+    """Close our log handlers that write below ``folder`` (before their files are removed)."""
+    for handler in logging.getLogger().handlers + log.handlers:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve().is_relative_to(
                 folder.resolve()):
             handler.close()
-    for entry in entries:
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-    return True
+
+
+def _remove_empty(path: str, outermost: str | None) -> None:
+    """Remove ``path`` and its parents up to ``outermost`` (absolute paths) while each is empty (``os.rmdir``
+    removes nothing else)."""
+    if outermost is None:
+        return
+    while path == outermost or path.startswith(outermost + os.sep):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        path = os.path.dirname(path)
 
 
 class RunFolder:

@@ -187,7 +187,7 @@ class Runner:
         with logging_redirect_tqdm():  # log lines go above the progress bars instead of through them
             return self._fit(state)
 
-    def _start(self, state: dict | None) -> tuple[int, dict, torch.Tensor | None]:
+    def _start(self, state: dict | None = None) -> tuple[int, dict, torch.Tensor | None]:
         """(first epoch, best so far, the training split's sim vectors the first mining uses): from ``state`` (else
         ``last.pt``), or fresh (the sim head started from the training PCA with ``model.sim_init=pca``)."""
         state = self.folder.load_state() if state is None else state
