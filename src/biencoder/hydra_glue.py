@@ -72,12 +72,13 @@ def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
 _HINT = re.compile(r"^(\d\.\s*)?(To append|To use it|To sweep|To override|add --multirun|Use \+|use \+)", re.I)
 
 
-def _ours(err: BaseException) -> BaseException | None:
-    """The biencoder error (ConfigError, RunFolderError, ...) in ``err``'s cause chain, e.g. raised by a resolver."""
+def _in_chain(err: BaseException, kind: type) -> BaseException | None:
+    """The first exception of type ``kind`` in ``err``'s cause chain, or None: our error (ConfigError,
+    RunFolderError, ...) raised inside a resolver, or the OSError that logging.config wraps in a ValueError."""
     seen = set()
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, BiencoderError):
+        if isinstance(err, kind):
             return err
         err = err.__cause__ or err.__context__
     return None
@@ -86,7 +87,7 @@ def _ours(err: BaseException) -> BaseException | None:
 def _one_line(err: BaseException) -> str:
     """Hydra/OmegaConf composition errors span several lines; the first line of each, Hydra's hints (``use
     +variant=ln``, ``add --multirun``) and the options offered."""
-    ours = _ours(err)
+    ours = _in_chain(err, BiencoderError)
     if ours is not None:
         return str(ours)
     text = str(err).strip()
@@ -138,17 +139,6 @@ def conf_dir() -> str:
     return str(shipped if shipped.is_dir() else here.parent.parent / "conf")
 
 
-def _os_error(err: BaseException) -> OSError | None:
-    """The OSError in ``err``'s cause chain (logging.config wraps it in a ValueError), or None."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        if isinstance(err, OSError):
-            return err
-        err = err.__cause__ or err.__context__
-    return None
-
-
 def note_run_dir(argv: list[str]) -> None:
     """A ``hydra.run.dir=<path>`` override replaces the ``${run_dir:...}`` resolver that notes whether the folder
     existed: note it here, before Hydra creates it, so that an error removes only what this process made there."""
@@ -183,7 +173,7 @@ def hydra_cli(app) -> None:
         print(f"error: {_into_null(sys.argv[1:])}", file=sys.stderr)
         sys.exit(2)
     except ValueError as err:
-        unwritable = _os_error(err) if "Unable to configure handler" in str(err) else None
+        unwritable = _in_chain(err, OSError) if "Unable to configure handler" in str(err) else None
         if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
             print(f"error: cannot write the log file {unwritable.filename or ''} ({unwritable.strerror or unwritable}): "
                   "hydra.run.dir (or paths.log_dir, or the trainer.resume folder) must be a writable folder",
