@@ -129,6 +129,58 @@ def test_in_a_folder_that_existed_only_this_jobs_hydra_files_are_removed(tmp_pat
     assert (home / "other_project" / "last.pt").exists()
 
 
+
+def test_job_files_outside_the_folder_or_behind_a_symlink_are_never_removed(tmp_path):
+    """A job name with a path in it (hydra.job.name=../notes) or a .hydra that is a symlink elsewhere: the files
+    named lie outside the folder, so nothing is removed, however new they are."""
+    from biencoder.engine.rundir import discard_if_ours, new_dir_resolver
+
+    folder, elsewhere = tmp_path / "proj" / "out", tmp_path / "elsewhere"
+    folder.mkdir(parents=True)
+    elsewhere.mkdir()
+    new_dir_resolver(folder)
+    (tmp_path / "proj" / "notes.log").write_text("the user's notes\n")
+    (elsewhere / "config.yaml").write_text("someone else's\n")
+    (folder / ".hydra").symlink_to(elsewhere)
+    assert not discard_if_ours(folder, ("../notes.log", str(tmp_path / "proj" / "notes.log"), ".hydra/config.yaml"))
+    assert (tmp_path / "proj" / "notes.log").exists() and (elsewhere / "config.yaml").exists()
+
+
+def test_a_log_handler_in_a_removed_folder_is_detached(tmp_path):
+    """Under torchrun a rank > 0 removes its own empty Hydra folder: a handler left on the logger would try to
+    reopen a file in a folder that is gone at the next warning."""
+    import logging
+
+    from biencoder.engine.rundir import discard_if_ours, new_dir_resolver
+
+    folder = tmp_path / "rank1"
+    new_dir_resolver(folder)
+    folder.mkdir()
+    handler = logging.FileHandler(folder / "train.log")
+    logger = logging.getLogger("biencoder")
+    logger.addHandler(handler)
+    try:
+        assert discard_if_ours(folder) and not folder.exists()
+        assert handler not in logger.handlers
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_quoted_run_dir_is_removed_after_an_error_and_a_quoted_resume_path_expands_home(tmp_path):
+    """hydra.run.dir='a b' (Hydra's quoting) is the folder a b; trainer.resume='~/r1' is $HOME/r1, not a new
+    folder named ~ in the working directory."""
+    home = tmp_path / "home"
+    assert train(*TINY, f"hydra.run.dir={home / 'r1'}").returncode == 0
+    folder = tmp_path / "with space"
+    one_error_line(train(*TINY, f"data.root={tmp_path / 'no-corpus'}", f"hydra.run.dir='{folder}'", cwd=tmp_path))
+    assert not folder.exists()
+    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "HOME": str(home)}
+    proc = subprocess.run([sys.executable, "-m", "biencoder.train", *TINY, "trainer.resume='~/r1'"],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert proc.returncode == 0 and "already done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "~").exists()
+
+
 def test_resume_with_a_corrupt_last_pt_changes_nothing(tmp_path):
     """The unreadable checkpoint is refused before the folder is touched: no final.json 'failed', the same
     config_resolved.yaml, nothing written to train.log."""
@@ -289,6 +341,13 @@ def test_a_sweep_whose_glob_matches_nothing_is_an_error_and_leaves_no_folder(tmp
     os.utime(old_job / "metrics.jsonl", (1e9, 1e9))  # written long before this command
     error = one_error_line(train("-m", *TINY, "+variant=glob(x*)", f"hydra.sweep.dir={sweep}"))
     assert "launched 0 jobs" in error and (old_job / "metrics.jsonl").read_text() == "{}\n"
+    mine = tmp_path / "my-empty-folder"  # a folder the user made: the error leaves it
+    mine.mkdir()
+    error = one_error_line(train("-m", *TINY, "+variant=glob(x*)", f"hydra.sweep.dir={mine}"))
+    assert "launched 0 jobs" in error and mine.is_dir()
+    new_default = tmp_path / "fresh-logs"  # the default sweep folder under a new log folder: nothing left
+    one_error_line(train("-m", *TINY, "+variant=glob(x*)", f"paths.log_dir={new_default}"))
+    assert not new_default.exists()
 
 
 def test_multirun_flag_after_an_override_is_understood(tmp_path):

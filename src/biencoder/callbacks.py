@@ -19,18 +19,6 @@ def _ran_jobs(sweep: Path) -> bool:
                                   for file in sub.rglob("*") if file.is_file())
 
 
-def _discard_empty_sweep(sweep: Path) -> None:
-    """The folder of a sweep without jobs, when it holds only Hydra's multirun.yaml written by this process (a new
-    sweep folder); a folder that holds anything else is left as it is."""
-    from .engine.rundir import PROCESS_START
-
-    record = sweep / "multirun.yaml"
-    if sweep.is_dir() and [p.name for p in sweep.iterdir()] == [record.name] and not record.is_symlink() and \
-            record.stat().st_mtime >= PROCESS_START:
-        record.unlink()
-        sweep.rmdir()
-
-
 class SweepSummary(Callback):
     """At the end of a ``-m`` sweep: its folder, the table of its cells, and the command that makes it again."""
 
@@ -39,7 +27,9 @@ class SweepSummary(Callback):
 
         sweep = Path(config.hydra.sweep.dir)
         if not _ran_jobs(sweep):
-            _discard_empty_sweep(sweep)
+            from .engine.rundir import discard_empty_sweep
+
+            discard_empty_sweep(sweep)  # only a folder this process made, holding nothing but multirun.yaml
             # an exit, not an exception: Hydra turns a callback's exceptions into warnings
             sys.exit(report(ConfigError("the sweep launched 0 jobs: a list or glob() in the overrides matched no "
                                         "option (a group's options are its files, e.g. conf/variant/*.yaml for "

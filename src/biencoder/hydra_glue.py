@@ -140,11 +140,13 @@ def conf_dir() -> str:
 
 
 def note_run_dir(argv: list[str]) -> None:
-    """A ``hydra.run.dir=<path>`` override replaces the ``${run_dir:...}`` resolver that notes whether the folder
-    existed: note it here, before Hydra creates it, so that an error removes only what this process made there."""
+    """A ``hydra.run.dir=<path>`` or ``hydra.sweep.dir=<path>`` override replaces the resolver that notes whether the
+    folder existed: note it here, before Hydra creates it, so that an error removes only what this process made."""
     for arg in argv:
         key, _, value = arg.lstrip("+").partition("=")
-        if key == "hydra.run.dir" and value and "${" not in value:
+        if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":  # Hydra's quoting: 'a b' is a b
+            value = value[1:-1]
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and value and "${" not in value:
             new_dir_resolver(value)
 
 

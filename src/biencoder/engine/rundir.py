@@ -4,13 +4,15 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
 
 * **Nothing this process did not create is ever deleted.** Hydra makes the output folder before the app runs, so
   the run-dir resolvers (``${run_dir:...}`` for ``hydra.run.dir``, ``${job_dir:...}`` for a sweep job,
-  ``${new_dir:...}`` for other apps' folders) note whether
+  ``${new_dir:...}`` for a sweep's folder and other apps' folders) note whether
   the folder already existed when Hydra resolved its path, which is before Hydra creates it (a ``hydra.run.dir=``
-  given on the command line is noted before Hydra starts). On a bad-input error a folder is removed only if it did
+  or ``hydra.sweep.dir=`` given on the command line is noted before Hydra starts). On a bad-input error a folder is removed only if it did
   not exist then, every file in it was written after this process started, and it holds no metrics (a run that
   trained is never removed); the empty parent folders this process made for it go too. In a folder that did exist,
-  only the files Hydra writes for the job (``.hydra/*.yaml``, the job's log) are removed, when they were not there
-  before and were written since this process started: nothing else there, whoever made it, is touched.
+  only the files Hydra writes for the job (``.hydra/*.yaml``, the job's log) are removed, when they lie inside it
+  (no symlink on the way), were not there before and were written since this process started: nothing else there,
+  whoever made it, is touched. A sweep that ran no job removes its folder only if this process made it and it holds
+  nothing but Hydra's ``multirun.yaml``. (Two commands started at once into the same new folder are not told apart.)
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
 * **A resumed run is the same run**: every setting but :data:`~biencoder.engine.schema.NON_RESULT_KEYS` must equal the
@@ -97,9 +99,8 @@ def check_resume_target(path: str | Path) -> Path:
 def run_dir_resolver(resume: Any, default: str) -> str:
     """``hydra.run.dir``: the folder named by ``trainer.resume=<run dir>`` (checked), else ``default`` (new)."""
     folder = resume_folder(resume)
-    if folder is not None:
-        check_resume_target(folder)
-        return new_dir_resolver(folder)
+    if folder is not None:  # the folder checked, ~ expanded (a quoted '~/run' is no folder named ~ here)
+        return new_dir_resolver(str(check_resume_target(folder)))
     return new_dir_resolver(default)
 
 
@@ -153,8 +154,8 @@ def discard_if_ours(path: str | Path, job_files: tuple[str, ...] = ()) -> bool:
         return True
     if key not in _ENTRIES:
         return False
-    mine = [folder / name for name in job_files if Path(name).parts[0] not in _ENTRIES[key]]
-    mine = [p for p in mine if p.is_file() and not p.is_symlink() and p.lstat().st_mtime >= PROCESS_START]
+    mine = [folder / name for name in job_files if _inside(folder, name) and Path(name).parts[0] not in _ENTRIES[key]]
+    mine = [p for p in mine if p.is_file() and p.lstat().st_mtime >= PROCESS_START]
     _close_logs(folder)
     for file in mine:
         file.unlink()
@@ -163,12 +164,37 @@ def discard_if_ours(path: str | Path, job_files: tuple[str, ...] = ()) -> bool:
     return bool(mine)
 
 
+def _inside(folder: Path, name: str) -> bool:
+    """Whether ``folder / name`` is a path below ``folder`` with no symlink on the way (``name`` relative, no ..)."""
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts or not relative.parts:
+        return False
+    return os.path.realpath(folder / relative) == os.path.join(os.path.realpath(folder), *relative.parts)
+
+
+def discard_empty_sweep(path: str | Path) -> bool:
+    """A sweep folder this process created that holds only Hydra's multirun.yaml, written since the process started
+    (a sweep without jobs): removed, with the empty parents made for it. Anything else is left as it is."""
+    folder, key = Path(path), os.path.abspath(str(path))
+    record = folder / "multirun.yaml"
+    if not created_by_this_process(folder) or folder.is_symlink() or not folder.is_dir():
+        return False
+    if [p.name for p in folder.iterdir()] != [record.name] or not _inside(folder, record.name) or \
+            record.lstat().st_mtime < PROCESS_START:
+        return False
+    record.unlink()
+    _remove_empty(key, _FIRST_NEW.get(key, key))
+    return True
+
+
 def _close_logs(folder: Path) -> None:
-    """Close our log handlers that write below ``folder`` (before their files are removed)."""
-    for handler in logging.getLogger().handlers + log.handlers:
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve().is_relative_to(
-                folder.resolve()):
-            handler.close()
+    """Close and detach our log handlers that write below ``folder`` (before their files are removed)."""
+    for logger in (logging.getLogger(), log):
+        for handler in list(logger.handlers):
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve().is_relative_to(
+                    folder.resolve()):
+                handler.close()
+                logger.removeHandler(handler)
 
 
 def _remove_empty(path: str, outermost: str | None) -> None:
