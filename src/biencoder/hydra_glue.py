@@ -177,9 +177,9 @@ def hydra_cli(app) -> None:
     except ValueError as err:
         unwritable = _in_chain(err, OSError) if "Unable to configure handler" in str(err) else None
         if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
-            print(f"error: cannot write the log file {unwritable.filename or ''} ({unwritable.strerror or unwritable}): "
-                  "hydra.run.dir (or paths.log_dir, or the trainer.resume folder) must be a writable folder",
-                  file=sys.stderr)
+            reason = unwritable.strerror or unwritable
+            print(f"error: cannot write the log file {unwritable.filename or ''} ({reason}): hydra.run.dir (or "
+                  "paths.log_dir, or the trainer.resume folder) must be a writable folder", file=sys.stderr)
             sys.exit(2)
         if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
             raise

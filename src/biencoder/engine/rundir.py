@@ -6,9 +6,9 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
   the run-dir resolvers (``${run_dir:...}`` for ``hydra.run.dir``, ``${job_dir:...}`` for a sweep job,
   ``${new_dir:...}`` for a sweep's folder and other apps' folders) note whether
   the folder already existed when Hydra resolved its path, which is before Hydra creates it (a ``hydra.run.dir=``
-  or ``hydra.sweep.dir=`` given on the command line is noted before Hydra starts). On a bad-input error a folder is removed only if it did
-  not exist then, every file in it was written after this process started, and it holds no metrics (a run that
-  trained is never removed); the empty parent folders this process made for it go too. In a folder that did exist,
+  or ``hydra.sweep.dir=`` given on the command line is noted before Hydra starts). On a bad-input error a folder
+  is removed only if it did not exist then, every file in it was written after this process started, and it holds
+  no metrics (a run that trained is never removed); the empty parent folders this process made for it go too. In a folder that did exist,
   only the files Hydra writes for the job (``.hydra/*.yaml``, the job's log) are removed, when they lie inside it
   (no symlink on the way), were not there before and were written since this process started: nothing else there,
   whoever made it, is touched. A sweep that ran no job removes its folder only if this process made it and it holds
@@ -156,7 +156,8 @@ def discard_if_ours(path: str | Path, job_files: tuple[str, ...] = ()) -> bool:
         return False
     mine = [folder / name for name in job_files if _inside(folder, name) and Path(name).parts[0] not in _ENTRIES[key]]
     mine = [p for p in mine if p.is_file() and p.lstat().st_mtime >= PROCESS_START]
-    _close_logs(folder)
+    if mine:
+        _close_logs(folder)
     for file in mine:
         file.unlink()
         if file.parent != folder:
