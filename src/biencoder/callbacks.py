@@ -27,9 +27,9 @@ class SweepSummary(Callback):
 
         sweep = Path(config.hydra.sweep.dir)
         if not _ran_jobs(sweep):
-            from .engine.rundir import discard_empty_sweep
+            from .engine.rundir import discard_if_ours
 
-            discard_empty_sweep(sweep)  # only a folder this process made, holding nothing but multirun.yaml
+            discard_if_ours(sweep)  # only a folder this process made (it holds Hydra's multirun.yaml, nothing else)
             # an exit, not an exception: Hydra turns a callback's exceptions into warnings
             sys.exit(report(ConfigError("the sweep launched 0 jobs: a list or glob() in the overrides matched no "
                                         "option (a group's options are its files, e.g. conf/variant/*.yaml for "

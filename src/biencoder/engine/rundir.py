@@ -11,8 +11,8 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
   no metrics (a run that trained is never removed); the empty parent folders this process made for it go too. In a folder that did exist,
   only the files Hydra writes for the job (``.hydra/*.yaml``, the job's log) are removed, when they lie inside it
   (no symlink on the way), were not there before and were written since this process started: nothing else there,
-  whoever made it, is touched. A sweep that ran no job removes its folder only if this process made it and it holds
-  nothing but Hydra's ``multirun.yaml``. (Two commands started at once into the same new folder are not told apart.)
+  whoever made it, is touched. A sweep that ran no job removes its folder on the same terms (made by this process,
+  every file in it newer). (Two commands started at once into the same new folder are not told apart.)
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
 * **A resumed run is the same run**: every setting but :data:`~biencoder.engine.schema.NON_RESULT_KEYS` must equal the
@@ -171,21 +171,6 @@ def _inside(folder: Path, name: str) -> bool:
     if relative.is_absolute() or ".." in relative.parts or not relative.parts:
         return False
     return os.path.realpath(folder / relative) == os.path.join(os.path.realpath(folder), *relative.parts)
-
-
-def discard_empty_sweep(path: str | Path) -> bool:
-    """A sweep folder this process created that holds only Hydra's multirun.yaml, written since the process started
-    (a sweep without jobs): removed, with the empty parents made for it. Anything else is left as it is."""
-    folder, key = Path(path), os.path.abspath(str(path))
-    record = folder / "multirun.yaml"
-    if not created_by_this_process(folder) or folder.is_symlink() or not folder.is_dir():
-        return False
-    if [p.name for p in folder.iterdir()] != [record.name] or not _inside(folder, record.name) or \
-            record.lstat().st_mtime < PROCESS_START:
-        return False
-    record.unlink()
-    _remove_empty(key, _FIRST_NEW.get(key, key))
-    return True
 
 
 def _close_logs(folder: Path) -> None:
