@@ -253,7 +253,7 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
     import shutil
     import tempfile
 
-    from biencoder.engine.model import TokenizedTexts
+    from biencoder.engine.model import TokenizedTexts, eval_mode
     from biencoder.engine.state import rng_states
     from biencoder.engine.runner import SPLITS, Runner
 
@@ -295,11 +295,12 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
             begin, begin_cpu = time.perf_counter(), time.process_time()
             negatives = timed_phase("mine", lambda: runner.trainer.mine(epoch, train_sim))
             timed_phase("train", lambda: runner.trainer.train_epoch(epoch, negatives))
-            for name in SPLITS:
-                emb = timed_phase(f"encode {name}", lambda: runner.embed(name))
-                timed_phase(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
-                if name == "train":
-                    train_sim = emb.sim
+            with eval_mode(runner.model):  # as Runner.evaluate_epoch: once for the three splits
+                for name in SPLITS:
+                    emb = timed_phase(f"encode {name}", lambda: runner.embed(name))
+                    timed_phase(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
+                    if name == "train":
+                        train_sim = emb.sim
             timed_phase("log + checkpoint", lambda: (runner.folder.append([{"epoch": epoch}]),
                                                      runner.save_last(epoch, best, train_sim, [rng_states()])))
             times["epoch"] = times.get("epoch", 0.0) + time.perf_counter() - begin

@@ -119,6 +119,66 @@ def test_head_statistics_of_several_steps_at_once_are_each_steps_own_to_the_bit(
         assert torch.equal(together, alone)
 
 
+def test_epoch_sums_give_each_steps_own_statistics_to_the_bit():
+    """EpochSums keeps 8 steps' tensors and stacks them once, [S, 2, B, F]: its means are the per-step statistics
+    summed in step order, bit for bit, with a smaller last batch (its own stack) and 19 steps (not a multiple of 8)."""
+    from biencoder.engine.epoch import STEP_STATISTICS, EpochSums
+
+    torch.manual_seed(3)
+    sums, expected, parts = EpochSums(every=8), None, 0.0
+    for step in range(19):
+        batch = 10 if step == 18 else 16
+        features = torch.randn(batch, 40) * 2 + step
+        head_input = torch.relu(torch.nn.functional.layer_norm(features, (40,)))
+        grad_norms = torch.tensor([0.0, 1.0 + step])
+        sums.add({"loss": torch.tensor(float(step))}, features, head_input, grad_norms)
+        row = torch.cat([head_statistics_vector(features, head_input), grad_norms])
+        expected = row.clone() if expected is None else expected.add_(row)
+        parts += step
+    means = sums.means()
+    assert means["loss"] == parts / 19
+    assert [means[name] for name in STEP_STATISTICS] == [value / 19 for value in expected.tolist()]
+
+
+def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_tokenizer):
+    """Inside eval_mode every module is in eval mode, whatever the model's state; a model in eval mode throughout is
+    not switched (nor back) at all, and a model that was switched is restored as before (train(was_training))."""
+    from biencoder.engine.model import eval_mode
+
+    model = make_model(tiny_model_and_tokenizer[0].encoder)
+    switches = []
+    model.train = lambda mode=True, _train=model.train: (switches.append(mode), _train(mode))[1]
+    model.train(), model.encoder.train(False)  # training with a frozen encoder: mixed
+    switches.clear()
+    with eval_mode(model):
+        assert not any(m.training for m in model.modules()) and not torch.is_grad_enabled()
+    assert model.training and switches == [False, True]
+    model.eval(), model.sim_head.train()  # top level in eval mode, one submodule not
+    with eval_mode(model):
+        assert not model.sim_head.training
+    switches.clear()
+    with eval_mode(model):  # in eval mode throughout: left alone
+        with eval_mode(model):
+            pass
+    assert switches == [] and not any(m.training for m in model.modules())
+
+
+def test_pooled_vectors_without_a_cache_refuses_non_finite_vectors(tiny_model_and_tokenizer):
+    """The runner trusts a frozen encoder's pooled vectors to be finite (it checks only the sim vectors per epoch):
+    pooled_vectors guarantees it without a cache too, as the cache does."""
+    import copy
+
+    from biencoder.engine.model import pooled_vectors
+
+    model, tokenizer = tiny_model_and_tokenizer
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.encoder.embeddings.word_embeddings.weight.fill_(float("nan"))
+    assert torch.isfinite(pooled_vectors(model, tokenizer, ["a point", "a counter"], 16)).all()
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        pooled_vectors(broken, tokenizer, ["a point", "a counter"], 16)
+
+
 def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny_model_and_tokenizer):
     """BiModel.pool with ``padded`` (from the host's token lengths) builds the mask transformers would build from the
     2-D one (None, or the 4-D padding mask), so the pooled outputs are the same to the bit, padded batch or not, in

@@ -29,7 +29,8 @@ from .cache import encoder_fingerprint
 from .checkpoint import checkpoint_payload, restore_last, training_state
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
-from .model import Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, pooled_vectors
+from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, eval_mode,
+                    pooled_vectors)
 from .rerank import query_groups, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
@@ -130,7 +131,8 @@ class Runner:
 
     def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
         """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``."""
-        if not (torch.isfinite(emb.sim).all() and torch.isfinite(emb.pooled).all()):
+        # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
+        if not (torch.isfinite(emb.sim).all() and (self.frozen or torch.isfinite(emb.pooled).all())):
             raise Diverged(epoch, f"{name} embeddings")
         metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
                                         self.pair_batch_size, self.device, index=self.cfg.eval.index,
@@ -152,9 +154,10 @@ class Runner:
 
     def evaluate_epoch(self, names, epoch: int = -1) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
         metrics, hits, embs = {}, {}, {}
-        for name in names:
-            embs[name] = self.embed(name)
-            metrics[name], hits[name] = self.evaluate_split(name, embs[name], epoch)
+        with eval_mode(self.model):  # once for every split, not twice per split
+            for name in names:
+                embs[name] = self.embed(name)
+                metrics[name], hits[name] = self.evaluate_split(name, embs[name], epoch)
         return metrics, hits, embs
 
     def baselines(self) -> dict:
