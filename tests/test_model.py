@@ -119,6 +119,15 @@ def test_head_statistics_of_several_steps_at_once_are_each_steps_own_to_the_bit(
         assert torch.equal(together, alone)
 
 
+def test_embeddings_index_equals_advanced_indexing():
+    """index_select (faster on a CPU) gives the rows tensor[rows] gives: repeats, any order, numpy or list or empty."""
+    torch.manual_seed(4)
+    emb = Embeddings(torch.randn(9, 5), torch.randn(9, 7).t().contiguous().t())  # pooled not contiguous
+    for rows in (np.array([8, 0, 0, 3, 8]), [2, 1], np.array([], dtype=np.int64), torch.tensor([4, 4])):
+        picked, expected = emb.index(rows), torch.as_tensor(np.asarray(rows), dtype=torch.long)
+        assert torch.equal(picked.sim, emb.sim[expected]) and torch.equal(picked.pooled, emb.pooled[expected])
+
+
 def test_epoch_sums_give_each_steps_own_statistics_to_the_bit():
     """EpochSums keeps 8 steps' tensors and stacks them once, [S, 2, B, F]: its means are the per-step statistics
     summed in step order, bit for bit, with a smaller last batch (its own stack) and 19 steps (not a multiple of 8)."""
@@ -143,9 +152,11 @@ def test_epoch_sums_give_each_steps_own_statistics_to_the_bit():
 def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_tokenizer):
     """Inside eval_mode every module is in eval mode, whatever the model's state; a model in eval mode throughout is
     not switched (nor back) at all, and a model that was switched is restored as before (train(was_training))."""
+    import copy
+
     from biencoder.engine.model import eval_mode
 
-    model = make_model(tiny_model_and_tokenizer[0].encoder)
+    model = make_model(copy.deepcopy(tiny_model_and_tokenizer[0].encoder))  # the session's model keeps its mode
     switches = []
     model.train = lambda mode=True, _train=model.train: (switches.append(mode), _train(mode))[1]
     model.train(), model.encoder.train(False)  # training with a frozen encoder: mixed
@@ -156,6 +167,12 @@ def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_t
     model.eval(), model.sim_head.train()  # top level in eval mode, one submodule not
     with eval_mode(model):
         assert not model.sim_head.training
+    model.train()
+    with pytest.raises(KeyError):  # an error inside restores the mode too
+        with eval_mode(model):
+            raise KeyError("x")
+    assert all(m.training for m in model.modules())
+    model.eval()
     switches.clear()
     with eval_mode(model):  # in eval mode throughout: left alone
         with eval_mode(model):
@@ -163,20 +180,23 @@ def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_t
     assert switches == [] and not any(m.training for m in model.modules())
 
 
-def test_pooled_vectors_without_a_cache_refuses_non_finite_vectors(tiny_model_and_tokenizer):
+def test_pooled_vectors_refuse_non_finite_vectors_with_or_without_a_cache(tiny_model_and_tokenizer, tmp_path):
     """The runner trusts a frozen encoder's pooled vectors to be finite (it checks only the sim vectors per epoch):
-    pooled_vectors guarantees it without a cache too, as the cache does."""
+    pooled_vectors guarantees it without a cache too, as the cache does, with one line a person can act on."""
     import copy
 
     from biencoder.engine.model import pooled_vectors
+    from biencoder.errors import BiencoderError
 
     model, tokenizer = tiny_model_and_tokenizer
     broken = copy.deepcopy(model)
     with torch.no_grad():
         broken.encoder.embeddings.word_embeddings.weight.fill_(float("nan"))
     assert torch.isfinite(pooled_vectors(model, tokenizer, ["a point", "a counter"], 16)).all()
-    with pytest.raises(FloatingPointError, match="non-finite"):
-        pooled_vectors(broken, tokenizer, ["a point", "a counter"], 16)
+    for cache_dir in (None, tmp_path / "cache"):  # without a cache, and with one (nothing is written to it)
+        with pytest.raises(BiencoderError, match="non-finite pooled vectors.*trainer.precision=fp32"):
+            pooled_vectors(broken, tokenizer, ["a point", "a counter"], 16, cache_dir=cache_dir)
+    assert not list((tmp_path / "cache").rglob("*.npz"))
 
 
 def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny_model_and_tokenizer):

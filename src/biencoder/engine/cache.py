@@ -42,6 +42,14 @@ class CacheError(BiencoderError, RuntimeError):
     """The cache folder cannot be used (e.g. not writable); the message says how to fix it."""
 
 
+class NonFiniteVectors(BiencoderError, FloatingPointError):
+    """The encoder gave a NaN or an infinite pooled vector: nothing is cached or returned (one line, exit 2)."""
+
+    def __init__(self):
+        super().__init__("the encoder produced non-finite pooled vectors (nothing was cached): check the encoder's "
+                         "weights (model.encoder.name_or_path), or run with trainer.precision=fp32")
+
+
 def encoder_fingerprint(encoder: nn.Module) -> str:
     """SHA-256 (hex) over the encoder's state dict: parameter names, shapes, dtypes and values."""
     digest = hashlib.sha256()
@@ -162,7 +170,7 @@ class EmbeddingCache:
         if len(unique_missing):
             vectors = np.ascontiguousarray(compute(unique_missing), dtype=np.float32)
             if not np.isfinite(vectors).all():
-                raise FloatingPointError("the encoder produced non-finite vectors; nothing was cached")
+                raise NonFiniteVectors()
             self._write_shard(hashes[unique_missing], vectors)
             for i, vector in zip(unique_missing, vectors):
                 table[hashes[i].tobytes()] = vector

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError
-from .cache import encoder_fingerprint, model_cache
+from .cache import NonFiniteVectors, encoder_fingerprint, model_cache
 
 log = logging.getLogger("biencoder")
 _TRANSFORMERS_MAJOR = int(version("transformers").split(".")[0])
@@ -331,7 +331,7 @@ def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int,
     With ``cache_dir`` (a frozen encoder, whose outputs depend only on its weights) they come from the embedding
     cache there (:class:`biencoder.engine.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
     bar) and added to it. Without it every text is encoded. Either way the vectors returned are finite, or
-    FloatingPointError is raised. ``fingerprint``: :func:`encoder_fingerprint` of ``model.encoder``, hashed here when
+    :class:`~biencoder.engine.cache.NonFiniteVectors` is raised. ``fingerprint``: :func:`encoder_fingerprint` of ``model.encoder``, hashed here when
     None (pass it to hash the encoder once for several calls).
     """
     def encode_rows(rows) -> Tensor:
@@ -341,7 +341,7 @@ def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int,
     if cache_dir is None:
         vectors = encode_rows(range(len(texts)))
         if not torch.isfinite(vectors).all():  # as the cache checks what it stores: the vectors returned are finite
-            raise FloatingPointError("the encoder produced non-finite vectors")
+            raise NonFiniteVectors()
         return vectors
 
     def compute(rows: np.ndarray) -> np.ndarray:
