@@ -103,3 +103,29 @@ def test_more_processes_than_gpus_is_one_line_and_no_folder(tmp_path):
                       "is needed): start torchrun --nproc_per_node=1, or train with gloo on the CPU "
                       "(trainer.device=cpu)"}
     assert not (logs / "runs").exists()  # the folders and the empty parents made for them are gone
+
+
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_rank_stopped_by_torchrun_during_start_up_leaves_nothing_of_its_own(tmp_path, existing):
+    """torchrun stops (SIGTERM) the other ranks as soon as one fails; a rank still in start-up then removes what it
+    made of its folder, as its own error would: the folder it created, or in a folder that was there only Hydra's
+    files. Deterministic here: start-up sends the SIGTERM to its own process (WORLD_SIZE=2, no torchrun)."""
+    stopped = tmp_path / "stopped.py"
+    stopped.write_text("import os, signal\n"
+                       "import biencoder.engine.runner as runner\n"
+                       "runner.start_up = lambda cfg: os.kill(os.getpid(), signal.SIGTERM)\n"
+                       "import biencoder.train as train\n"
+                       "train.start_up = runner.start_up\n"
+                       "train.cli()\n")
+    run_dir = tmp_path / "logs" / "runs" / "r1"
+    if existing:
+        run_dir.mkdir(parents=True)
+        (run_dir / "notes.txt").write_text("mine")
+    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "WORLD_SIZE": "2"}
+    proc = subprocess.run([sys.executable, str(stopped), "model=tiny", f"hydra.run.dir={run_dir}"],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 128 + 15, proc.stderr
+    if existing:
+        assert sorted(p.name for p in run_dir.rglob("*")) == ["notes.txt"]
+    else:
+        assert not (tmp_path / "logs").exists()

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -57,15 +60,41 @@ def register() -> None:
 HYDRA_FILES = (".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml")
 
 
+def job_files() -> tuple[str, ...]:
+    """The files Hydra wrote into this job's folder: :data:`HYDRA_FILES` and ``<job name>.log``."""
+    job = HydraConfig.get().job.name if HydraConfig.initialized() else None
+    return HYDRA_FILES + ((f"{job}.log",) if job else ())
+
+
 def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
     """Bad input: one line on stderr, exit ``code``. What this process made of ``out_dir`` is removed
     (:func:`biencoder.engine.rundir.discard_if_ours`: the folder if it created it, else only Hydra's files of this
     job); anything else is left exactly as it was."""
     report(err, code)
     if out_dir is not None:
-        job = HydraConfig.get().job.name if HydraConfig.initialized() else None
-        discard_if_ours(out_dir, HYDRA_FILES + ((f"{job}.log",) if job else ()))
+        discard_if_ours(out_dir, job_files())
     sys.exit(code)
+
+
+@contextmanager
+def discarded_if_stopped(out_dir: Path):
+    """Under torchrun (``WORLD_SIZE`` > 1), a SIGTERM inside removes what this process made of ``out_dir``, as
+    :func:`fail` does, and ends the process with 128 + 15. torchrun stops every other rank as soon as one fails
+    (e.g. more processes than GPUs, which every rank finds at start-up); a rank still starting then would leave its
+    Hydra folder behind. For start-up only: nothing of the run's own is written yet."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stopped(signum, frame):
+        discard_if_ours(out_dir, job_files())
+        os._exit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 #: lines of Hydra's multi-line messages that tell the user what to type instead: kept in the one line

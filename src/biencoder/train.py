@@ -19,7 +19,7 @@ from .engine.rundir import discard_if_ours
 from .engine.runner import Runner, run, start_up
 from .engine.runtime import nondeterministic_op
 from .errors import BiencoderError
-from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
+from .hydra_glue import conf_dir, discarded_if_stopped, fail, hydra_cli, register, variant_name
 from .report.run import summary_text
 
 __all__ = ["Diverged", "Runner", "main", "run"]  # Runner, run and Diverged: importable from here as before
@@ -38,8 +38,9 @@ def main(cfg: DictConfig) -> float | None:
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         final = runtime = None
-        runtime = start_up(cfg)  # the one decision; the process group only under torchrun with several processes
-        shared = Path(distributed.broadcast_object(str(out_dir)))  # every rank works in rank 0's folder
+        with discarded_if_stopped(out_dir):  # torchrun stops the other ranks when one fails here
+            runtime = start_up(cfg)  # the one decision; the process group only under torchrun with several processes
+            shared = Path(distributed.broadcast_object(str(out_dir)))  # every rank works in rank 0's folder
         if shared != out_dir:
             discard_if_ours(out_dir)  # this rank's own (empty) Hydra folder
             out_dir = shared
