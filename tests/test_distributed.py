@@ -108,14 +108,13 @@ def test_more_processes_than_gpus_is_one_line_and_no_folder(tmp_path):
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_rank_stopped_by_torchrun_during_start_up_leaves_nothing_of_its_own(tmp_path, existing):
     """torchrun stops (SIGTERM) the other ranks as soon as one fails; a rank still in start-up then removes what it
-    made of its folder, as its own error would: the folder it created, or in a folder that was there only Hydra's
-    files. Deterministic here: start-up sends the SIGTERM to its own process (WORLD_SIZE=2, no torchrun)."""
+    made of its folder, as its own error would (the folder it created, or in a folder that was there only Hydra's
+    files), and dies of the signal as before. Deterministic here: start-up sends the SIGTERM to its own process
+    (WORLD_SIZE=2, no torchrun)."""
     stopped = tmp_path / "stopped.py"
     stopped.write_text("import os, signal\n"
-                       "import biencoder.engine.runner as runner\n"
-                       "runner.start_up = lambda cfg: os.kill(os.getpid(), signal.SIGTERM)\n"
                        "import biencoder.train as train\n"
-                       "train.start_up = runner.start_up\n"
+                       "train.decide_runtime = lambda cfg: os.kill(os.getpid(), signal.SIGTERM)\n"
                        "train.cli()\n")
     run_dir = tmp_path / "logs" / "runs" / "r1"
     if existing:
@@ -124,8 +123,34 @@ def test_a_rank_stopped_by_torchrun_during_start_up_leaves_nothing_of_its_own(tm
     env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "WORLD_SIZE": "2"}
     proc = subprocess.run([sys.executable, str(stopped), "model=tiny", f"hydra.run.dir={run_dir}"],
                           capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
-    assert proc.returncode == 128 + 15, proc.stderr
+    assert proc.returncode == -15, proc.stderr
     if existing:
         assert sorted(p.name for p in run_dir.rglob("*")) == ["notes.txt"]
     else:
         assert not (tmp_path / "logs").exists()
+
+
+def test_a_rank_waiting_in_the_rendezvous_ends_at_once_on_sigterm(tmp_path):
+    """From the process group's rendezvous on, SIGTERM ends the rank at once, as it always did: a Python handler
+    cannot run while the main thread waits in C++, and torchrun would wait 30 s, then SIGKILL it. Rank 0 of 2 here,
+    with no rank 1: it waits in the rendezvous until it is stopped."""
+    import signal
+    import time
+
+    run_dir = tmp_path / "run"
+    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "WORLD_SIZE": "2", "RANK": "0",
+           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    proc = subprocess.Popen([sys.executable, "-m", "biencoder.train", "model=tiny", "trainer.device=cpu",
+                             f"hydra.run.dir={run_dir}"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (run_dir / ".hydra" / "config.yaml").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(5)  # well inside the rendezvous by now
+        assert proc.poll() is None  # waiting for rank 1
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == -15
+    finally:
+        proc.kill()
+        proc.wait()

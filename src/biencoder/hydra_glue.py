@@ -12,7 +12,6 @@ import re
 import signal
 import sys
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 from hydra.core.config_store import ConfigStore
@@ -70,31 +69,35 @@ def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
     """Bad input: one line on stderr, exit ``code``. What this process made of ``out_dir`` is removed
     (:func:`biencoder.engine.rundir.discard_if_ours`: the folder if it created it, else only Hydra's files of this
     job); anything else is left exactly as it was."""
+    if _torchrun_worker():  # torchrun's SIGTERM (another rank failed too) must not cut this short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     report(err, code)
     if out_dir is not None:
         discard_if_ours(out_dir, job_files())
     sys.exit(code)
 
 
-@contextmanager
-def discarded_if_stopped(out_dir: Path):
-    """Under torchrun (``WORLD_SIZE`` > 1), a SIGTERM inside removes what this process made of ``out_dir``, as
-    :func:`fail` does, and ends the process with 128 + 15. torchrun stops every other rank as soon as one fails
-    (e.g. more processes than GPUs, which every rank finds at start-up); a rank still starting then would leave its
-    Hydra folder behind. For start-up only: nothing of the run's own is written yet."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or threading.current_thread() is not threading.main_thread():
-        yield
-        return
+def _torchrun_worker() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and threading.current_thread() is threading.main_thread()
 
-    def stopped(signum, frame):
-        discard_if_ours(out_dir, job_files())
-        os._exit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, stopped)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+def _stopped(signum, frame) -> None:
+    """SIGTERM before the run started: remove what this process made of its Hydra folder (as :func:`fail` does), then
+    die of the signal, as without this handler."""
+    if HydraConfig.initialized():  # Hydra names the folder before it makes it
+        discard_if_ours(Path(HydraConfig.get().runtime.output_dir), job_files())
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def clean_up_if_stopped(on: bool) -> None:
+    """Under torchrun (``WORLD_SIZE`` > 1): while ``on``, a SIGTERM removes what this process made of its Hydra folder
+    before it ends the process. torchrun stops every other rank as soon as one fails (more processes than GPUs: every
+    rank finds it at start-up); a rank stopped before its own error used to leave its Hydra folder behind. On from
+    ``biencoder-train``'s start until its process group starts: a Python handler cannot run while the main thread waits in
+    torch's rendezvous, so from there on SIGTERM ends the process at once, as it always did."""
+    if _torchrun_worker():
+        signal.signal(signal.SIGTERM, _stopped if on else signal.SIG_DFL)
 
 
 #: lines of Hydra's multi-line messages that tell the user what to type instead: kept in the one line

@@ -16,10 +16,10 @@ from omegaconf import DictConfig
 from .engine import distributed
 from .engine.epoch import Diverged
 from .engine.rundir import discard_if_ours
-from .engine.runner import Runner, run, start_up
+from .engine.runner import Runner, decide_runtime, run
 from .engine.runtime import nondeterministic_op
 from .errors import BiencoderError
-from .hydra_glue import conf_dir, discarded_if_stopped, fail, hydra_cli, register, variant_name
+from .hydra_glue import clean_up_if_stopped, conf_dir, fail, hydra_cli, register, variant_name
 from .report.run import summary_text
 
 __all__ = ["Diverged", "Runner", "main", "run"]  # Runner, run and Diverged: importable from here as before
@@ -38,9 +38,10 @@ def main(cfg: DictConfig) -> float | None:
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         final = runtime = None
-        with discarded_if_stopped(out_dir):  # torchrun stops the other ranks when one fails here
-            runtime = start_up(cfg)  # the one decision; the process group only under torchrun with several processes
-            shared = Path(distributed.broadcast_object(str(out_dir)))  # every rank works in rank 0's folder
+        runtime = decide_runtime(cfg)  # the one decision
+        clean_up_if_stopped(False)  # the rendezvous below waits in C++: a SIGTERM must end it at once
+        distributed.setup(runtime)  # the process group, only under torchrun with several processes
+        shared = Path(distributed.broadcast_object(str(out_dir)))  # every rank works in rank 0's folder
         if shared != out_dir:
             discard_if_ours(out_dir)  # this rank's own (empty) Hydra folder
             out_dir = shared
@@ -67,6 +68,7 @@ def main(cfg: DictConfig) -> float | None:
 
 def cli() -> None:
     """The ``biencoder-train`` command (Hydra tab completion: ``eval "$(biencoder-train -sc install=bash)"``)."""
+    clean_up_if_stopped(True)  # until the process group starts (main)
     hydra_cli(main)
 
 

@@ -317,12 +317,17 @@ class Runner:
 
 
 def start_up(cfg: DictConfig) -> Runtime:
-    """Start-up: decide device, precision and process group once (:func:`biencoder.engine.runtime.decide`), set torch's
-    determinism switches (before any CUDA work) and start the process group (only under torchrun with several
-    processes). Raises :class:`ConfigError` when the decision cannot work."""
+    """Start-up: :func:`decide_runtime`, then the process group (only under torchrun with several processes)."""
+    runtime = decide_runtime(cfg)
+    distributed.setup(runtime)
+    return runtime
+
+
+def decide_runtime(cfg: DictConfig) -> Runtime:
+    """Decide device, precision and process group once (:func:`biencoder.engine.runtime.decide`) and set torch's
+    determinism switches (before any CUDA work). Raises :class:`ConfigError` when the decision cannot work."""
     runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic)
     runtime.apply()
-    distributed.setup(runtime)
     return runtime
 
 
