@@ -331,8 +331,8 @@ def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int,
     With ``cache_dir`` (a frozen encoder, whose outputs depend only on its weights) they come from the embedding
     cache there (:class:`biencoder.engine.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
     bar) and added to it. Without it every text is encoded. Either way the vectors returned are finite, or
-    :class:`~biencoder.engine.cache.NonFiniteVectors` is raised. ``fingerprint``: :func:`encoder_fingerprint` of ``model.encoder``, hashed here when
-    None (pass it to hash the encoder once for several calls).
+    :class:`~biencoder.engine.cache.NonFiniteVectors` is raised. ``fingerprint``: :func:`encoder_fingerprint` of
+    ``model.encoder``, hashed here when None (pass it to hash the encoder once for several calls).
     """
     def encode_rows(rows) -> Tensor:
         tokens = TokenizedTexts([texts[i] for i in rows], tokenizer, max_length)
