@@ -4,15 +4,15 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
 
 * **Nothing this process did not create is ever deleted.** Hydra makes the output folder before the app runs, so
   the run-dir resolvers (``${run_dir:...}`` for ``hydra.run.dir``, ``${job_dir:...}`` for a sweep job,
-  ``${new_dir:...}`` for a sweep's folder and other apps' folders) note whether
-  the folder already existed when Hydra resolved its path, which is before Hydra creates it (a ``hydra.run.dir=``
-  or ``hydra.sweep.dir=`` given on the command line is noted before Hydra starts). On a bad-input error a folder
-  is removed only if it did not exist then, every file in it was written after this process started, and it holds
-  no metrics (a run that trained is never removed); the empty parent folders this process made for it go too. In a folder that did exist,
-  only the files Hydra writes for the job (``.hydra/*.yaml``, the job's log) are removed, when they lie inside it
-  (no symlink on the way), were not there before and were written since this process started: nothing else there,
-  whoever made it, is touched. A sweep that ran no job removes its folder on the same terms (made by this process,
-  every file in it newer). (Two commands started at once into the same new folder are not told apart.)
+  ``${new_dir:...}`` for a sweep's folder and other apps' folders) note whether the folder already existed when Hydra
+  resolved its path, which is before Hydra creates it (a ``hydra.run.dir=`` or ``hydra.sweep.dir=`` given on the
+  command line is noted before Hydra starts). On a bad-input error a folder is removed only if it did not exist then,
+  every file in it was written after this process started, and it holds no metrics (a run that trained is never
+  removed); the empty parent folders this process made for it go too. In a folder that did exist, only the files
+  Hydra writes for the job (``.hydra/*.yaml``, the job's log) are removed, when they lie inside it (no symlink on the
+  way), were not there before and were written since this process started: nothing else there, whoever made it, is
+  touched. A sweep that ran no job removes its folder on the same terms (made by this process, every file in it
+  newer). (Two commands started at once into the same new folder are not told apart.)
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
 * **A resumed run is the same run**: every setting but :data:`~biencoder.engine.schema.NON_RESULT_KEYS` must equal the
