@@ -65,3 +65,26 @@ def test_random_share_follows_rate_and_seed():
 def test_random_rate_schedule():
     assert random_rate(0) == 0.8 and random_rate(10) == pytest.approx(0.7)
     assert random_rate(100) == 0.0 and random_rate(5, start=0.5, decay=0.2) == 0.0
+
+
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+def test_only_the_hard_pairs_are_searched_and_they_get_what_a_search_of_all_gives(index):
+    """The draw comes first and only the pairs without a random negative are searched (most pairs early on). Their
+    negatives must be the ones a search of every pair finds: rate 0 searches all and draws the same RNG stream."""
+    q = 700  # 1400 rows: several of exact search's 256-query blocks, a partial one at the end
+    split = paired_split([f"p{i}" for i in range(q)], [f"c{i % 650}" for i in range(q)])  # some duplicate counters
+    sim = np.random.default_rng(4).normal(size=(2 * q, 16))
+    every = mine_negatives(sim, split, 0.0, np.random.default_rng(9), n_neighbors=3, index=index)
+    for rate in (0.3, 0.8):
+        mixed = mine_negatives(sim, split, rate, np.random.default_rng(9), n_neighbors=3, index=index)
+        hard = ~mixed.is_random
+        assert 0 < hard.sum() < q
+        np.testing.assert_array_equal(mixed.row[hard], every.row[hard])
+        np.testing.assert_array_equal(mixed.distance[hard], every.distance[hard])
+
+
+@pytest.mark.parametrize("rate", [0.0, 1.0])
+def test_a_pair_without_an_eligible_negative_is_refused_at_any_rate(rate):
+    split = paired_split(["a", "a"], ["b", "b"])  # two texts: every argument is a point's or its counter's
+    with pytest.raises(ValueError, match="no eligible negative"):
+        mine_negatives(np.zeros((4, 2)), split, rate, np.random.default_rng(0), n_neighbors=1)

@@ -4,7 +4,8 @@ For every pair's point: the nearest argument of the split, point or counter (by 
 embeddings, one BallTree or exact search over all of them), skipping the point itself, its own counter and every
 argument whose text equals the point's or the counter's text, is the hard negative. (This is the closer of the
 nearest allowed point and the nearest allowed counter; at equal distance the lower row, a point, wins.)
-With probability ``random_rate`` a uniformly random eligible argument is taken instead.
+With probability ``random_rate`` a uniformly random eligible argument is taken instead; only the other points are
+searched for.
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ def forbidden_texts(split: PairedSplit) -> np.ndarray:
     return np.stack([split.text_id[split.query], split.text_id[split.counter]], axis=1)
 
 
+def has_eligible(text_id: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    """[Q] bool: some argument's text is neither of the pair's two ``banned`` [Q, 2] text ids. Only a split of at most
+    two distinct texts can have a pair without one."""
+    unique = np.unique(text_id)
+    if len(unique) > 2:
+        return np.ones(len(banned), bool)
+    return (unique[None, :, None] != banned[:, None, :]).all(axis=2).any(axis=1)
+
+
 def _first_allowed(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
                    text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none."""
@@ -84,11 +94,17 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
     text_id = split.text_id
     banned = forbidden_texts(split)
     queries = split.query
-    row, _ = _first_allowed(NeighbourIndex(sim, index, device), sim, queries, banned, text_id, n_neighbors)
-    if (row < 0).any():
+    if not has_eligible(text_id, banned).all():
         raise ValueError("a pair has no eligible negative: the split needs at least one argument with another text")
-
+    # the draw first, then the search for the hard ones only: a pair that gets a random negative needs no neighbours
+    # (most of them early on: rate 0.8 at epoch 0). The search is row by row, so the hard rows are what a search of
+    # every pair gives them; the RNG is drawn in the same order as ever
     is_random = rng.random(len(queries)) < rate
+    row = np.full(len(queries), -1)
+    hard = np.flatnonzero(~is_random)
+    if len(hard):
+        row[hard], _ = _first_allowed(NeighbourIndex(sim, index, device), sim, queries[hard], banned[hard], text_id,
+                                      n_neighbors)
     todo = np.flatnonzero(is_random)
     while len(todo):  # rejection sampling: eligible arguments are the vast majority
         draw = rng.integers(0, len(text_id), size=len(todo))
