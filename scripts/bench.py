@@ -18,8 +18,8 @@
    cache is warmed first (it says so; 5-10 min on 2 cores).
 5. One training step (:meth:`biencoder.engine.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
    encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
-   counted with ``torch.profiler`` over 32 (frozen) or 8 steps, so that the head statistics, computed once every 8
-   steps (:class:`biencoder.engine.epoch.EpochSums`), count at their share; and ms per step.
+   counted with ``torch.profiler`` over 32 (frozen) or 8 steps, so that the head statistics, computed on one step in 8
+   (:class:`biencoder.engine.epoch.EpochSums`), count at their share; and ms per step.
 6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log): the default
    run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints ``finetune_epoch_s``.
 7. (CUDA; with ``--gpu-only`` or ``--items sweep``) the 20-run fine-tuning ablation on ``data=arguana`` as a real
@@ -440,7 +440,7 @@ def bench_step_counts(frozen: bool, steps: int) -> dict:
         batches = itertools.islice((inputs for epoch in itertools.count()
                                     for _, inputs in runner.trainer.batches(epoch, negatives)), 2 * steps + 2)
         batches = iter(list(batches))
-        sums = EpochSums()
+        sums = EpochSums(runner.cfg.trainer.head_stats_every)
         result = count_step(lambda: runner.trainer.train_step(next(batches), sums), runner.device, steps,
                             exempt=lambda: [state["step"] for state in runner.trainer.optimizer.state.values()])
         return {"model": "MiniLM frozen head" if frozen else "MiniLM-sized", "device": device_label(runner.device),
@@ -528,7 +528,7 @@ def main(argv=None) -> int:
     if "steps" in items:
         print("\n5. one training step (EpochTrainer.train_step, demo corpus): operator calls and host syncs per step")
         for frozen in (False, True):
-            # a multiple of EpochSums.every (8): the head statistics, computed every 8 steps, count at their share
+            # a multiple of trainer.head_stats_every (8): the head statistics of one step in 8 count at their share
             r = bench_step_counts(frozen, steps=32 if frozen else 8)
             names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
             print(f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "

@@ -106,19 +106,6 @@ def test_head_statistics_by_hand():
     assert stats["head_pre_zero_share"] == 0.0
 
 
-def test_head_statistics_of_several_steps_at_once_are_each_steps_own_to_the_bit():
-    """The training step keeps its tensors and computes the statistics of S steps in one go: [S, 12], row i equal to
-    the statistics of step i alone, bit for bit (not just close), for the LayerNorm/ReLU head input and odd shapes."""
-    torch.manual_seed(0)
-    for steps, batch, width in [(16, 64, 1536), (5, 24, 1536), (3, 7, 13), (1, 32, 384)]:
-        features = torch.randn(steps, batch, width) * 3 + 1
-        head_input = torch.relu(torch.nn.functional.layer_norm(features, (width,)))
-        together = head_statistics_vector(features, head_input)
-        alone = torch.stack([head_statistics_vector(f, h) for f, h in zip(features, head_input)])
-        assert together.shape == (steps, 12)
-        assert torch.equal(together, alone)
-
-
 def test_embeddings_index_equals_advanced_indexing():
     """index_select (faster on a CPU) gives the rows tensor[rows] gives: repeats, any order, numpy or list or empty."""
     torch.manual_seed(4)
@@ -128,25 +115,29 @@ def test_embeddings_index_equals_advanced_indexing():
         assert torch.equal(picked.sim, emb.sim[expected]) and torch.equal(picked.pooled, emb.pooled[expected])
 
 
-def test_epoch_sums_give_each_steps_own_statistics_to_the_bit():
-    """EpochSums keeps 8 steps' tensors and stacks them once, [S, 2, B, F]: its means are the per-step statistics
-    summed in step order, bit for bit, with a smaller last batch (its own stack) and 19 steps (not a multiple of 8)."""
+@pytest.mark.parametrize("every, sampled", [(8, [0, 8, 16]), (1, list(range(19))), (20, [0])])
+def test_epoch_sums_sample_the_head_statistics_and_average_the_rest_over_every_step(every, sampled):
+    """EpochSums: the loss parts and gradient norms are means over all 19 steps; the head statistics are the mean of
+    the first step of every ``every`` (trainer.head_stats_every), to the bit. The other steps' head tensors are far
+    off (x 1000), so counting one of them would show."""
     from biencoder.engine.epoch import STEP_STATISTICS, EpochSums
 
     torch.manual_seed(3)
-    sums, expected, parts = EpochSums(every=8), None, 0.0
+    sums, head, grads = EpochSums(every=every), None, None
     for step in range(19):
-        batch = 10 if step == 18 else 16
-        features = torch.randn(batch, 40) * 2 + step
+        batch = 10 if step == 18 else 16  # a smaller last batch
+        features = (torch.randn(batch, 40) * 2 + step) * (1 if step in sampled else 1000)
         head_input = torch.relu(torch.nn.functional.layer_norm(features, (40,)))
         grad_norms = torch.tensor([0.0, 1.0 + step])
         sums.add({"loss": torch.tensor(float(step))}, features, head_input, grad_norms)
-        row = torch.cat([head_statistics_vector(features, head_input), grad_norms])
-        expected = row.clone() if expected is None else expected.add_(row)
-        parts += step
+        grads = grad_norms.clone() if grads is None else grads.add_(grad_norms)
+        if step in sampled:
+            row = head_statistics_vector(features, head_input)
+            head = row.clone() if head is None else head.add_(row)
     means = sums.means()
-    assert means["loss"] == parts / 19
-    assert [means[name] for name in STEP_STATISTICS] == [value / 19 for value in expected.tolist()]
+    assert means["loss"] == sum(range(19)) / 19
+    expected = [v / len(sampled) for v in head.tolist()] + [v / 19 for v in grads.tolist()]
+    assert [means[name] for name in STEP_STATISTICS] == expected
 
 
 def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_tokenizer):

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from . import distributed
 from .corpus import PairedSplit
 from .loss import LossOutput, build_loss
-from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, stacked_head_statistics, to_device
+from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector, to_device
 from .negatives import MinedNegatives, mine_negatives, random_rate
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
@@ -67,57 +67,42 @@ def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
 class EpochSums:
     """Per-step values summed on the device over an epoch and read by the host once (:meth:`means`): no step waits.
 
-    The loss parts are summed in float64 every step. The head statistics and gradient norms are summed in float32;
-    a step only keeps its (detached) head tensors, and the statistics of ``every`` steps are computed in one batched
-    call (:func:`stacked_head_statistics` of [S, 2, B, F]) instead of ~100 small ops per step: the same float32 values,
-    added in step order, so on a CPU the means are the same numbers to the last digit as when each step computed its
-    own (a GPU's reductions may round differently for a batched shape).
-    8 steps: the frozen epoch's train phase took a median 172 ms against 181 ms when each step computed its own
-    (BENCHMARKS section 7), and 215 ms at 16 (a bigger stack leaves the cache).
+    The loss parts are summed in float64 and the gradient norms in float32, every step. The head statistics
+    (:func:`head_statistics_vector`, about 20 passes over the step's [2B, F] head tensors) are a sample: the first
+    step of every ``every`` (``trainer.head_stats_every``), averaged over the sampled steps. Every step's would cost
+    the frozen epoch about 50 ms of its 0.35 s (BENCHMARKS section 7, seventh pass); ``every=1`` gives them all.
     """
 
     def __init__(self, every: int = 8):
-        self.every, self.steps, self.part_names, self.parts, self.stats = every, 0, (), None, None
-        self.kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.every, self.steps, self.sampled = every, 0, 0
+        self.part_names, self.parts, self.grad_norms, self.head = (), None, None, None
 
     def add(self, parts: dict[str, torch.Tensor], features: torch.Tensor, head_input: torch.Tensor,
             grad_norms: torch.Tensor) -> None:
-        """Add one step's loss ``parts`` (0-d tensors), head tensors ``features`` and ``head_input`` [B, F] and
-        ``grad_norms`` [2] (encoder, head); the statistics named by :data:`STEP_STATISTICS` are computed later."""
+        """Add one step's loss ``parts`` (0-d tensors) and ``grad_norms`` [2] (encoder, head); on a sampled step, the
+        statistics of its head tensors ``features`` and ``head_input`` [B, F] too."""
         vector = torch.stack(list(parts.values()))
         if self.parts is None:
             self.part_names, self.parts = tuple(parts), vector.to(torch.float64)
+            self.grad_norms = grad_norms.float().clone()
         else:
             self.parts.add_(vector)
+            self.grad_norms.add_(grad_norms)
+        if self.steps % self.every == 0:
+            head = head_statistics_vector(features, head_input)
+            self.head = head if self.head is None else self.head.add_(head)
+            self.sampled += 1
         self.steps += 1
-        if self.kept and self.kept[0][0].shape != features.shape:  # a smaller last batch: its own stack
-            self._compute()
-        self.kept.append((features.detach(), head_input.detach(), grad_norms))
-        if len(self.kept) == self.every:
-            self._compute()
-
-    def _compute(self) -> None:
-        """The statistics of the kept steps ([S, 14]), added to the sums one step after the other."""
-        # one copy into [S, 2, B, F] (features, head input of each step), not a stack per tensor and then of both
-        stacked = torch.stack([tensor for kept in self.kept for tensor in kept[:2]]).unflatten(0, (-1, 2))
-        grad_norms = torch.stack([kept[2] for kept in self.kept])
-        self.kept = []
-        rows = torch.cat([stacked_head_statistics(stacked), grad_norms.float()], dim=1)
-        for row in rows:
-            if self.stats is None:
-                self.stats = row.clone()
-            else:
-                self.stats.add_(row)
 
     def means(self) -> dict[str, float]:
-        """Mean per step of every part and statistic (two host reads); empty before the first step."""
+        """Mean per step of every part and gradient norm, and per sampled step of every head statistic (two host
+        reads); empty before the first step. Named by the loss's parts and :data:`STEP_STATISTICS`."""
         if self.parts is None:
             return {}
-        if self.kept:
-            self._compute()
-        values = dict(zip(self.part_names, self.parts.tolist()))
-        values.update(zip(STEP_STATISTICS, self.stats.tolist()))
-        return {key: value / self.steps for key, value in values.items()}
+        stats = torch.cat([self.head, self.grad_norms]).tolist()
+        counts = [self.sampled] * len(HEAD_STATISTIC_NAMES) + [self.steps] * (len(stats) - len(HEAD_STATISTIC_NAMES))
+        return {**{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist())},
+                **{name: value / count for name, value, count in zip(STEP_STATISTICS, stats, counts)}}
 
 
 class TripletStep(nn.Module):
@@ -276,7 +261,7 @@ class EpochTrainer:
         The step sums everything on the device; the host reads the sums once, here. Raises :class:`Diverged` when
         the epoch's loss is not finite (a NaN or inf in any step makes the sum so).
         """
-        sums = EpochSums()
+        sums = EpochSums(self.cfg.trainer.head_stats_every)
         self.model.train()
         self.model.encoder.train(not self.frozen)
         bar = tqdm(self.batches(epoch, negatives), desc=f"epoch {epoch} train", disable=not self.progress,

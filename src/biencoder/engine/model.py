@@ -365,24 +365,17 @@ HEAD_STATISTIC_NAMES = tuple(f"head_{tag}_{name}" for tag in ("pre", "post") for
 
 
 def head_statistics_vector(features: Tensor, head_input: Tensor) -> Tensor:
-    """:func:`head_statistics` as float32 values on the inputs' device, named by :data:`HEAD_STATISTIC_NAMES`: [12]
-    for one step's tensors [B, F], or [S, 12] for S steps' at once ([S, B, F] each; what the training step keeps and
-    computes every few steps). On a CPU the values are the same to the last bit either way (tests/test_model.py)."""
-    return stacked_head_statistics(torch.stack([features.detach(), head_input.detach()], dim=-3))
-
-
-def stacked_head_statistics(x: Tensor) -> Tensor:
-    """:func:`head_statistics_vector` of both tensors stacked, [..., 2, B, F] → [..., 12]."""
-    # both tensors at once: each statistic is one op for all, with the same reductions per row (and so the same float32
-    # values) as when they were computed one tensor and one step at a time
-    x = x.float()
-    mean = x.mean(dim=-1)  # [..., 2, B]
+    """:func:`head_statistics` as [12] float32 values on the inputs' device (both [B, F]), named by
+    :data:`HEAD_STATISTIC_NAMES`; computed without a host read."""
+    # both tensors at once: each statistic is one op for the two
+    x = torch.stack([features.detach(), head_input.detach()]).float()  # [2, B, F]
+    mean = x.mean(dim=-1)  # [2, B]
     # variances from centred squares: torch's var() takes a slow path on a CPU for these shapes (4-5x)
     var = (x - mean[..., None]).square_().mean(dim=-1)
-    feature_var = (x - x.mean(dim=-2, keepdim=True)).square_().mean(dim=-2)  # [..., 2, F]
+    feature_var = (x - x.mean(dim=-2, keepdim=True)).square_().mean(dim=-2)  # [2, F]
     return torch.stack([mean.mean(dim=-1), mean.std(dim=-1, unbiased=False), var.mean(dim=-1),
                         var.std(dim=-1, unbiased=False), feature_var.std(dim=-1, unbiased=False),
-                        (x == 0).float().mean(dim=(-2, -1))], dim=-1).flatten(-2)  # [..., 2, 6] → [..., 12]
+                        (x == 0).float().mean(dim=(-2, -1))], dim=-1).flatten()  # [2, 6] → [12]
 
 
 def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:

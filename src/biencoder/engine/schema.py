@@ -124,6 +124,8 @@ class TrainerSchema:
     deterministic: bool = False
     compile: bool = False        # torch.compile the encoder (CUDA; pays off on long runs)
     num_workers: int = 0         # DataLoader workers assembling triplet batches
+    # the head statistics (head_pre_* / head_post_* in metrics.jsonl) of the first step of every N; 1 = every step
+    head_stats_every: int = 8
     # tqdm bars for epochs, batches and encoding: auto = only when stderr is a terminal | true | false
     progress: Any = "auto"
     save_checkpoint: bool = True  # best-by-val weights as best.pt in the run folder
