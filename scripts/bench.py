@@ -248,7 +248,8 @@ def cache_report(cfg) -> str | None:
 def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict:
     """Seconds per phase of one epoch (mean over ``epochs`` after one warm-up epoch) of the run ``overrides`` make,
     through the runner's own methods in :meth:`Runner._fit`'s order: tokenise (trained encoder: the three splits,
-    timed once, not per epoch), mine, train, then per split encode and retrieve + rerank, then log + checkpoint.
+    timed once, not per epoch), mine, train, then per split encode and retrieve + rerank, then log; and ``last.pt``,
+    written once and counted at the share of epochs the runner writes it in (``trainer.checkpoint_every``).
     A frozen run whose embedding cache is cold warms it first (and ``say`` says so)."""
     import shutil
     import tempfile
@@ -301,13 +302,20 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
                     timed_phase(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
                     if name == "train":
                         train_sim = emb.sim
-            timed_phase("log + checkpoint", lambda: (runner.folder.append([{"epoch": epoch}]),
-                                                     runner.save_last(epoch, best, train_sim, [rng_states()])))
+            timed_phase("log", lambda: runner.folder.append([{"epoch": epoch}]))
             times["epoch"] = times.get("epoch", 0.0) + time.perf_counter() - begin
             cpu_times["epoch"] = cpu_times.get("epoch", 0.0) + time.process_time() - begin_cpu
         phases = {name: seconds / epochs for name, seconds in times.items()}
+        cpu = {name: seconds / epochs for name, seconds in cpu_times.items()}
+        every = cfg.trainer.checkpoint_every
+        if every:  # last.pt, which the runner writes one epoch in `every`: timed once, counted at that share
+            times.clear(), cpu_times.clear()
+            timed_phase("checkpoint", lambda: runner.save_last(epochs, best, train_sim, [rng_states()]))
+            for table, seconds in ((phases, times), (cpu, cpu_times)):
+                table["checkpoint"] = seconds["checkpoint"] / every
+                table["epoch"] = table.pop("epoch") + table["checkpoint"]
         return {"device": device_label(runner.device), "steps": runner.trainer.steps_per_epoch, "setup_s": setup,
-                "phases": {**tokenise, **phases}, "cpu": {name: seconds / epochs for name, seconds in cpu_times.items()}}
+                "checkpoint_every": every, "phases": {**tokenise, **phases}, "cpu": cpu}
     finally:
         shutil.rmtree(out, ignore_errors=True)  # the temporary folder this function made
 
@@ -453,7 +461,9 @@ def print_phases(result: dict) -> None:
     """Wall and process CPU milliseconds per phase. On a CPU shared with other work, CPU time (all threads of this
     process) is the steadier figure: with one thread (OMP_NUM_THREADS=1) it is the wall time the phase would take
     on an idle core."""
-    print(f"   {result['device']}, {result['steps']} steps per epoch, runner set-up {result['setup_s']:.1f} s")
+    every = result["checkpoint_every"]
+    print(f"   {result['device']}, {result['steps']} steps per epoch, runner set-up {result['setup_s']:.1f} s"
+          + (f"; checkpoint: last.pt one epoch in {every}, at its share" if every else ""))
     print(f"   {'phase':<28} {'wall ms':>9} {'CPU ms':>9}")
     for name, seconds in result["phases"].items():
         cpu = result["cpu"].get(name)

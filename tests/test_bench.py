@@ -20,7 +20,7 @@ def test_importing_the_bench_imports_no_hydra():
 def test_finetune_epoch_by_phase_on_cpu():
     result = bench.bench_epoch_phases(bench.finetune_overrides(cuda=False) + ["trainer.batch_size=8"], epochs=1)
     phases = result["phases"]
-    expected = {f"tokenise {s} (once)" for s in ("train", "val", "test")} | {"mine", "train", "log + checkpoint",
+    expected = {f"tokenise {s} (once)" for s in ("train", "val", "test")} | {"mine", "train", "log", "checkpoint",
                                                                              "epoch"}
     expected |= {f"{what} {s}" for what in ("encode", "retrieve+rerank") for s in ("train", "val", "test")}
     assert set(phases) == expected

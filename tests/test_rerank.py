@@ -139,3 +139,14 @@ def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_co
         assert metrics == results[0][2][0] and np.array_equal(hits, results[0][2][1])
     cpu, gpu = Runtime(torch.device("cpu"), "fp32"), Runtime(torch.device("cuda", 0), "bf16")
     assert (cpu.pair_batch_size(None), gpu.pair_batch_size(None), cpu.pair_batch_size(64)) == (256, 4096, 64)
+
+
+def test_sorted_unique_is_numpys_unique():
+    from biencoder.engine.rerank import sorted_unique
+
+    rng = np.random.default_rng(0)
+    for values in (rng.integers(0, 50, 300), rng.integers(-5, 10**9, 1000), np.array([7]), np.array([], dtype=np.int64),
+                   np.array([3, 3, 3])):
+        got = sorted_unique(values)
+        np.testing.assert_array_equal(got, np.unique(values))
+        assert got.dtype == values.dtype

@@ -102,10 +102,17 @@ def shortlist_margins(model: BiModel, emb: Embeddings, query_rows: np.ndarray, s
     """
     n = len(emb)
     keys = [np.where(s == NONE, NONE, np.arange(len(s))[:, None] * n + s) for s in shortlists]
-    union = np.unique(np.concatenate([key[key != NONE] for key in keys]))
+    union = sorted_unique(np.concatenate([key[key != NONE] for key in keys]))
     scored = np.append(pair_margins(model, emb, np.asarray(query_rows)[union // n], union % n, batch_size, device),
                        np.float32(np.nan))  # the last place: what NONE reads
     return [scored[np.where(key == NONE, len(union), np.searchsorted(union, key))] for key in keys]
+
+
+def sorted_unique(values: np.ndarray) -> np.ndarray:
+    """``np.unique(values)`` of a 1-D int array by one sort: numpy 2's hashing ``unique`` took 2.0 ms against 0.5 ms for
+    the 14 010 keys of the test split's shortlists, three times an epoch."""
+    ordered = np.sort(values)
+    return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
 
 def shortlist_ranks(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -80,6 +80,7 @@ class Runner:
                                     self.tokens.get("train"), self.device, self.amp_dtype, self.progress)
         self.eval_pairs = self._eval_pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
+        self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, copied once (_weights_on_cpu)
         self.zero_shot = self._zero_shot()
 
     def _inputs(self) -> tuple[str | None, dict[str, torch.Tensor], dict[str, TokenizedTexts]]:
@@ -271,13 +272,22 @@ class Runner:
             f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
         if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
             best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics,
-                    "state": {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()},
+                    "state": self._weights_on_cpu(),
                     "hits": hits["test"],
                     # kept in memory for the 8 tasks at the end (recomputed there after a resume)
                     "embs": {n: embs[n] for n in ("val", "test")}}
         self.folder.append(rows)  # the epoch is on disk before the state that says it is done
         self.tracker.log_rows(rows)
         return embs["train"].sim, best
+
+    def _weights_on_cpu(self) -> dict[str, torch.Tensor]:
+        """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so they
+        are copied once per run and shared by every copy: copying MiniLM's 22.7 M took 70-130 ms an epoch."""
+        state = self.model.state_dict()
+        if self.frozen and self.encoder_weights is None:
+            self.encoder_weights = {k: v.detach().to("cpu", copy=True) for k, v in state.items() if k.startswith("encoder.")}
+        fixed = self.encoder_weights or {}
+        return {k: fixed[k] if k in fixed else v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     def _tasks(self, best: dict) -> dict:
         """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""
