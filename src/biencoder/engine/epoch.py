@@ -226,9 +226,9 @@ class EpochTrainer:
         """This epoch's batches: yields (rows [B, 3] of (point, counter, negative), :class:`TripletStep` inputs,
         with the rows' text ids [3B]).
 
-        Frozen encoder: the cached pooled vectors of every triplet are gathered once per epoch into one
-        [Q, 3, hidden] tensor on the device, in the order of a seeded permutation, and sliced: no DataLoader, no
-        per-batch gathering. Trained encoder: :meth:`loader`.
+        Frozen encoder: each batch's cached pooled vectors [3B, hidden] are gathered on the device by one
+        ``index_select``, in the order of a seeded permutation: no DataLoader, no copy of the split. Trained encoder:
+        :meth:`loader`.
         """
         text_id = torch.tensor(self.split.text_id, device=self.device)
         if not self.frozen:
@@ -239,12 +239,12 @@ class EpochTrainer:
             return
         rows = triplet_rows(self.split, negatives)[self._order(epoch)]  # [Q, 3]
         index = torch.from_numpy(rows).to(self.device)
-        gathered = self.pooled[index]  # [Q, 3, hidden] on the device
         size = self.cfg.trainer.batch_size
         for start in range(0, len(rows), size):
             # points, then counters, then negatives, as TripletStep splits them
-            yield rows[start:start + size], {"pooled": gathered[start:start + size].transpose(0, 1).reshape(
-                -1, gathered.shape[-1]), "text_id": text_id[index[start:start + size].T.reshape(-1)]}
+            batch = index[start:start + size].T.reshape(-1)
+            yield rows[start:start + size], {"pooled": self.pooled.index_select(0, batch),
+                                             "text_id": text_id.index_select(0, batch)}
 
     def _order(self, epoch: int) -> np.ndarray:
         """This rank's pairs for ``epoch`` in training order: a seeded permutation (its shard under DDP)."""
