@@ -104,3 +104,8 @@ def test_the_engine_is_hydra_free_and_imports_point_down(graph):
         m = graph[name]
         assert all(t.startswith("biencoder.engine") or t == "biencoder.errors" for t in m.top + m.local), (name, m)
     assert loaded(engine, ("hydra",)) == []
+
+
+def test_no_function_over_50_lines():
+    """The house limit (docs/architecture.md, "Now, measured"): a longer function is split, as run_evaluation was."""
+    assert graph_tool.long_functions() == []

@@ -36,19 +36,7 @@ NEEDS_TRAINED = ("rerank", "classifier", "sim")
 def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     """The 8 tasks on ``eval.split`` with ``eval.score``; writes JSON to ``eval.output`` (default in out_dir)."""
     start = time.time()
-    validate(cfg)
-    if cfg.eval.output and Path(cfg.eval.output).is_dir():  # found now, not after the evaluation
-        raise ConfigError(f"eval.output={cfg.eval.output} is a folder: name the JSON file to write, e.g. "
-                          f"eval.output={Path(cfg.eval.output) / 'eval.json'}")
-    score = cfg.eval.score
-    try:
-        split_name = canonical_split(str(cfg.eval.split))
-    except CorpusError:
-        raise ConfigError(f"eval.split={cfg.eval.split!r} is not valid: use val or test (or train; the folder "
-                          "names validation/training work too)") from None
-    if cfg.eval.checkpoint is None and score in NEEDS_TRAINED:
-        raise ConfigError(f"eval.score={score} needs trained weights: pass eval.checkpoint=<run folder or best.pt>, "
-                          "or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")
+    split_name, score = _checked(cfg)
     corpus = read_corpus(cfg.data.root).used(cfg.data.dedup)
     split = corpus.paired(split_name, cfg.data.max_debates)
     retrieve = cfg.eval.retrieve  # None: the checkpoint's own
@@ -86,6 +74,24 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     log.info("8 tasks on %s, score=%s (%.1f s, peak RSS %.0f MB)\n%s\nwritten to %s", split_name, score,
              result["wall_time_s"], result["peak_rss_mb"], format_tasks({split_name: tasks}), output)
     return result
+
+
+def _checked(cfg: DictConfig) -> tuple[str, str]:
+    """(the split's canonical name, ``eval.score``) once the config is valid for an evaluation; else
+    :class:`ConfigError`, before any work."""
+    validate(cfg)
+    if cfg.eval.output and Path(cfg.eval.output).is_dir():  # found now, not after the evaluation
+        raise ConfigError(f"eval.output={cfg.eval.output} is a folder: name the JSON file to write, e.g. "
+                          f"eval.output={Path(cfg.eval.output) / 'eval.json'}")
+    try:
+        split_name = canonical_split(str(cfg.eval.split))
+    except CorpusError:
+        raise ConfigError(f"eval.split={cfg.eval.split!r} is not valid: use val or test (or train; the folder "
+                          "names validation/training work too)") from None
+    if cfg.eval.checkpoint is None and cfg.eval.score in NEEDS_TRAINED:
+        raise ConfigError(f"eval.score={cfg.eval.score} needs trained weights: pass eval.checkpoint=<run folder or "
+                          "best.pt>, or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")
+    return split_name, cfg.eval.score
 
 
 def _embedded(cfg: DictConfig, split: PairedSplit, runtime: Runtime) -> tuple[BiModel, Embeddings, dict, str | None]:
