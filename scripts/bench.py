@@ -14,14 +14,16 @@
 3. Mining cost: all-points k-NN (k = 10) over N = 1k, 4k, 16k synthetic 128-d embeddings, BallTree vs exact
    search, with the growth exponent b of seconds ∝ N^b.
 4. One frozen real-corpus epoch of ``+experiment=frozen_arguana`` (``ln_relu``), by phase, through the runner's
-   own methods (mean of ``--epochs`` after one warm-up); prints ``frozen_epoch_s: <seconds>``. A cold embedding
+   own methods (mean of ``--epochs`` after one warm-up; ``last.pt`` at the share of epochs the runner writes it in);
+   prints ``frozen_epoch_s: <seconds>``. A cold embedding
    cache is warmed first (it says so; 5-10 min on 2 cores).
 5. One training step (:meth:`biencoder.engine.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
    encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
    counted with ``torch.profiler`` over 32 (frozen) or 8 steps, so that the head statistics, computed on one step in 8
    (:class:`biencoder.engine.epoch.EpochSums`), count at their share; and ms per step.
-6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log): the default
-   run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints ``finetune_epoch_s``.
+6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log, checkpoint):
+   the default run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints
+   ``finetune_epoch_s``.
 7. (CUDA; with ``--gpu-only`` or ``--items sweep``) the 20-run fine-tuning ablation on ``data=arguana`` as a real
    Hydra multirun with ``--jobs`` concurrent jobs; prints ``ablation_wall_s: <seconds> (jobs N)`` per job count.
 
@@ -245,17 +247,70 @@ def cache_report(cfg) -> str | None:
             "(the runner encodes them: 5-10 min on 2 CPU cores)")
 
 
+class PhaseTimer:
+    """Wall and process CPU seconds summed per phase name; on CUDA the device is synchronised around each phase."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.wall, self.cpu = device, {}, {}
+
+    def __call__(self, name: str, fn):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        begin, begin_cpu = time.perf_counter(), time.process_time()
+        result = fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.add(name, time.perf_counter() - begin, time.process_time() - begin_cpu)
+        return result
+
+    def add(self, name: str, wall: float, cpu: float) -> None:
+        self.wall[name] = self.wall.get(name, 0.0) + wall
+        self.cpu[name] = self.cpu.get(name, 0.0) + cpu
+
+
+def timed_epoch(runner, epoch: int, train_sim: torch.Tensor, timer: PhaseTimer) -> torch.Tensor:
+    """One epoch as :meth:`Runner._fit` runs it, phase by phase into ``timer`` (and the whole as ``epoch``), without
+    the checkpoint; returns the training split's sim vectors the next epoch mines with."""
+    from biencoder.engine.model import eval_mode
+    from biencoder.engine.runner import SPLITS
+
+    begin, begin_cpu = time.perf_counter(), time.process_time()
+    negatives = timer("mine", lambda: runner.trainer.mine(epoch, train_sim))
+    timer("train", lambda: runner.trainer.train_epoch(epoch, negatives))
+    with eval_mode(runner.model):  # as Runner.evaluate_epoch: once for the three splits
+        for name in SPLITS:
+            emb = timer(f"encode {name}", lambda: runner.embed(name))
+            timer(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
+            if name == "train":
+                train_sim = emb.sim
+    timer("log", lambda: runner.folder.append([{"epoch": epoch}]))
+    timer.add("epoch", time.perf_counter() - begin, time.process_time() - begin_cpu)
+    return train_sim
+
+
+def checkpoint_share(runner, train_sim: torch.Tensor) -> tuple[float, float]:
+    """(wall, CPU) seconds per epoch of writing ``last.pt``: one write, timed, times the share of epochs the runner
+    writes it in (every ``trainer.checkpoint_every``-th and the last: ceil(E / every) of E epochs)."""
+    from biencoder.engine.state import rng_states
+
+    epochs, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every
+    timer = PhaseTimer(runner.device)
+    best = {"epoch": -1, "val_top1": 0.0, "metrics": None, "state": None, "hits": None}
+    timer("checkpoint", lambda: runner.save_last(0, best, train_sim, [rng_states()]))
+    share = math.ceil(epochs / every) / epochs
+    return timer.wall["checkpoint"] * share, timer.cpu["checkpoint"] * share
+
+
 def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict:
     """Seconds per phase of one epoch (mean over ``epochs`` after one warm-up epoch) of the run ``overrides`` make,
     through the runner's own methods in :meth:`Runner._fit`'s order: tokenise (trained encoder: the three splits,
-    timed once, not per epoch), mine, train, then per split encode and retrieve + rerank, then log; and ``last.pt``,
-    written once and counted at the share of epochs the runner writes it in (``trainer.checkpoint_every``).
-    A frozen run whose embedding cache is cold warms it first (and ``say`` says so)."""
+    timed once, not per epoch), mine, train, then per split encode and retrieve + rerank, then log; and ``last.pt``
+    at its share of the epochs (:func:`checkpoint_share`). A frozen run whose embedding cache is cold warms it first
+    (and ``say`` says so)."""
     import shutil
     import tempfile
 
-    from biencoder.engine.model import TokenizedTexts, eval_mode
-    from biencoder.engine.state import rng_states
+    from biencoder.engine.model import TokenizedTexts
     from biencoder.engine.runner import SPLITS, Runner
 
     cfg = compose_config(overrides)
@@ -268,54 +323,25 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
         start = time.perf_counter()
         runner = Runner(cfg, out)
         setup = time.perf_counter() - start
-        times: dict[str, float] = {}
-        cpu_times: dict[str, float] = {}
-
-        def timed_phase(name, fn):
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
-            begin, begin_cpu = time.perf_counter(), time.process_time()
-            result = fn()
-            if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)
-            times[name] = times.get(name, 0.0) + time.perf_counter() - begin
-            cpu_times[name] = cpu_times.get(name, 0.0) + time.process_time() - begin_cpu
-            return result
-
         tokenise = {}
         if not runner.frozen:
             for name in SPLITS:  # what Runner.__init__ did, timed again on its own
                 begin = time.perf_counter()
                 TokenizedTexts(runner.splits[name].texts, runner.tokenizer, cfg.model.max_length)
                 tokenise[f"tokenise {name} (once)"] = time.perf_counter() - begin
-        train_sim = runner.embed("train").sim
-        best = {"epoch": -1, "val_top1": 0.0, "metrics": None, "state": None, "hits": None}
+        timer, train_sim = PhaseTimer(runner.device), runner.embed("train").sim
         for epoch in range(epochs + 1):
             if epoch == 1:
-                times.clear(), cpu_times.clear()  # epoch 0 warms caches and allocators
-            begin, begin_cpu = time.perf_counter(), time.process_time()
-            negatives = timed_phase("mine", lambda: runner.trainer.mine(epoch, train_sim))
-            timed_phase("train", lambda: runner.trainer.train_epoch(epoch, negatives))
-            with eval_mode(runner.model):  # as Runner.evaluate_epoch: once for the three splits
-                for name in SPLITS:
-                    emb = timed_phase(f"encode {name}", lambda: runner.embed(name))
-                    timed_phase(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
-                    if name == "train":
-                        train_sim = emb.sim
-            timed_phase("log", lambda: runner.folder.append([{"epoch": epoch}]))
-            times["epoch"] = times.get("epoch", 0.0) + time.perf_counter() - begin
-            cpu_times["epoch"] = cpu_times.get("epoch", 0.0) + time.process_time() - begin_cpu
-        phases = {name: seconds / epochs for name, seconds in times.items()}
-        cpu = {name: seconds / epochs for name, seconds in cpu_times.items()}
-        every = cfg.trainer.checkpoint_every
-        if every:  # last.pt, which the runner writes one epoch in `every`: timed once, counted at that share
-            times.clear(), cpu_times.clear()
-            timed_phase("checkpoint", lambda: runner.save_last(epochs, best, train_sim, [rng_states()]))
-            for table, seconds in ((phases, times), (cpu, cpu_times)):
-                table["checkpoint"] = seconds["checkpoint"] / every
-                table["epoch"] = table.pop("epoch") + table["checkpoint"]
+                timer.wall.clear(), timer.cpu.clear()  # epoch 0 warms caches and allocators
+            train_sim = timed_epoch(runner, epoch, train_sim, timer)
+        phases = {name: seconds / epochs for name, seconds in timer.wall.items()}
+        cpu = {name: seconds / epochs for name, seconds in timer.cpu.items()}
+        if cfg.trainer.checkpoint_every:
+            for table, seconds in zip((phases, cpu), checkpoint_share(runner, train_sim)):
+                table["checkpoint"] = seconds
+                table["epoch"] = table.pop("epoch") + seconds
         return {"device": device_label(runner.device), "steps": runner.trainer.steps_per_epoch, "setup_s": setup,
-                "checkpoint_every": every, "phases": {**tokenise, **phases}, "cpu": cpu}
+                "checkpoint_every": cfg.trainer.checkpoint_every, "phases": {**tokenise, **phases}, "cpu": cpu}
     finally:
         shutil.rmtree(out, ignore_errors=True)  # the temporary folder this function made
 
@@ -463,7 +489,8 @@ def print_phases(result: dict) -> None:
     on an idle core."""
     every = result["checkpoint_every"]
     print(f"   {result['device']}, {result['steps']} steps per epoch, runner set-up {result['setup_s']:.1f} s"
-          + (f"; checkpoint: last.pt one epoch in {every}, at its share" if every else ""))
+          + ("" if not every else "; last.pt every epoch" if every == 1
+             else f"; last.pt every {every} epochs and after the last, counted at its share"))
     print(f"   {'phase':<28} {'wall ms':>9} {'CPU ms':>9}")
     for name, seconds in result["phases"].items():
         cpu = result["cpu"].get(name)
@@ -471,6 +498,101 @@ def print_phases(result: dict) -> None:
 
 
 ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune", "sweep")
+
+
+def item_eval(args, cpu, cuda) -> float | None:
+    """1. Evaluation of one split; returns the CPU speedup over the seed-style loop."""
+    speedup = None
+    print("\n1. evaluation of one split: batched retrieve+rerank vs seed-style per-pair loop (same top-1)")
+    print(f"{'device':<22} {'split':<36} {'ours s':>8} {'ours(exact) s':>14} {'seed-style s':>13} {'speedup':>9} {'(exact)':>9}")
+    for device in [cpu] + ([cuda] if cuda else []):
+        r = bench_eval(args.corpus, device)
+        print(f"{device_label(device):<22} {r['split']:<36} {r['ours_s']:>8.3f} {r['ours_exact_s']:>14.3f} "
+              f"{r['seed_s']:>13.2f} {r['speedup']:>8.1f}x {r['speedup_exact']:>8.1f}x")
+        if device == cpu:
+            speedup = r["speedup"]
+    return speedup
+
+
+def item_train(args, cpu, cuda) -> None:
+    """2. Training throughput."""
+    print("\n2. training throughput (encoder fwd+bwd+AdamW, random init)")
+    print(f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'triplets/s':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+    rows = []
+    if not args.gpu_only:
+        rows.append((cpu, bench_train("tiny", cpu, 16, 128, args.steps, None)))
+        rows.append((cpu, bench_train("minilm", cpu, 16, 128, max(2, args.steps // 5), None)))
+    if cuda:
+        for kind, batch in (("minilm", 64), ("bert-base", 32)):
+            rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, torch.bfloat16)))
+            rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, None)))
+    for device, r in rows:
+        mfu = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "n/a"
+        print(f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} {r['triplets_s']:>11.1f} "
+              f"{r['tokens_s']:>10.0f} {r['tflops']:>8.2f} {mfu:>6}")
+    if not cuda:
+        print(f"{'GPU':<22} {'minilm':<10} {'64 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
+        print(f"{'GPU':<22} {'bert-base':<10} {'32 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
+
+
+def item_mining(cpu, cuda) -> None:
+    """3. Mining cost."""
+    print("\n3. mining: k-NN (k=10) of all N points, 128-d, seconds (growth exponent b: s ~ N^b)")
+    for device in [cpu] + ([cuda] if cuda else []):
+        for r in bench_mining(device):
+            if r["index"] == "balltree" and device != cpu:
+                continue  # the BallTree runs on the CPU whatever the device
+            print(f"{device_label(device) if r['index'] == 'exact' else 'CPU (scikit-learn)':<22} {r['index']:<9} "
+                  + "  ".join(f"N={n // 1000}k {t:7.3f}s" for n, t in zip((1000, 4000, 16000), r["times"]))
+                  + f"   b={r['exponent']:.2f}")
+
+
+def item_steps() -> None:
+    """5. Operator calls and host syncs per training step."""
+    print("\n5. one training step (EpochTrainer.train_step, demo corpus): operator calls and host syncs per step")
+    for frozen in (False, True):
+        # a multiple of trainer.head_stats_every (8): the head statistics of one step in 8 count at their share
+        r = bench_step_counts(frozen, steps=32 if frozen else 8)
+        names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
+        print(f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "
+              f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {r['exempt']:g} reads of AdamW's CPU "
+              f"step counters)  {r['ms']:8.1f} ms/step")
+
+
+def item_frozen(args) -> None:
+    """4. The frozen real-corpus epoch by phase."""
+    print(f"\n4. one frozen real-corpus epoch (+experiment=frozen_arguana, ln_relu; mean of {args.epochs} after a "
+          "warm-up)")
+    if not ((args.corpus / "02-extracted-arguments").is_dir() or (args.corpus / "training").is_dir()):
+        print(f"   skipped (no corpus at {args.corpus}; set ARGUANA_ROOT)")
+    else:
+        os.environ["ARGUANA_ROOT"] = str(args.corpus)
+        result = bench_epoch_phases(frozen_overrides(), args.epochs)
+        print_phases(result)
+        print(f"frozen_epoch_s: {result['phases']['epoch']:.3f}")
+        print(f"frozen_epoch_cpu_s: {result['cpu']['epoch']:.3f}")
+
+
+def item_finetune(args, cuda) -> None:
+    """6. The fine-tuning epoch by phase."""
+    overrides = finetune_overrides(cuda is not None)
+    print(f"\n6. one fine-tuning epoch by phase ({' '.join(overrides)}; mean of {args.epochs} after a warm-up)")
+    if cuda:
+        os.environ["ARGUANA_ROOT"] = str(args.corpus)
+    result = bench_epoch_phases(overrides, args.epochs)
+    print_phases(result)
+    print(f"finetune_epoch_s: {result['phases']['epoch']:.3f}")
+
+
+def item_sweep(args, cuda) -> None:
+    """7. The 20-run fine-tuning ablation (CUDA)."""
+    print("\n7. the 20-run fine-tuning ablation (data=arguana, 4 cells x 5 seeds, defaults; hydra/launcher=parallel)")
+    if not cuda:
+        print("   skipped (no CUDA device: 20 fine-tuning runs take days on a CPU)")
+    else:
+        os.environ["ARGUANA_ROOT"] = str(args.corpus)
+        for jobs in args.jobs:
+            print(f"ablation_wall_s: {bench_sweep(jobs, []):.1f} (jobs {jobs})")
 
 
 def main(argv=None) -> int:
@@ -495,86 +617,19 @@ def main(argv=None) -> int:
     print(f"biencoder bench | torch {torch.__version__} | CPU threads {torch.get_num_threads()} | "
           f"GPU {device_label(cuda) if cuda else 'none'}")
 
-    speedup = None
-    if "eval" in items:
-        print("\n1. evaluation of one split: batched retrieve+rerank vs seed-style per-pair loop (same top-1)")
-        print(f"{'device':<22} {'split':<36} {'ours s':>8} {'ours(exact) s':>14} {'seed-style s':>13} {'speedup':>9} {'(exact)':>9}")
-        for device in [cpu] + ([cuda] if cuda else []):
-            r = bench_eval(args.corpus, device)
-            print(f"{device_label(device):<22} {r['split']:<36} {r['ours_s']:>8.3f} {r['ours_exact_s']:>14.3f} "
-                  f"{r['seed_s']:>13.2f} {r['speedup']:>8.1f}x {r['speedup_exact']:>8.1f}x")
-            if device == cpu:
-                speedup = r["speedup"]
-
+    speedup = item_eval(args, cpu, cuda) if "eval" in items else None
     if "train" in items:
-        print("\n2. training throughput (encoder fwd+bwd+AdamW, random init)")
-        print(f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'triplets/s':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
-        rows = []
-        if not args.gpu_only:
-            rows.append((cpu, bench_train("tiny", cpu, 16, 128, args.steps, None)))
-            rows.append((cpu, bench_train("minilm", cpu, 16, 128, max(2, args.steps // 5), None)))
-        if cuda:
-            for kind, batch in (("minilm", 64), ("bert-base", 32)):
-                rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, torch.bfloat16)))
-                rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, None)))
-        for device, r in rows:
-            mfu = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "n/a"
-            print(f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} {r['triplets_s']:>11.1f} "
-                  f"{r['tokens_s']:>10.0f} {r['tflops']:>8.2f} {mfu:>6}")
-        if not cuda:
-            print(f"{'GPU':<22} {'minilm':<10} {'64 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
-            print(f"{'GPU':<22} {'bert-base':<10} {'32 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
-
+        item_train(args, cpu, cuda)
     if "mining" in items:
-        print("\n3. mining: k-NN (k=10) of all N points, 128-d, seconds (growth exponent b: s ~ N^b)")
-        for device in [cpu] + ([cuda] if cuda else []):
-            for r in bench_mining(device):
-                if r["index"] == "balltree" and device != cpu:
-                    continue  # the BallTree runs on the CPU whatever the device
-                print(f"{device_label(device) if r['index'] == 'exact' else 'CPU (scikit-learn)':<22} {r['index']:<9} "
-                      + "  ".join(f"N={n // 1000}k {t:7.3f}s" for n, t in zip((1000, 4000, 16000), r["times"]))
-                      + f"   b={r['exponent']:.2f}")
-
+        item_mining(cpu, cuda)
     if "steps" in items:
-        print("\n5. one training step (EpochTrainer.train_step, demo corpus): operator calls and host syncs per step")
-        for frozen in (False, True):
-            # a multiple of trainer.head_stats_every (8): the head statistics of one step in 8 count at their share
-            r = bench_step_counts(frozen, steps=32 if frozen else 8)
-            names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
-            print(f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "
-                  f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {r['exempt']:g} reads of AdamW's CPU "
-                  f"step counters)  {r['ms']:8.1f} ms/step")
-
+        item_steps()
     if "frozen" in items:
-        print(f"\n4. one frozen real-corpus epoch (+experiment=frozen_arguana, ln_relu; mean of {args.epochs} after a "
-              "warm-up)")
-        if not ((args.corpus / "02-extracted-arguments").is_dir() or (args.corpus / "training").is_dir()):
-            print(f"   skipped (no corpus at {args.corpus}; set ARGUANA_ROOT)")
-        else:
-            os.environ["ARGUANA_ROOT"] = str(args.corpus)
-            result = bench_epoch_phases(frozen_overrides(), args.epochs)
-            print_phases(result)
-            print(f"frozen_epoch_s: {result['phases']['epoch']:.3f}")
-            print(f"frozen_epoch_cpu_s: {result['cpu']['epoch']:.3f}")
-
+        item_frozen(args)
     if "finetune" in items:
-        overrides = finetune_overrides(cuda is not None)
-        print(f"\n6. one fine-tuning epoch by phase ({' '.join(overrides)}; mean of {args.epochs} after a warm-up)")
-        if cuda:
-            os.environ["ARGUANA_ROOT"] = str(args.corpus)
-        result = bench_epoch_phases(overrides, args.epochs)
-        print_phases(result)
-        print(f"finetune_epoch_s: {result['phases']['epoch']:.3f}")
-
+        item_finetune(args, cuda)
     if "sweep" in items:
-        print("\n7. the 20-run fine-tuning ablation (data=arguana, 4 cells x 5 seeds, defaults; hydra/launcher=parallel)")
-        if not cuda:
-            print("   skipped (no CUDA device: 20 fine-tuning runs take days on a CPU)")
-        else:
-            os.environ["ARGUANA_ROOT"] = str(args.corpus)
-            for jobs in args.jobs:
-                print(f"ablation_wall_s: {bench_sweep(jobs, []):.1f} (jobs {jobs})")
-
+        item_sweep(args, cuda)
     if speedup is not None:
         print(f"\neval_speedup_vs_seed_style: {speedup:.1f}")
     return 0

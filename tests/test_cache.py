@@ -217,8 +217,8 @@ def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls
 
 
 def test_frozen_batches_carry_the_mined_negatives(tmp_path):
-    """The frozen path trains from pre-gathered tensors, not the DataLoader: each batch must still be exactly the
-    cached vectors of (point, its counter, the negative mined for that point), every pair once per epoch."""
+    """The frozen path gathers each batch from the cached vectors, not through the DataLoader: each batch must be
+    exactly the cached vectors of (point, its counter, the negative mined for that point), every pair once per epoch."""
     runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "negatives.random_rate.start=0.5"]),
                     tmp_path)
     split, pooled = runner.splits["train"], runner.pooled["train"]

@@ -109,3 +109,13 @@ def test_the_engine_is_hydra_free_and_imports_point_down(graph):
 def test_no_function_over_50_lines():
     """The house limit (docs/architecture.md, "Now, measured"): a longer function is split, as run_evaluation was."""
     assert graph_tool.long_functions() == []
+
+
+def test_long_functions_finds_a_long_function_and_method(tmp_path):
+    """51 lines are reported (a function and a method), 50 are not."""
+    (tmp_path / "pkg").mkdir()
+    body = "".join(f"    x{i} = {i}\n" for i in range(49))
+    method = body.replace("    x", "        x")
+    (tmp_path / "pkg" / "m.py").write_text(f"def short():\n{body}\n\ndef long():\n{body}    y = 1\n\n\n"
+                                           f"class C:\n    def method(self):\n{method}        return 1\n")
+    assert sorted(graph_tool.long_functions(tmp_path / "pkg")) == [("pkg.m", "C.method", 51), ("pkg.m", "long", 51)]

@@ -88,3 +88,12 @@ def test_a_pair_without_an_eligible_negative_is_refused_at_any_rate(rate):
     split = paired_split(["a", "a"], ["b", "b"])  # two texts: every argument is a point's or its counter's
     with pytest.raises(ValueError, match="no eligible negative"):
         mine_negatives(np.zeros((4, 2)), split, rate, np.random.default_rng(0), n_neighbors=1)
+
+
+def test_the_random_draw_is_the_first_thing_mining_takes_from_the_rng():
+    """Which pairs get a random negative is the first draw of the mining RNG, as before only the hard pairs were
+    searched: a change of order would move every same-seed number."""
+    split = paired_split([f"p{i}" for i in range(300)], [f"c{i}" for i in range(300)])
+    sim = np.random.default_rng(1).normal(size=(600, 4))
+    mined = mine_negatives(sim, split, 0.4, np.random.default_rng(11), n_neighbors=2)
+    np.testing.assert_array_equal(mined.is_random, np.random.default_rng(11).random(300) < 0.4)

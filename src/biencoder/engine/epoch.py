@@ -2,8 +2,8 @@
 
 :class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
 shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.runner.Runner` drives it. A step
-sums its loss parts, head statistics and gradient norms on the device (:class:`EpochSums`): the host reads them once
-per epoch, so no step waits for the device.
+sums its loss parts and gradient norms (and, one step in ``trainer.head_stats_every``, the head statistics) on the
+device (:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device.
 """
 
 from __future__ import annotations
@@ -69,11 +69,12 @@ class EpochSums:
 
     The loss parts are summed in float64 and the gradient norms in float32, every step. The head statistics
     (:func:`head_statistics_vector`, about 20 passes over the step's [2B, F] head tensors) are a sample: the first
-    step of every ``every`` (``trainer.head_stats_every``), averaged over the sampled steps. Every step's would cost
-    the frozen epoch about 50 ms of its 0.35 s (BENCHMARKS section 7, seventh pass); ``every=1`` gives them all.
+    step of every ``every`` (``trainer.head_stats_every``), averaged over the sampled steps; ``every=1`` gives them
+    all. Every step's (stacked 8 at a time) made the frozen train phase 224 ms against 203 ms sampled (BENCHMARKS
+    section 7, seventh pass).
     """
 
-    def __init__(self, every: int = 8):
+    def __init__(self, every: int):
         self.every, self.steps, self.sampled = every, 0, 0
         self.part_names, self.parts, self.grad_norms, self.head = (), None, None, None
 
@@ -277,8 +278,8 @@ class EpochTrainer:
         return means
 
     def train_step(self, inputs: dict[str, torch.Tensor], sums: EpochSums) -> None:
-        """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts, head statistics and
-        gradient norms are added to ``sums`` on the device. Nothing here waits for the device."""
+        """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts and gradient norms (and
+        its head statistics, when ``sums`` samples this step) are added to ``sums`` on the device. Nothing here waits for the device."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             out = self.step(**inputs)
         self.optimizer.zero_grad(set_to_none=True)

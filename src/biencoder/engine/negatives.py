@@ -4,8 +4,8 @@ For every pair's point: the nearest argument of the split, point or counter (by 
 embeddings, one BallTree or exact search over all of them), skipping the point itself, its own counter and every
 argument whose text equals the point's or the counter's text, is the hard negative. (This is the closer of the
 nearest allowed point and the nearest allowed counter; at equal distance the lower row, a point, wins.)
-With probability ``random_rate`` a uniformly random eligible argument is taken instead; only the other points are
-searched for.
+With probability ``random_rate`` a uniformly random eligible argument is taken instead; only the points of the pairs
+without a random negative are searched for.
 """
 
 from __future__ import annotations

@@ -41,11 +41,13 @@ INDEXES = ("balltree", "exact")
 #: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
 #: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
 #: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
-#: cells and resume under today's default.
+#: cells and resume under today's default. ``trainer.head_stats_every`` says which steps the logged ``head_*``
+#: statistics sample, not what the model computes: runs from before it (every step, today's 1) share cells with today's.
 NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
                    "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
                    "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
-                   "eval.output", "eval.split", "negatives.index", "eval.index", "runtime.")
+                   "eval.output", "eval.split", "negatives.index", "eval.index", "trainer.head_stats_every",
+                   "runtime.")
 
 
 def is_non_result_key(key: str) -> bool:
