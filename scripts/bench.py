@@ -504,7 +504,8 @@ def item_eval(args, cpu, cuda) -> float | None:
     """1. Evaluation of one split; returns the CPU speedup over the seed-style loop."""
     speedup = None
     print("\n1. evaluation of one split: batched retrieve+rerank vs seed-style per-pair loop (same top-1)")
-    print(f"{'device':<22} {'split':<36} {'ours s':>8} {'ours(exact) s':>14} {'seed-style s':>13} {'speedup':>9} {'(exact)':>9}")
+    print(f"{'device':<22} {'split':<36} {'ours s':>8} {'ours(exact) s':>14} {'seed-style s':>13} {'speedup':>9} "
+          f"{'(exact)':>9}")
     for device in [cpu] + ([cuda] if cuda else []):
         r = bench_eval(args.corpus, device)
         print(f"{device_label(device):<22} {r['split']:<36} {r['ours_s']:>8.3f} {r['ours_exact_s']:>14.3f} "
@@ -517,7 +518,8 @@ def item_eval(args, cpu, cuda) -> float | None:
 def item_train(args, cpu, cuda) -> None:
     """2. Training throughput."""
     print("\n2. training throughput (encoder fwd+bwd+AdamW, random init)")
-    print(f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'triplets/s':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}")
+    print(f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'triplets/s':>11} {'tokens/s':>10} "
+          f"{'TFLOP/s':>8} {'MFU':>6}")
     rows = []
     if not args.gpu_only:
         rows.append((cpu, bench_train("tiny", cpu, 16, 128, args.steps, None)))
@@ -528,11 +530,11 @@ def item_train(args, cpu, cuda) -> None:
             rows.append((cuda, bench_train(kind, cuda, batch, 256, args.steps, None)))
     for device, r in rows:
         mfu = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "n/a"
-        print(f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} {r['triplets_s']:>11.1f} "
-              f"{r['tokens_s']:>10.0f} {r['tflops']:>8.2f} {mfu:>6}")
+        print(f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} "
+              f"{r['triplets_s']:>11.1f} {r['tokens_s']:>10.0f} {r['tflops']:>8.2f} {mfu:>6}")
     if not cuda:
-        print(f"{'GPU':<22} {'minilm':<10} {'64 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
-        print(f"{'GPU':<22} {'bert-base':<10} {'32 triplets x 256 tok':<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
+        for model, batch in (("minilm", "64 triplets x 256 tok"), ("bert-base", "32 triplets x 256 tok")):
+            print(f"{'GPU':<22} {model:<10} {batch:<22} {'bf16':<5} {'not measured (no CUDA device)':>37}")
 
 
 def item_mining(cpu, cuda) -> None:

@@ -279,7 +279,8 @@ class EpochTrainer:
 
     def train_step(self, inputs: dict[str, torch.Tensor], sums: EpochSums) -> None:
         """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts and gradient norms (and
-        its head statistics, when ``sums`` samples this step) are added to ``sums`` on the device. Nothing here waits for the device."""
+        its head statistics, when ``sums`` samples this step) are added to ``sums`` on the device. Nothing here waits
+        for the device."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             out = self.step(**inputs)
         self.optimizer.zero_grad(set_to_none=True)
