@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ConfigError
 from . import distributed
-from .model import BiModel, bimodel
+from .model import BiModel, bimodel, is_encoder_weight
 from .state import RunFolderError, set_rng_states
 
 
@@ -77,7 +77,7 @@ def load_checkpoint(path: str | Path, progress: bool = True,
 def _weights(state_dict: dict, frozen: bool) -> dict:
     """What ``last.pt`` holds of a state dict: all of it, or the heads only when the encoder is frozen (its weights
     are the pretrained ones, checked by fingerprint on resume)."""
-    return {k: v for k, v in state_dict.items() if not (frozen and k.startswith("encoder."))}
+    return {k: v for k, v in state_dict.items() if not (frozen and is_encoder_weight(k))}
 
 
 def training_state(epoch: int, model: BiModel, trainer_state: dict, best: dict, train_sim: torch.Tensor,

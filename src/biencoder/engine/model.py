@@ -154,7 +154,12 @@ class BiModel(PairHead):
         return self.from_pooled(self.pool(input_ids, attention_mask, padded))
 
     def head_parameters(self) -> list[nn.Parameter]:
-        return [p for name, p in self.named_parameters() if not name.startswith("encoder.")]
+        return [p for name, p in self.named_parameters() if not is_encoder_weight(name)]
+
+
+def is_encoder_weight(name: str) -> bool:
+    """True for a :class:`BiModel` parameter or state-dict key of the shared encoder (the rest are the heads)."""
+    return name.startswith("encoder.")
 
 
 #: encoders whose SDPA attention builds exactly a two-way padding mask from the 2-D one (transformers 5): for these

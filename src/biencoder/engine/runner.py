@@ -30,7 +30,7 @@ from .checkpoint import checkpoint_payload, restore_last, training_state
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
 from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, eval_mode,
-                    pooled_vectors)
+                    is_encoder_weight, pooled_vectors)
 from .rerank import query_groups, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
@@ -286,7 +286,7 @@ class Runner:
         state = self.model.state_dict()
         if self.frozen and self.encoder_weights is None:
             self.encoder_weights = {k: v.detach().to("cpu", copy=True) for k, v in state.items()
-                                    if k.startswith("encoder.")}
+                                    if is_encoder_weight(k)}
         fixed = self.encoder_weights or {}
         return {k: fixed[k] if k in fixed else v.detach().to("cpu", copy=True) for k, v in state.items()}
 
