@@ -19,7 +19,7 @@
    cache is warmed first (it says so; 5-10 min on 2 cores).
 5. One training step (:meth:`biencoder.engine.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
    encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
-   counted with ``torch.profiler`` over 32 (frozen) or 8 steps, so that the head statistics, computed on one step in 8
+   counted with ``torch.profiler`` over 32 (frozen) or 8 steps, so that the step statistics, computed on one step in 8
    (:class:`biencoder.engine.epoch.EpochSums`), count at their share; and ms per step.
 6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log, checkpoint):
    the default run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints
@@ -395,18 +395,29 @@ CUDA_SYNCS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 HOST_READS = ("tolist", "numpy")
 
 
-def count_step(step, device: torch.device, steps: int, exempt=lambda: []) -> dict:
+#: fused AdamW's kernels: on a CPU they read each parameter's step counter, a CPU tensor (one read per parameter)
+OPTIMIZER_KERNELS = ("aten::_fused_adamw_", "aten::_fused_adam_")
+
+
+def _inside(event, names) -> bool:
+    """Whether a profiler event runs inside (is called by) an op named in ``names``."""
+    parent = event.cpu_parent
+    while parent is not None and parent.name not in names:
+        parent = parent.cpu_parent
+    return parent is not None
+
+
+def count_step(step, device: torch.device, steps: int) -> dict:
     """Profile ``steps`` calls of ``step()`` (after 2 warm-up calls); per step: ``ops`` (aten:: calls, nested ones
     included), ``syncs`` (host synchronisations: on CUDA the runtime's synchronising calls; on a CPU the host reads of
     tensor values, :data:`SYNC_OPS` plus Tensor.tolist()/numpy() and copies of a non-CPU tensor to the CPU, caught
     by a TorchFunctionMode since a CPU tensor's tolist() dispatches no op) with the names behind them, and ``exempt``:
-    reads of the tensors ``exempt()`` returns after the warm-up (AdamW's step counters, which torch keeps on the
-    CPU unless fused or capturable: reading them waits for no device), not counted as syncs."""
+    the reads inside fused AdamW's kernel (:data:`OPTIMIZER_KERNELS`) on a CPU, of its step counters, which are CPU
+    tensors there: they wait for no device, so they are not counted as syncs."""
     from torch.overrides import TorchFunctionMode
     from torch.profiler import ProfilerActivity, profile
 
     reads: dict[str, int] = {}
-    exempt_reads = [0]
 
     class HostReads(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -414,33 +425,30 @@ def count_step(step, device: torch.device, steps: int, exempt=lambda: []) -> dic
             tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
             to_cpu = name in ("cpu", "to") and tensor is not None and tensor.device.type != "cpu" and (
                 name == "cpu" or "cpu" in map(str, list(args[1:]) + list((kwargs or {}).values())))
-            if name == "item" and any(tensor is t for t in exempt_tensors):
-                exempt_reads[0] += 1
-            elif name in HOST_READS or to_cpu:
+            if name in HOST_READS or to_cpu:
                 reads[f"Tensor.{name}"] = reads.get(f"Tensor.{name}", 0) + 1
             return func(*args, **(kwargs or {}))
 
     for _ in range(2):
         step()
-    exempt_tensors = list(exempt())
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof, HostReads():
         for _ in range(steps):
             step()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    ops, named = 0, {}
+    ops, named, exempt = 0, {}, 0
     for event in prof.events():
         ops += event.name.startswith("aten::")
         if event.name in (CUDA_SYNCS if device.type == "cuda" else SYNC_OPS):
-            named[event.name] = named.get(event.name, 0) + 1
+            if device.type != "cuda" and _inside(event, OPTIMIZER_KERNELS):
+                exempt += 1
+            else:
+                named[event.name] = named.get(event.name, 0) + 1
     if device.type != "cuda":
         named.update(reads)
-        if exempt_reads[0]:  # each exempt .item() is one aten::_local_scalar_dense
-            named["aten::_local_scalar_dense"] -= exempt_reads[0]
-    named = {k: v for k, v in named.items() if v}
     seconds, _ = timed(lambda: [step() for _ in range(steps)], sync=device)
-    return {"ops": ops / steps, "syncs": sum(named.values()) / steps, "exempt": exempt_reads[0] / steps,
+    return {"ops": ops / steps, "syncs": sum(named.values()) / steps, "exempt": exempt / steps,
             "sync_names": {k: v / steps for k, v in sorted(named.items())}, "ms": 1000 * seconds / steps}
 
 
@@ -474,9 +482,8 @@ def bench_step_counts(frozen: bool, steps: int) -> dict:
         batches = itertools.islice((inputs for epoch in itertools.count()
                                     for _, inputs in runner.trainer.batches(epoch, negatives)), 2 * steps + 2)
         batches = iter(list(batches))
-        sums = EpochSums(runner.cfg.trainer.head_stats_every)
-        result = count_step(lambda: runner.trainer.train_step(next(batches), sums), runner.device, steps,
-                            exempt=lambda: [state["step"] for state in runner.trainer.optimizer.state.values()])
+        sums = EpochSums(runner.cfg.trainer.stats_every)
+        result = count_step(lambda: runner.trainer.train_step(next(batches), sums), runner.device, steps)
         return {"model": "MiniLM frozen head" if frozen else "MiniLM-sized", "device": device_label(runner.device),
                 "batch": runner.cfg.trainer.batch_size, **result}
     finally:
@@ -553,11 +560,11 @@ def item_steps() -> None:
     """5. Operator calls and host syncs per training step."""
     print("\n5. one training step (EpochTrainer.train_step, demo corpus): operator calls and host syncs per step")
     for frozen in (False, True):
-        # a multiple of trainer.head_stats_every (8): the head statistics of one step in 8 count at their share
+        # a multiple of trainer.stats_every (8): the step statistics of one step in 8 count at their share
         r = bench_step_counts(frozen, steps=32 if frozen else 8)
         names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
         print(f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "
-              f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {r['exempt']:g} reads of AdamW's CPU "
+              f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {r['exempt']:g} reads of fused AdamW's CPU "
               f"step counters)  {r['ms']:8.1f} ms/step")
 
 

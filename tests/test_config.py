@@ -43,7 +43,7 @@ def test_unknown_variant_fails_at_composition():
     ("eval.score=bm25", "eval.score"),
     ("trainer.lr=-1e-5", "trainer.lr"),
     ("trainer.max_epochs=0", "trainer.max_epochs"),
-    ("trainer.head_stats_every=0", "trainer.head_stats_every"),  # would divide by zero sampled steps
+    ("trainer.stats_every=0", "trainer.stats_every"),  # would divide by zero sampled steps
     ("negatives.random_rate.start=1.5", "negatives.random_rate.start"),
     ("negatives.random_rate.decay=-0.1", "negatives.random_rate.decay"),
     ("trainer.precision=fp16", "trainer.precision"),

@@ -116,28 +116,26 @@ def test_embeddings_index_equals_advanced_indexing():
 
 
 @pytest.mark.parametrize("every, sampled", [(8, [0, 8, 16]), (1, list(range(19))), (20, [0])])
-def test_epoch_sums_sample_the_head_statistics_and_average_the_rest_over_every_step(every, sampled):
-    """EpochSums: the loss parts and gradient norms are means over all 19 steps; the head statistics are the mean of
-    the first step of every ``every`` (trainer.head_stats_every), to the bit. The other steps' head tensors are far
-    off (x 1000), so counting one of them would show."""
+def test_epoch_sums_sample_the_step_statistics_and_average_the_loss_over_every_step(every, sampled):
+    """EpochSums: the loss parts are means over all 19 steps; the step statistics (head statistics and gradient
+    norms) are the mean of the first step of every ``every`` (trainer.stats_every), to the bit, and are computed on
+    those steps only. The other steps' head tensors are far off (x 1000), so counting one of them would show."""
     from biencoder.engine.epoch import STEP_STATISTICS, EpochSums
 
     torch.manual_seed(3)
-    sums, head, grads = EpochSums(every=every), None, None
+    sums, total, computed = EpochSums(every=every), None, []
     for step in range(19):
         batch = 10 if step == 18 else 16  # a smaller last batch
         features = (torch.randn(batch, 40) * 2 + step) * (1 if step in sampled else 1000)
         head_input = torch.relu(torch.nn.functional.layer_norm(features, (40,)))
-        grad_norms = torch.tensor([0.0, 1.0 + step])
-        sums.add({"loss": torch.tensor(float(step))}, features, head_input, grad_norms)
-        grads = grad_norms.clone() if grads is None else grads.add_(grad_norms)
+        row = torch.cat([head_statistics_vector(features, head_input), torch.tensor([0.0, 1.0 + step])])
+        sums.add({"loss": torch.tensor(float(step))}, lambda step=step, row=row: computed.append(step) or row.clone())
         if step in sampled:
-            row = head_statistics_vector(features, head_input)
-            head = row.clone() if head is None else head.add_(row)
+            total = row.clone() if total is None else total.add_(row)
+    assert computed == sampled
     means = sums.means()
     assert means["loss"] == sum(range(19)) / 19
-    expected = [v / len(sampled) for v in head.tolist()] + [v / 19 for v in grads.tolist()]
-    assert [means[name] for name in STEP_STATISTICS] == expected
+    assert [means[name] for name in STEP_STATISTICS] == [v / len(sampled) for v in total.tolist()]
 
 
 def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_tokenizer):

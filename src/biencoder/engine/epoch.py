@@ -2,13 +2,14 @@
 
 :class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
 shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.runner.Runner` drives it. A step
-sums its loss parts and gradient norms (and, one step in ``trainer.head_stats_every``, the head statistics) on the
-device (:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device.
+sums its loss parts (and, one step in ``trainer.stats_every``, the head statistics and gradient norms) on the device
+(:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import numpy as np
 import torch
@@ -67,43 +68,37 @@ def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
 class EpochSums:
     """Per-step values summed on the device over an epoch and read by the host once (:meth:`means`): no step waits.
 
-    The loss parts are summed in float64 and the gradient norms in float32, every step. The head statistics
-    (:func:`head_statistics_vector`, about 20 passes over the step's [2B, F] head tensors) are a sample: the first
-    step of every ``every`` (``trainer.head_stats_every``), averaged over the sampled steps; ``every=1`` gives them
-    all. Every step's (stacked 8 at a time) made the frozen train phase 224 ms against 203 ms sampled (BENCHMARKS
-    section 7, seventh pass).
+    The loss parts are summed in float64 on every step. The step statistics (:data:`STEP_STATISTICS`: the head
+    statistics, about 20 passes over the step's [2B, F] head tensors, and the gradient norms, a foreach loop over
+    the parameters on a CPU) are a sample: the first step of every ``every`` (``trainer.stats_every``), averaged over
+    the sampled steps; ``every=1`` gives them all (BENCHMARKS section 7, seventh and eighth passes).
     """
 
     def __init__(self, every: int):
         self.every, self.steps, self.sampled = every, 0, 0
-        self.part_names, self.parts, self.grad_norms, self.head = (), None, None, None
+        self.part_names, self.parts, self.statistics = (), None, None
 
-    def add(self, parts: dict[str, torch.Tensor], features: torch.Tensor, head_input: torch.Tensor,
-            grad_norms: torch.Tensor) -> None:
-        """Add one step's loss ``parts`` (0-d tensors) and ``grad_norms`` [2] (encoder, head); on a sampled step, the
-        statistics of its head tensors ``features`` and ``head_input`` [B, F] too."""
+    def add(self, parts: dict[str, torch.Tensor], statistics: Callable[[], torch.Tensor]) -> None:
+        """Add one step's loss ``parts`` (0-d tensors); on a sampled step, also ``statistics()``: the step's values
+        of :data:`STEP_STATISTICS` [14] float32, computed only when called."""
         vector = torch.stack(list(parts.values()))
         if self.parts is None:
             self.part_names, self.parts = tuple(parts), vector.to(torch.float64)
-            self.grad_norms = grad_norms.float().clone()
         else:
             self.parts.add_(vector)
-            self.grad_norms.add_(grad_norms)
         if self.steps % self.every == 0:
-            head = head_statistics_vector(features, head_input)
-            self.head = head if self.head is None else self.head.add_(head)
+            row = statistics()
+            self.statistics = row if self.statistics is None else self.statistics.add_(row)
             self.sampled += 1
         self.steps += 1
 
     def means(self) -> dict[str, float]:
-        """Mean per step of every part and gradient norm, and per sampled step of every head statistic (two host
-        reads); empty before the first step. Named by the loss's parts and :data:`STEP_STATISTICS`."""
+        """Mean per step of every loss part, and per sampled step of every step statistic (two host reads); empty
+        before the first step. Named by the loss's parts and :data:`STEP_STATISTICS`."""
         if self.parts is None:
             return {}
-        stats = torch.cat([self.head, self.grad_norms]).tolist()
-        counts = [self.sampled] * len(HEAD_STATISTIC_NAMES) + [self.steps] * (len(stats) - len(HEAD_STATISTIC_NAMES))
         return {**{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist())},
-                **{name: value / count for name, value, count in zip(STEP_STATISTICS, stats, counts)}}
+                **{name: value / self.sampled for name, value in zip(STEP_STATISTICS, self.statistics.tolist())}}
 
 
 class TripletStep(nn.Module):
@@ -159,12 +154,9 @@ class EpochTrainer:
         groups = [{"params": model.head_parameters(), "lr": cfg.trainer.head_lr}]
         if not self.frozen:
             groups.insert(0, {"params": model.encoder.parameters(), "lr": cfg.trainer.lr})
-        # CUDA: fused, one kernel per step and group, its step counters on the device (nothing read by the host).
-        # Elsewhere foreach: on a CPU the fused kernel rounds differently (about 2e-7 apart per step), which would move
-        # same-seed CPU numbers. (A CPU's foreach is a loop of ~33 ops per tensor; one flat tensor per group halves the
-        # frozen step's ops, but measured no faster: BENCHMARKS section 7)
-        fused = device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=fused, foreach=not fused)
+        # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
+        # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor; BENCHMARKS section 7)
+        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=True)
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
@@ -262,7 +254,7 @@ class EpochTrainer:
         The step sums everything on the device; the host reads the sums once, here. Raises :class:`Diverged` when
         the epoch's loss is not finite (a NaN or inf in any step makes the sum so).
         """
-        sums = EpochSums(self.cfg.trainer.head_stats_every)
+        sums = EpochSums(self.cfg.trainer.stats_every)
         self.model.train()
         self.model.encoder.train(not self.frozen)
         bar = tqdm(self.batches(epoch, negatives), desc=f"epoch {epoch} train", disable=not self.progress,
@@ -278,15 +270,19 @@ class EpochTrainer:
         return means
 
     def train_step(self, inputs: dict[str, torch.Tensor], sums: EpochSums) -> None:
-        """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts and gradient norms (and
-        its head statistics, when ``sums`` samples this step) are added to ``sums`` on the device. Nothing here waits
+        """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts (and its head statistics
+        and gradient norms, when ``sums`` samples this step) are added to ``sums`` on the device. Nothing here waits
         for the device."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             out = self.step(**inputs)
         self.optimizer.zero_grad(set_to_none=True)
         out.total.backward()
-        grad_norms = [_grad_norm([p.grad for p in params if p.grad is not None], self.device)
-                      for params in self.grad_groups]
-        sums.add(out.parts, out.features, out.head_input, torch.stack(grad_norms))
+        sums.add(out.parts, lambda: torch.cat([head_statistics_vector(out.features, out.head_input),
+                                               self.grad_norms()]))
         self.optimizer.step()
         self.scheduler.step()
+
+    def grad_norms(self) -> torch.Tensor:
+        """[2] float32 on the device: the L2 norms of this step's gradients of the encoder (0 when frozen) and heads."""
+        return torch.stack([_grad_norm([p.grad for p in params if p.grad is not None], self.device)
+                            for params in self.grad_groups]).float()

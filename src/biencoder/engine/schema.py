@@ -41,12 +41,12 @@ INDEXES = ("balltree", "exact")
 #: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
 #: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
 #: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
-#: cells and resume under today's default. ``trainer.head_stats_every`` says which steps the logged ``head_*``
-#: statistics sample, not what the model computes: runs from before it (every step, today's 1) share cells with today's.
+#: cells and resume under today's default. ``trainer.stats_every`` says which steps the logged ``head_*`` and
+#: ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
 NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
                    "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
                    "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
-                   "eval.output", "eval.split", "negatives.index", "eval.index", "trainer.head_stats_every",
+                   "eval.output", "eval.split", "negatives.index", "eval.index", "trainer.stats_every",
                    "runtime.")
 
 
@@ -126,8 +126,9 @@ class TrainerSchema:
     deterministic: bool = False
     compile: bool = False        # torch.compile the encoder (CUDA; pays off on long runs)
     num_workers: int = 0         # DataLoader workers assembling triplet batches
-    # the head statistics (head_pre_* / head_post_* in metrics.jsonl) of the first step of every N; 1 = every step
-    head_stats_every: int = 8
+    # the step statistics in metrics.jsonl (head_pre_* / head_post_*, grad_norm_*) of the first step of every N;
+    # 1 = every step
+    stats_every: int = 8
     # tqdm bars for epochs, batches and encoding: auto = only when stderr is a terminal | true | false
     progress: Any = "auto"
     save_checkpoint: bool = True  # best-by-val weights as best.pt in the run folder

@@ -149,7 +149,7 @@ def _trainer(cfg: DictConfig) -> None:
     resume = cfg.trainer.resume
     if not isinstance(resume, (bool, str)):
         raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
-    for key in ("max_epochs", "batch_size", "eval_batch_size", "head_stats_every"):
+    for key in ("max_epochs", "batch_size", "eval_batch_size", "stats_every"):
         _positive(cfg, f"trainer.{key}")
     _positive(cfg, "trainer.num_workers", minimum=0)
     _positive(cfg, "trainer.checkpoint_every", minimum=0)
