@@ -441,7 +441,7 @@ def count_step(step, device: torch.device, steps: int) -> dict:
     for event in prof.events():
         ops += event.name.startswith("aten::")
         if event.name in (CUDA_SYNCS if device.type == "cuda" else SYNC_OPS):
-            if device.type != "cuda" and _inside(event, OPTIMIZER_KERNELS):
+            if device.type == "cpu" and _inside(event, OPTIMIZER_KERNELS):
                 exempt += 1
             else:
                 named[event.name] = named.get(event.name, 0) + 1

@@ -64,3 +64,42 @@ def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
     assert bench.cache_report(cfg).startswith(f"embedding cache cold: {len(texts)} of {len(texts)} texts missing")
     Runner(cfg, tmp_path / "run")  # encodes and caches them
     assert bench.cache_report(cfg) is None
+
+
+def test_a_step_computes_its_statistics_only_on_sampled_steps(monkeypatch):
+    """The head statistics and gradient norms cost ops on a CPU, so train_step computes them only on the steps that
+    EpochSums samples: 18 steps (2 warm-up, 8 profiled, 8 timed) at trainer.stats_every 8 compute them 3 times."""
+    from biencoder.engine import epoch
+
+    calls = {"grad_norms": 0, "head": 0}
+    grad_norms, head = epoch.EpochTrainer.grad_norms, epoch.head_statistics_vector
+
+    def counted_grad_norms(self):
+        calls["grad_norms"] += 1
+        return grad_norms(self)
+
+    def counted_head(*args):
+        calls["head"] += 1
+        return head(*args)
+
+    monkeypatch.setattr(epoch.EpochTrainer, "grad_norms", counted_grad_norms)
+    monkeypatch.setattr(epoch, "head_statistics_vector", counted_head)
+    bench.bench_step_counts(frozen=True, steps=8)
+    assert calls == {"grad_norms": 3, "head": 3}
+
+
+def test_a_resumed_optimizer_state_saved_by_foreach_adamw_runs_fused(tmp_path):
+    """A last.pt written before the CPU used fused AdamW carries foreach in its param groups, and torch's
+    load_state_dict restores that: EpochTrainer.load_state_dict sets fused again, and the next epoch trains."""
+    from biencoder.engine.runner import Runner
+
+    from conftest import FAST, compose_cfg
+
+    runner = Runner(compose_cfg(FAST + ["+variant=ln_relu", "eval.baselines=false"]), tmp_path / "run")
+    state = runner.trainer.state_dict()
+    for group in state["optimizer"]["param_groups"]:
+        group.update(fused=None, foreach=True)
+    runner.trainer.load_state_dict(state)
+    assert all(g["fused"] is True and g["foreach"] is None for g in runner.trainer.optimizer.param_groups)
+    negatives = runner.trainer.mine(0, runner.embed("train").sim)
+    assert runner.trainer.train_epoch(0, negatives)["loss"] > 0

@@ -102,7 +102,10 @@ def test_more_processes_than_gpus_is_one_line_and_no_folder(tmp_path):
     assert errors == {"error: torchrun started 2 processes on this node but 1 CUDA device is visible (one per process "
                       "is needed): start torchrun --nproc_per_node=1, or train with gloo on the CPU "
                       "(trainer.device=cpu)"}
-    assert not (logs / "runs").exists()  # the folders and the empty parents made for them are gone
+    # no run folder is left. Each rank removes its own folder and the empty parents it made; the rank that made
+    # logs/runs may find the other rank's folder still in it, and the other did not make it, so an empty logs/runs
+    # can stay (it did in 2 of 6 runs on 2026-11-24): the rule is "remove only what this process created"
+    assert not (logs / "runs").exists() or not any((logs / "runs").iterdir())
 
 
 @pytest.mark.parametrize("existing", [False, True])

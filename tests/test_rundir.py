@@ -316,6 +316,21 @@ def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
     assert len(read_metrics(out / "metrics.jsonl")[0]) == rows  # the epoch logged once, not twice
 
 
+def test_a_run_that_recorded_the_retired_head_stats_every_resumes_and_groups_with_new_runs(tmp_path):
+    """trainer.head_stats_every became trainer.stats_every (it samples the gradient norms too). A run that recorded
+    the old name is not refused on resume, and it shares its cell with a run made today."""
+    cfg = FAST + ["trainer.max_epochs=1", "eval.tasks=false", "+variant=plain"]
+    old, new = tmp_path / "old", tmp_path / "new"
+    done = run(compose_cfg(cfg), old)
+    saved = old / "config_resolved.yaml"
+    saved.write_text(saved.read_text().replace("  stats_every: 8\n", "  head_stats_every: 8\n"))
+    assert "  head_stats_every: 8\n" in saved.read_text()
+    assert run(compose_cfg(cfg + ["trainer.resume=true"]), old) == done  # finished: skipped, not refused
+    run(compose_cfg(cfg), new)
+    runs = find_runs([old, new])
+    assert assign_cells(runs) == [] and {r.cell for r in runs} == {"plain"}
+
+
 def test_a_run_made_with_balltree_resumes_and_groups_under_the_exact_default(tmp_path):
     """The index changed its default from balltree to exact; both find the same neighbours, so a run made with
     BallTree is not refused on resume and shares its cell with one made with exact search."""

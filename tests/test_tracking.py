@@ -101,17 +101,30 @@ def test_a_resumed_run_is_one_run_without_repeated_steps(tmp_path, monkeypatch):
 
 
 def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
-    """Two jobs, one experiment (the sweep's); head_lr=1e38 overflows the optimizer at its first step."""
+    """Two jobs, one experiment (the sweep's); the second crashes in its first epoch. The crash is the test's own (a
+    wrapper makes EpochTrainer.train_epoch raise at head_lr 2): a too-high rate used to crash foreach AdamW's scalar
+    conversion, but the fused optimiser turns it into a divergence, which is recorded and does not end the sweep."""
+    crashing = tmp_path / "crash_at_head_lr_2.py"
+    crashing.write_text("from biencoder.engine import epoch\n"
+                        "train_epoch = epoch.EpochTrainer.train_epoch\n"
+                        "def crash(self, *args):\n"
+                        "    if self.cfg.trainer.head_lr == 2:\n"
+                        "        raise RuntimeError('the crash of test_a_sweep_with_a_failing_job')\n"
+                        "    return train_epoch(self, *args)\n"
+                        "epoch.EpochTrainer.train_epoch = crash\n"
+                        "from biencoder.train import cli\n"
+                        "cli()\n")
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "-m", "biencoder.train", "-m", *BASE, "trainer.max_epochs=2",
-                           "logger=mlflow", f"paths.log_dir={tmp_path}", f"hydra.sweep.dir={sweep}",
-                           "trainer.head_lr=1e-3,1e38"], capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run([sys.executable, str(crashing), "-m", *BASE, "trainer.max_epochs=2", "logger=mlflow",
+                           f"paths.log_dir={tmp_path}", f"hydra.sweep.dir={sweep}", "trainer.head_lr=1e-3,2"],
+                          capture_output=True, text=True, cwd=REPO)
     assert proc.returncode != 0  # the failed job ends the sweep (the basic launcher), after the first finished
+    assert "the crash of test_a_sweep_with_a_failing_job" in proc.stderr
     client = client_for(tmp_path)
     runs = client.search_runs([client.get_experiment_by_name("sweep").experiment_id])
     by_lr = {r.data.params["trainer.head_lr"]: r for r in runs}
-    assert by_lr["0.001"].info.status == "FINISHED" and by_lr["1e+38"].info.status == "FAILED"
-    assert by_lr["1e+38"].data.tags["status"] == "failed"
+    assert by_lr["0.001"].info.status == "FINISHED" and by_lr["2.0"].info.status == "FAILED"
+    assert by_lr["2.0"].data.tags["status"] == "failed"
 
     from biencoder.summary import main
 

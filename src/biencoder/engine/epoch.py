@@ -88,7 +88,7 @@ class EpochSums:
             self.parts.add_(vector)
         if self.steps % self.every == 0:
             row = statistics()
-            self.statistics = row if self.statistics is None else self.statistics.add_(row)
+            self.statistics = row.clone() if self.statistics is None else self.statistics.add_(row)
             self.sampled += 1
         self.steps += 1
 
@@ -181,6 +181,8 @@ class EpochTrainer:
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # a last.pt from before fused AdamW on a CPU saved foreach
+            group.update(fused=True, foreach=None)
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.bit_generator.state = state["mining_rng"]
         self.loader_generator.set_state(state["loader_rng"])

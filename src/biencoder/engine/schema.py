@@ -43,11 +43,12 @@ INDEXES = ("balltree", "exact")
 #: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
 #: cells and resume under today's default. ``trainer.stats_every`` says which steps the logged ``head_*`` and
 #: ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
+#: ``trainer.head_stats_every`` is its retired name (2026-11-24): runs that recorded it resume and share cells too.
 NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
                    "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
                    "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
                    "eval.output", "eval.split", "negatives.index", "eval.index", "trainer.stats_every",
-                   "runtime.")
+                   "trainer.head_stats_every", "runtime.")
 
 
 def is_non_result_key(key: str) -> bool:
