@@ -2,7 +2,8 @@
 
     python scripts/bench.py                         # CPU: all items, a few minutes on 2 cores
     python scripts/bench.py --items frozen steps    # only some items (eval train mining frozen steps finetune)
-    python scripts/bench.py --gpu-only             # on a CUDA machine: items 2 (GPU rows, MFU), 5, 6 and 7
+    python scripts/bench.py --gpu-only             # on a CUDA machine: items 2 (GPU rows, MFU), 5 and 6
+    python scripts/bench.py --items sweep --jobs 4 8 12   # on a CUDA machine: item 7 (20 runs per job count)
 
 1. Evaluation of one split (the real test split when the corpus is found, else the demo's): the batched
    retrieve-and-rerank of :func:`biencoder.engine.rerank.retrieve_rerank` against a faithful re-implementation of the
@@ -24,7 +25,7 @@
 6. One fine-tuning epoch by phase (tokenise, mine, train, encode and retrieve + rerank per split, log, checkpoint):
    the default run on ``data=arguana`` on CUDA, the tiny model on the demo corpus on a CPU; prints
    ``finetune_epoch_s``.
-7. (CUDA; with ``--gpu-only`` or ``--items sweep``) the 20-run fine-tuning ablation on ``data=arguana`` as a real
+7. (CUDA; only with ``--items sweep``) the 20-run fine-tuning ablation on ``data=arguana`` as a real
    Hydra multirun with ``--jobs`` concurrent jobs; prints ``ablation_wall_s: <seconds> (jobs N)`` per job count.
 
 Importing this file imports neither Hydra nor the packaged MiniLM (items 4-6 import them when run), so items 1-3
@@ -166,7 +167,7 @@ def bench_train(kind: str, device: torch.device, batch: int, seq_len: int, steps
     model = random_model(kind, device)
     model.train()
     loss_fn = TripletCELoss()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)  # as the runner's (EpochTrainer)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (3 * batch, seq_len), generator=gen)
     mask = torch.ones_like(ids)
@@ -268,45 +269,29 @@ class PhaseTimer:
         self.cpu[name] = self.cpu.get(name, 0.0) + cpu
 
 
-def timed_epoch(runner, epoch: int, train_sim: torch.Tensor, timer: PhaseTimer) -> torch.Tensor:
-    """One epoch as :meth:`Runner._fit` runs it, phase by phase into ``timer`` (and the whole as ``epoch``), without
-    the checkpoint; returns the training split's sim vectors the next epoch mines with."""
-    from biencoder.engine.model import eval_mode
-    from biencoder.engine.runner import SPLITS
-
-    begin, begin_cpu = time.perf_counter(), time.process_time()
-    negatives = timer("mine", lambda: runner.trainer.mine(epoch, train_sim))
-    timer("train", lambda: runner.trainer.train_epoch(epoch, negatives))
-    with eval_mode(runner.model):  # as Runner.evaluate_epoch: once for the three splits
-        for name in SPLITS:
-            emb = timer(f"encode {name}", lambda: runner.embed(name))
-            timer(f"retrieve+rerank {name}", lambda: runner.evaluate_split(name, emb, epoch))
-            if name == "train":
-                train_sim = emb.sim
-    timer("log", lambda: runner.folder.append([{"epoch": epoch}]))
-    timer.add("epoch", time.perf_counter() - begin, time.process_time() - begin_cpu)
-    return train_sim
-
-
-def checkpoint_share(runner, train_sim: torch.Tensor) -> tuple[float, float]:
-    """(wall, CPU) seconds per epoch of writing ``last.pt``: one write, timed, times the share of epochs the runner
-    writes it in (every ``trainer.checkpoint_every``-th and the last: ceil(E / every) of E epochs)."""
+def checkpoint_at_share(runner, best: dict, train_sim: torch.Tensor, epochs: int, timer: PhaseTimer) -> None:
+    """When the ``epochs`` timed epochs wrote no ``last.pt`` (``trainer.checkpoint_every`` is more than them), one
+    write of it with the run's real state, added to ``timer`` at the share of epochs the runner writes it in (every
+    ``checkpoint_every``-th and the last: ceil(E / every) of E epochs)."""
     from biencoder.engine.state import rng_states
 
-    epochs, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every
-    timer = PhaseTimer(runner.device)
-    best = {"epoch": -1, "val_top1": 0.0, "metrics": None, "state": None, "hits": None}
-    timer("checkpoint", lambda: runner.save_last(0, best, train_sim, [rng_states()]))
-    share = math.ceil(epochs / every) / epochs
-    return timer.wall["checkpoint"] * share, timer.cpu["checkpoint"] * share
+    total, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every
+    if not every or "checkpoint" in timer.wall:
+        return  # never written, or written (and timed) by the runner's own epochs
+    one = PhaseTimer(runner.device)
+    one("checkpoint", lambda: runner.save_last(0, best, train_sim, [rng_states()]))
+    scale = epochs * math.ceil(total / every) / total
+    for name in ("checkpoint", "epoch"):
+        timer.add(name, one.wall["checkpoint"] * scale, one.cpu["checkpoint"] * scale)
 
 
 def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict:
-    """Seconds per phase of one epoch (mean over ``epochs`` after one warm-up epoch) of the run ``overrides`` make,
-    through the runner's own methods in :meth:`Runner._fit`'s order: tokenise (trained encoder: the three splits,
-    timed once, not per epoch), mine, train, then per split encode and retrieve + rerank, then log; and ``last.pt``
-    at its share of the epochs (:func:`checkpoint_share`). A frozen run whose embedding cache is cold warms it first
-    (and ``say`` says so)."""
+    """Seconds per phase of one epoch (mean over ``epochs`` after one warm-up epoch) of the run ``overrides`` make:
+    the runner's own :meth:`Runner.run_epoch`, timed through its :attr:`Runner.phase` hook (mine, train, per split
+    encode and retrieve + rerank, keep best when val improved, log, ``last.pt``; ``rest`` is what no phase holds).
+    Tokenising (trained encoder) happens once per run, in the runner's set-up; it is timed again on its own. A
+    ``last.pt`` that the timed epochs do not write counts at its share (:func:`checkpoint_at_share`). A frozen run
+    whose embedding cache is cold warms it first (and ``say`` says so)."""
     import shutil
     import tempfile
 
@@ -329,17 +314,18 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
                 begin = time.perf_counter()
                 TokenizedTexts(runner.splits[name].texts, runner.tokenizer, cfg.model.max_length)
                 tokenise[f"tokenise {name} (once)"] = time.perf_counter() - begin
-        timer, train_sim = PhaseTimer(runner.device), runner.embed("train").sim
+        timer = runner.phase = PhaseTimer(runner.device)
+        _, best, train_sim = runner.begin()
         for epoch in range(epochs + 1):
             if epoch == 1:
                 timer.wall.clear(), timer.cpu.clear()  # epoch 0 warms caches and allocators
-            train_sim = timed_epoch(runner, epoch, train_sim, timer)
+            train_sim, best = timer("epoch", lambda: runner.run_epoch(epoch, train_sim, best))
+        checkpoint_at_share(runner, best, train_sim, epochs, timer)
         phases = {name: seconds / epochs for name, seconds in timer.wall.items()}
         cpu = {name: seconds / epochs for name, seconds in timer.cpu.items()}
-        if cfg.trainer.checkpoint_every:
-            for table, seconds in zip((phases, cpu), checkpoint_share(runner, train_sim)):
-                table["checkpoint"] = seconds
-                table["epoch"] = table.pop("epoch") + seconds
+        for table in (phases, cpu):  # what no phase holds: the negatives' statistics, the log line, the loop
+            table["rest"] = table["epoch"] - sum(v for k, v in table.items() if k != "epoch")
+            table["epoch"] = table.pop("epoch")
         return {"device": device_label(runner.device), "steps": runner.trainer.steps_per_epoch, "setup_s": setup,
                 "checkpoint_every": cfg.trainer.checkpoint_every, "phases": {**tokenise, **phases}, "cpu": cpu}
     finally:
@@ -409,9 +395,9 @@ def _inside(event, names) -> bool:
 
 def count_step(step, device: torch.device, steps: int) -> dict:
     """Profile ``steps`` calls of ``step()`` (after 2 warm-up calls); per step: ``ops`` (aten:: calls, nested ones
-    included), ``syncs`` (host synchronisations: on CUDA the runtime's synchronising calls; on a CPU the host reads of
-    tensor values, :data:`SYNC_OPS` plus Tensor.tolist()/numpy() and copies of a non-CPU tensor to the CPU, caught
-    by a TorchFunctionMode since a CPU tensor's tolist() dispatches no op) with the names behind them, and ``exempt``:
+    included), ``syncs`` (host synchronisations: on CUDA the runtime's synchronising calls, copies to the CPU
+    included (``cudaMemcpy``); on a CPU the host reads of tensor values, :data:`SYNC_OPS` plus Tensor.tolist()/numpy(),
+    caught by a TorchFunctionMode since a CPU tensor's tolist() dispatches no op) with the names behind them, and ``exempt``:
     the reads inside fused AdamW's kernel (:data:`OPTIMIZER_KERNELS`) on a CPU, of its step counters, which are CPU
     tensors there: they wait for no device, so they are not counted as syncs."""
     from torch.overrides import TorchFunctionMode
@@ -422,10 +408,7 @@ def count_step(step, device: torch.device, steps: int) -> dict:
     class HostReads(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             name = getattr(func, "__name__", "")
-            tensor = args[0] if args and isinstance(args[0], torch.Tensor) else None
-            to_cpu = name in ("cpu", "to") and tensor is not None and tensor.device.type != "cpu" and (
-                name == "cpu" or "cpu" in map(str, list(args[1:]) + list((kwargs or {}).values())))
-            if name in HOST_READS or to_cpu:
+            if name in HOST_READS:
                 reads[f"Tensor.{name}"] = reads.get(f"Tensor.{name}", 0) + 1
             return func(*args, **(kwargs or {}))
 
@@ -452,19 +435,21 @@ def count_step(step, device: torch.device, steps: int) -> dict:
             "sync_names": {k: v / steps for k, v in sorted(named.items())}, "ms": 1000 * seconds / steps}
 
 
-def step_overrides(frozen: bool, cache_dir: Path) -> list[str]:
-    """One MiniLM-sized training step on the demo corpus: the encoder trained (random init, 16 triplets) or frozen
-    (the packaged MiniLM's cached pooled vectors, the frozen_arguana head settings: 32 triplets)."""
+def step_overrides(frozen: bool, cache_dir: Path, size: str = "minilm") -> list[str]:
+    """One MiniLM-sized training step on the demo corpus: the encoder trained (random init of :func:`bert_sizes`
+    ``size``, 16 triplets) or frozen (the packaged MiniLM's cached pooled vectors, the frozen_arguana head settings:
+    32 triplets)."""
     if frozen:
         return ["+variant=ln_relu", "trainer.progress=false", "model.encoder.freeze=true", "model.pooling=mean",
                 "trainer.batch_size=32", "trainer.head_lr=3e-4", f"trainer.cache_dir={cache_dir}",
                 "eval.baselines=false"]
     return ["+variant=ln_relu", "trainer.progress=false", "model=tiny", "model.max_length=128",
-            *(f"model.encoder.random_init.{k}={v}" for k, v in bert_sizes()["minilm"].items()), "eval.baselines=false"]
+            *(f"model.encoder.random_init.{k}={v}" for k, v in bert_sizes()[size].items()), "eval.baselines=false"]
 
 
-def bench_step_counts(frozen: bool, steps: int) -> dict:
-    """:func:`count_step` of :meth:`EpochTrainer.train_step` for the MiniLM-sized model trained or frozen (demo corpus)."""
+def bench_step_counts(frozen: bool, steps: int, size: str = "minilm") -> dict:
+    """:func:`count_step` of :meth:`EpochTrainer.train_step` for the MiniLM-sized model (trained: of ``size``) trained
+    or frozen (demo corpus)."""
     import itertools
     import shutil
     import tempfile
@@ -474,7 +459,7 @@ def bench_step_counts(frozen: bool, steps: int) -> dict:
 
     scratch = Path(tempfile.mkdtemp(prefix="bench-step-"))
     try:
-        runner = Runner(compose_config(step_overrides(frozen, scratch / "cache")), scratch / "run")
+        runner = Runner(compose_config(step_overrides(frozen, scratch / "cache", size)), scratch / "run")
         negatives = runner.trainer.mine(0, runner.embed("train").sim)
         runner.model.train()
         runner.model.encoder.train(not runner.frozen)
@@ -604,23 +589,35 @@ def item_sweep(args, cuda) -> None:
             print(f"ablation_wall_s: {bench_sweep(jobs, []):.1f} (jobs {jobs})")
 
 
-def main(argv=None) -> int:
+def chosen_items(args) -> set[str]:
+    """The items ``args`` ask for: ``--gpu-only`` keeps the GPU targets of the step and the epoch (2, 5, 6); the
+    ablation (7: 20 runs per job count) runs only when named, ``--items sweep``."""
+    items = set(args.items) - ({"frozen"} if args.skip_frozen else set())
+    if args.gpu_only:
+        items &= {"train", "steps", "finetune", "sweep"}
+    if args.items == list(ITEMS):
+        items.discard("sweep")
+    return items
+
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS, help="ArguAna root (default: ARGUANA_ROOT)")
     parser.add_argument("--items", nargs="+", choices=ITEMS, default=list(ITEMS), help="which items to run")
     parser.add_argument("--gpu-only", action="store_true",
-                        help="on a CUDA machine: the GPU rows of item 2, the per-step counts and the fine-tuning epoch")
+                        help="on a CUDA machine: the GPU rows of item 2, the per-step counts (5) and the fine-tuning "
+                             "epoch (6); the ablation (7) runs only with --items sweep")
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per row")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs of items 4 and 6 (after one warm-up)")
     parser.add_argument("--skip-frozen", action="store_true", help="skip item 4 (the frozen real-corpus epoch)")
     parser.add_argument("--jobs", type=int, nargs="+", default=[4, 8],
                         help="item 7: concurrent jobs of the 20-run sweep, one timing per value (CUDA only)")
-    args = parser.parse_args(argv)
-    items = set(args.items) - ({"frozen"} if args.skip_frozen else set())
-    if args.gpu_only:
-        items &= {"train", "steps", "finetune", "sweep"}
-    elif args.items == list(ITEMS):
-        items.discard("sweep")  # the whole ablation: only when asked for (--items sweep) or with --gpu-only
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    items = chosen_items(args)
     cpu = torch.device("cpu")
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
     print(f"biencoder bench | torch {torch.__version__} | CPU threads {torch.get_num_threads()} | "

@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import numpy as np
 import torch
@@ -42,6 +43,12 @@ from .tracking import Tracker, check_packages
 
 log = logging.getLogger("biencoder")
 SPLITS = ("train", "val", "test")
+T = TypeVar("T")
+
+
+def untimed(name: str, fn: Callable[[], T]) -> T:
+    """The default :attr:`Runner.phase`: runs ``fn`` (``scripts/bench.py`` puts a timer in its place)."""
+    return fn()
 
 
 class Runner:
@@ -82,6 +89,8 @@ class Runner:
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
         self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, copied once (_weights_on_cpu)
         self.zero_shot = self._zero_shot()
+        # (name, fn) -> fn(), around each phase of an epoch: the bench times the runner's own epoch through it
+        self.phase: Callable[[str, Callable[[], T]], T] = untimed
 
     def _inputs(self) -> tuple[str | None, dict[str, torch.Tensor], dict[str, TokenizedTexts]]:
         """(encoder fingerprint, pooled vectors per split, token ids per split): a frozen encoder's pooled vectors
@@ -157,8 +166,9 @@ class Runner:
         metrics, hits, embs = {}, {}, {}
         with eval_mode(self.model):  # once for every split, not twice per split
             for name in names:
-                embs[name] = self.embed(name)
-                metrics[name], hits[name] = self.evaluate_split(name, embs[name], epoch)
+                embs[name] = self.phase(f"encode {name}", lambda: self.embed(name))
+                metrics[name], hits[name] = self.phase(f"retrieve+rerank {name}",
+                                                       lambda: self.evaluate_split(name, embs[name], epoch))
         return metrics, hits, embs
 
     def baselines(self) -> dict:
@@ -234,28 +244,40 @@ class Runner:
 
     def _fit(self, state: dict | None) -> dict | None:
         start = time.time()
+        first_epoch, best, train_sim = self.begin(state)
+        epochs = self.cfg.trainer.max_epochs
+        for epoch in tqdm(range(first_epoch, epochs), desc="epochs", disable=not self.progress,
+                          initial=first_epoch, total=epochs):
+            train_sim, best = self.run_epoch(epoch, train_sim, best)
+        if not self.main:
+            return None
+        return self._finish(best, start)
+
+    def begin(self, state: dict | None = None) -> tuple[int, dict, torch.Tensor | None]:
+        """Log the run's set-up, restore or start its state (:meth:`_start`) and open the trackers (rank 0); returns
+        (first epoch, best so far, the training split's sim vectors the first mining uses)."""
         self._log_start()
         first_epoch, best, train_sim = self._start(state)
         if self.main:
             self.tracker.open(first_epoch)
-        epochs = self.cfg.trainer.max_epochs
-        for epoch in tqdm(range(first_epoch, epochs), desc="epochs", disable=not self.progress,
-                          initial=first_epoch, total=epochs):
-            epoch_start = time.time()
-            negatives = self.trainer.mine(epoch, train_sim)
-            train_stats = self.trainer.train_epoch(epoch, negatives)
+        return first_epoch, best, train_sim
+
+    def run_epoch(self, epoch: int, train_sim: torch.Tensor | None, best: dict) -> tuple[torch.Tensor | None, dict]:
+        """One epoch: mine, train, then (rank 0) evaluate, log and keep the best, and ``last.pt`` when due; each phase
+        through :attr:`phase`. Returns (the training split's sim vectors the next epoch mines with, best so far)."""
+        epoch_start = time.time()
+        negatives = self.phase("mine", lambda: self.trainer.mine(epoch, train_sim))
+        train_stats = self.phase("train", lambda: self.trainer.train_epoch(epoch, negatives))
+        if self.main:
+            stats = {**train_stats, **negatives.stats()}
+            train_sim, best = self._evaluate_and_log(epoch, stats, best, epoch_start)
+        epochs, every = self.cfg.trainer.max_epochs, self.cfg.trainer.checkpoint_every
+        if every and ((epoch + 1) % every == 0 or epoch == epochs - 1):
+            rngs = distributed.all_gather_object(rng_states())  # every rank's own RNG streams
             if self.main:
-                stats = {**train_stats, **negatives.stats()}
-                train_sim, best = self._evaluate_and_log(epoch, stats, best, epoch_start)
-            every = self.cfg.trainer.checkpoint_every
-            if every and ((epoch + 1) % every == 0 or epoch == epochs - 1):
-                rngs = distributed.all_gather_object(rng_states())  # every rank's own RNG streams
-                if self.main:
-                    self.save_last(epoch, best, train_sim, rngs)
-            distributed.barrier()
-        if not self.main:
-            return None
-        return self._finish(best, start)
+                self.phase("checkpoint", lambda: self.save_last(epoch, best, train_sim, rngs))
+        distributed.barrier()
+        return train_sim, best
 
     def _evaluate_and_log(self, epoch: int, train_stats: dict, best: dict,
                           epoch_start: float) -> tuple[torch.Tensor, dict]:
@@ -272,13 +294,16 @@ class Runner:
             f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
         if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
             best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics,
-                    "state": self._weights_on_cpu(),
+                    "state": self.phase("keep best", self._weights_on_cpu),
                     "hits": hits["test"],
                     # kept in memory for the 8 tasks at the end (recomputed there after a resume)
                     "embs": {n: embs[n] for n in ("val", "test")}}
+        self.phase("log", lambda: self._append(rows))
+        return embs["train"].sim, best
+
+    def _append(self, rows: list[dict]) -> None:
         self.folder.append(rows)  # the epoch is on disk before the state that says it is done
         self.tracker.log_rows(rows)
-        return embs["train"].sim, best
 
     def _weights_on_cpu(self) -> dict[str, torch.Tensor]:
         """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so they

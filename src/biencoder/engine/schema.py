@@ -125,7 +125,7 @@ class TrainerSchema:
     precision: str = "auto"      # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     # true: torch's deterministic algorithms (CUDA runs repeat, ~1.8x slower epochs on an H100)
     deterministic: bool = False
-    compile: bool = False        # torch.compile the encoder (CUDA; pays off on long runs)
+    compile: bool = False        # torch.compile the training step (CUDA; pays off on long runs)
     num_workers: int = 0         # DataLoader workers assembling triplet batches
     # the step statistics in metrics.jsonl (head_pre_* / head_post_*, grad_norm_*) of the first step of every N;
     # 1 = every step
