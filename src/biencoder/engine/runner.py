@@ -307,10 +307,12 @@ class Runner:
 
     def _weights_on_cpu(self) -> dict[str, torch.Tensor]:
         """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so they
-        are copied once per run and shared by every copy: copying MiniLM's 22.7 M took 70-130 ms an epoch."""
+        are taken once per run and shared by every copy (copying MiniLM's 22.7 M took 70-130 ms an epoch); on a CPU
+        they are the model's own tensors, not a second 90 MB (whose place on the heap slowed every later epoch's
+        evaluation by page faults: BENCHMARKS.md section 7, ninth pass)."""
         state = self.model.state_dict()
         if self.frozen and self.encoder_weights is None:
-            self.encoder_weights = {k: v.detach().to("cpu", copy=True) for k, v in state.items()
+            self.encoder_weights = {k: v.detach().to("cpu", copy=v.device.type != "cpu") for k, v in state.items()
                                     if is_encoder_weight(k)}
         fixed = self.encoder_weights or {}
         return {k: fixed[k] if k in fixed else v.detach().to("cpu", copy=True) for k, v in state.items()}
