@@ -270,9 +270,10 @@ class PhaseTimer:
 
 
 def checkpoint_at_share(runner, best: dict, train_sim: torch.Tensor, epochs: int, timer: PhaseTimer) -> None:
-    """When the ``epochs`` timed epochs wrote no ``last.pt`` (``trainer.checkpoint_every`` is more than them), one
-    write of it with the run's real state, added to ``timer`` at the share of epochs the runner writes it in (every
-    ``checkpoint_every``-th and the last: ceil(E / every) of E epochs)."""
+    """When the ``epochs`` timed epochs wrote no ``last.pt`` (``frozen_arguana``: every 10th of 20 epochs), one write
+    of it with the run's real state, added to ``timer`` at the share of epochs the runner writes it in (every
+    ``checkpoint_every``-th and the last: ceil(E / every) of E epochs). When they wrote it, those writes are the
+    measure: exact for every epoch (the default), the timed window's own share for another ``checkpoint_every``."""
     from biencoder.engine.state import rng_states
 
     total, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every

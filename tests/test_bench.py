@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
@@ -41,8 +39,8 @@ def test_finetune_epoch_by_phase_on_cpu():
     assert result["steps"] == 4  # 32 demo training pairs in batches of 8
     assert all(seconds > 0 for seconds in phases.values())
     # the phases are measured inside the epoch, so they cannot add up to more than it
-    inside = sum(v for k, v in phases.items() if k != "epoch" and not k.startswith("tokenise"))
-    assert inside == pytest.approx(phases["epoch"])  # with the rest, they add up to it
+    # rest = the epoch less its phases: small unless a phase's work fell out of the Runner.phase hook
+    assert phases["rest"] < 0.5 * phases["epoch"]
 
 
 def test_the_bench_times_the_runners_own_epoch(monkeypatch):

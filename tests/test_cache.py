@@ -216,6 +216,36 @@ def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls
     assert evaluated["tasks"] == first["tasks"]["test"]
 
 
+def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
+    """last.pt leaves out a frozen encoder's weights; on resume the best state's encoder part comes from the model
+    (checkpoint.restore_last), so a run stopped after 2 of 3 epochs and resumed writes the same best.pt and final
+    numbers as one that ran through."""
+    from biencoder.engine.runner import run
+
+    overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.max_epochs=3", "trainer.device=cpu"]
+    whole = run(compose_cfg(overrides), tmp_path / "whole")
+    run_epoch = Runner.run_epoch
+
+    def stopped_at_2(self, epoch, *args):
+        if epoch == 2:
+            raise KeyboardInterrupt  # as a Ctrl-C after epoch 1's last.pt (trainer.checkpoint_every=1)
+        return run_epoch(self, epoch, *args)
+
+    monkeypatch.setattr(Runner, "run_epoch", stopped_at_2)
+    with pytest.raises(KeyboardInterrupt):
+        run(compose_cfg(overrides), tmp_path / "resumed")
+    assert (tmp_path / "resumed" / "last.pt").exists()
+    epochs = []
+    monkeypatch.setattr(Runner, "run_epoch",
+                        lambda self, epoch, *args: epochs.append(epoch) or run_epoch(self, epoch, *args))
+    resumed = run(compose_cfg(overrides + [f"trainer.resume={tmp_path / 'resumed'}"]), tmp_path / "resumed")
+    assert epochs == [2]
+    for key in ("best_epoch", "best", "tasks"):
+        assert resumed[key] == whole[key], key
+    saved = [torch.load(tmp_path / name / "best.pt", weights_only=False)["state_dict"] for name in ("whole", "resumed")]
+    assert saved[0].keys() == saved[1].keys() and all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+
+
 def test_frozen_batches_carry_the_mined_negatives(tmp_path):
     """The frozen path gathers each batch from the cached vectors, not through the DataLoader: each batch must be
     exactly the cached vectors of (point, its counter, the negative mined for that point), every pair once per epoch."""
@@ -248,7 +278,7 @@ def test_a_fresh_run_starts_its_sim_head_from_pca(tmp_path, frozen):
 def test_a_frozen_runs_best_weights_take_the_encoder_once(tmp_path):
     """The best epoch's weights are a CPU copy of the model's heads; a frozen encoder's part is taken once per run
     and shared by later copies (it never changes). On a CPU it is the model's own tensors, not a second copy."""
-    runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]), tmp_path)
+    runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.device=cpu"]), tmp_path)
     first = runner._weights_on_cpu()
     runner.trainer.train_epoch(0, runner.trainer.mine(0, runner.embed("train").sim))
     second = runner._weights_on_cpu()

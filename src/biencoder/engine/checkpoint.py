@@ -115,8 +115,9 @@ def restore_last(state: dict, path: Path, model: BiModel, trainer, fingerprint: 
                              f"{distributed.world_size()}: resume with the same number of processes")
     set_rng_states(rngs[distributed.rank()])
     best = dict(state["best"])
-    if best["state"] is not None:
-        full = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-        best["state"] = {**full, **best["state"]}
+    if best["state"] is not None:  # last.pt leaves out a frozen encoder's weights: the model's own, as the runner's
+        frozen = {k: v.detach().to("cpu", copy=v.device.type != "cpu") for k, v in model.state_dict().items()
+                  if k not in best["state"]}
+        best["state"] = {**frozen, **best["state"]}
     best["hits"] = None if best["hits"] is None else best["hits"].numpy()
     return state["epoch"] + 1, best, state["train_sim"]

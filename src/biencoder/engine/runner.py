@@ -17,7 +17,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
@@ -87,10 +87,10 @@ class Runner:
                                     self.tokens.get("train"), self.device, self.amp_dtype, self.progress)
         self.eval_pairs = self._eval_pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
-        self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, copied once (_weights_on_cpu)
+        self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, taken once (_weights_on_cpu)
         self.zero_shot = self._zero_shot()
         # (name, fn) -> fn(), around each phase of an epoch: the bench times the runner's own epoch through it
-        self.phase: Callable[[str, Callable[[], T]], T] = untimed
+        self.phase: Callable[[str, Callable[[], Any]], Any] = untimed
 
     def _inputs(self) -> tuple[str | None, dict[str, torch.Tensor], dict[str, TokenizedTexts]]:
         """(encoder fingerprint, pooled vectors per split, token ids per split): a frozen encoder's pooled vectors
@@ -308,8 +308,8 @@ class Runner:
     def _weights_on_cpu(self) -> dict[str, torch.Tensor]:
         """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so they
         are taken once per run and shared by every copy (copying MiniLM's 22.7 M took 70-130 ms an epoch); on a CPU
-        they are the model's own tensors, not a second 90 MB (whose place on the heap slowed every later epoch's
-        evaluation by page faults: BENCHMARKS.md section 7, ninth pass)."""
+        they are the model's own tensors, not a second 90 MB (with that copy, later epochs had several times the
+        page faults: BENCHMARKS.md section 7, ninth pass)."""
         state = self.model.state_dict()
         if self.frozen and self.encoder_weights is None:
             self.encoder_weights = {k: v.detach().to("cpu", copy=v.device.type != "cpu") for k, v in state.items()
