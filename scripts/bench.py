@@ -398,8 +398,8 @@ def count_step(step, device: torch.device, steps: int) -> dict:
     """Profile ``steps`` calls of ``step()`` (after 2 warm-up calls); per step: ``ops`` (aten:: calls, nested ones
     included), ``syncs`` (host synchronisations: on CUDA the runtime's synchronising calls, copies to the CPU
     included (``cudaMemcpy``); on a CPU the host reads of tensor values, :data:`SYNC_OPS` plus Tensor.tolist()/numpy(),
-    caught by a TorchFunctionMode since a CPU tensor's tolist() dispatches no op) with the names behind them, and ``exempt``:
-    the reads inside fused AdamW's kernel (:data:`OPTIMIZER_KERNELS`) on a CPU, of its step counters, which are CPU
+    caught by a TorchFunctionMode since a CPU tensor's tolist() dispatches no op) with the names behind them, and
+    ``exempt``: the reads inside fused AdamW's kernel (:data:`OPTIMIZER_KERNELS`) on a CPU, of its step counters, which are CPU
     tensors there: they wait for no device, so they are not counted as syncs."""
     from torch.overrides import TorchFunctionMode
     from torch.profiler import ProfilerActivity, profile
