@@ -162,12 +162,15 @@ def train_flops_per_step(config, batch_seqs: int, seq_len: int) -> float:
 
 
 def bench_train(kind: str, device: torch.device, batch: int, seq_len: int, steps: int, dtype) -> dict:
+    from biencoder.engine.flat import FlatParameters
     from biencoder.engine.loss import TripletCELoss
 
     model = random_model(kind, device)
     model.train()
     loss_fn = TripletCELoss()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)  # as the runner's (EpochTrainer)
+    # as the runner's (EpochTrainer): fused AdamW over the parameters as one flat tensor (one group here, not two)
+    flat = FlatParameters(list(model.parameters()), model.unused_parameters())
+    optimizer = torch.optim.AdamW(flat.tensors(), lr=1e-5, fused=True)
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (3 * batch, seq_len), generator=gen)
     mask = torch.ones_like(ids)
@@ -179,7 +182,7 @@ def bench_train(kind: str, device: torch.device, batch: int, seq_len: int, steps
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             point, counter, negative = model.embed(i, m).chunk(3)
             out = loss_fn(model, point, counter, negative)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=False)
         out.total.backward()
         optimizer.step()
 

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from . import distributed
 from .corpus import PairedSplit
+from .flat import FlatParameters, flat_state, per_parameter_state
 from .loss import LossOutput, build_loss
 from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector, to_device
 from .negatives import MinedNegatives, mine_negatives, random_rate
@@ -150,13 +151,17 @@ class EpochTrainer:
         self.cfg, self.model, self.split, self.pooled, self.tokens = cfg, model, split, pooled, tokens
         self.device, self.amp_dtype, self.progress = device, amp_dtype, progress
         self.frozen = pooled is not None
-        self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
-        groups = [{"params": model.head_parameters(), "lr": cfg.trainer.head_lr}]
+        groups = [(model.head_parameters(), cfg.trainer.head_lr)]
         if not self.frozen:
-            groups.insert(0, {"params": model.encoder.parameters(), "lr": cfg.trainer.lr})
+            groups.insert(0, (list(model.encoder.parameters()), cfg.trainer.lr))
+        # each group's parameters as views of one flat tensor (engine/flat.py): the optimiser steps 1-2 tensors a group
+        # (before DDP wraps the model, which keeps its own references to the parameters)
+        self.flat = [FlatParameters(params, model.unused_parameters()) for params, _ in groups]
+        self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
         # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
         # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor; BENCHMARKS section 7)
-        self.optimizer = torch.optim.AdamW(groups, weight_decay=cfg.trainer.weight_decay, fused=True)
+        self.optimizer = torch.optim.AdamW([{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups)],
+                                           weight_decay=cfg.trainer.weight_decay, fused=True)
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
@@ -176,11 +181,12 @@ class EpochTrainer:
 
     # -- state (last.pt) --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+        return {"optimizer": per_parameter_state(self.optimizer.state_dict(), self.flat),
+                "scheduler": self.scheduler.state_dict(),
                 "mining_rng": self.rng.bit_generator.state, "loader_rng": self.loader_generator.get_state()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.optimizer.load_state_dict(flat_state(state["optimizer"], self.flat))
         for group in self.optimizer.param_groups:  # a last.pt from before fused AdamW on a CPU saved foreach
             group.update(fused=True, foreach=None)
         self.scheduler.load_state_dict(state["scheduler"])
@@ -277,7 +283,7 @@ class EpochTrainer:
         for the device."""
         with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
             out = self.step(**inputs)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)  # the flat gradient is zeroed in place: backward adds into it
         out.total.backward()
         sums.add(out.parts, lambda: torch.cat([head_statistics_vector(out.features, out.head_input),
                                                self.grad_norms()]))

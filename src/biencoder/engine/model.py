@@ -156,6 +156,11 @@ class BiModel(PairHead):
     def head_parameters(self) -> list[nn.Parameter]:
         return [p for name, p in self.named_parameters() if not is_encoder_weight(name)]
 
+    def unused_parameters(self) -> list[nn.Parameter]:
+        """The parameters no training loss reaches: the encoder's pooler, unless ``pooling="pooler"`` uses it."""
+        pooler = getattr(self.encoder, "pooler", None)
+        return [] if pooler is None or self.pooling == "pooler" else list(pooler.parameters())
+
 
 def is_encoder_weight(name: str) -> bool:
     """True for a :class:`BiModel` parameter or state-dict key of the shared encoder (the rest are the heads)."""
