@@ -77,6 +77,8 @@ def test_the_layout():
     assert net.c.weight.grad.data_ptr() == flat.flat.grad.data_ptr()
     unused = FlatParameters(list(net.unused.parameters()), list(net.unused.parameters()))
     assert unused.flat is None and unused.tensors() == list(net.unused.parameters())
+    net.unused.weight.requires_grad_(False)  # a frozen parameter gets no gradient either: loose
+    assert FlatParameters(list(net.unused.parameters())).loose == [net.unused.weight]
 
 
 def test_flat_training_is_per_parameter_training_bit_for_bit():
@@ -117,4 +119,33 @@ def test_a_state_that_covers_part_of_a_group_is_refused():
     del state["state"][8]  # c.weight lost its state; c.bias, the other member of its group, kept its own
     flat = [FlatParameters(g, list(net.unused.parameters())) for g in net.groups()]
     with pytest.raises(ValueError, match="only some of the parameters"):
+        flat_state(state, flat)
+
+
+def test_a_flat_optimisers_saved_state_resumes_a_per_parameter_one(tmp_path):
+    """The other direction (code from before FlatParameters resuming this version's last.pt): saved through torch.save
+    and loaded on the CPU, where loading copies nothing, each parameter has its own step counter, and the per-parameter
+    optimiser's 2 more steps are the flat one's, bit for bit (a shared counter would be counted up once per member)."""
+    net, flat, opt = flat_run(steps=3)
+    torch.save({"model": net.state_dict(), "optimizer": per_parameter_state(opt.state_dict(), flat)}, tmp_path / "s.pt")
+    saved = torch.load(tmp_path / "s.pt", map_location="cpu")
+    steps = [state["step"] for state in saved["optimizer"]["state"].values()]
+    assert len({s.data_ptr() for s in steps}) == len(steps)
+    plain = Net()
+    plain.load_state_dict(saved["model"])
+    plain_opt = optimiser(plain.groups())
+    plain_opt.load_state_dict(saved["optimizer"])
+    train(plain, plain_opt, 2, seed=2, set_to_none=True)
+    train(net, opt, 2, seed=2, set_to_none=False)
+    for p, q in zip(net.parameters(), plain.parameters()):
+        assert torch.equal(p, q)
+    assert_same_state(per_parameter_state(opt.state_dict(), flat), plain_opt.state_dict())
+
+
+def test_members_with_different_step_counts_are_refused():
+    net, opt = plain_run(steps=1)
+    state = opt.state_dict()
+    state["state"][9]["step"] = state["state"][9]["step"] + 1  # c.bias one step ahead of c.weight
+    flat = [FlatParameters(g, list(net.unused.parameters())) for g in net.groups()]
+    with pytest.raises(ValueError, match="'step' differs"):
         flat_state(state, flat)

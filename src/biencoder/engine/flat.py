@@ -11,8 +11,9 @@ the last bit:
 
 * a size that is not a multiple of :data:`ALIGN`: the CPU kernel runs each tensor's last ``size % vector width``
   values through scalar code, which rounds differently from its vector code;
-* a parameter no loss reaches (``unused``: BERT's pooler under cls or mean pooling): without a gradient, AdamW
-  leaves it alone, while a flat member would get a zero gradient and its weight decay.
+* a parameter no loss reaches (``unused``: BERT's pooler under cls or mean pooling), or one that does not require a
+  gradient: without a gradient, AdamW leaves it alone, while a flat member would get a zero gradient and its weight
+  decay.
 
 The optimiser's state is saved in the per-parameter form (:func:`per_parameter_state`) and read back from it
 (:func:`flat_state`): a ``last.pt`` does not depend on the layout, and one from before it resumes.
@@ -39,8 +40,8 @@ class FlatParameters:
     def __init__(self, params: list[nn.Parameter], unused: list[nn.Parameter] = ()):
         self.params = list(params)
         skip = {id(p) for p in unused}
-        first = next((p for p in self.params if id(p) not in skip), None)
-        self.members = [p for p in self.params if id(p) not in skip and p.numel() % ALIGN == 0
+        first = next((p for p in self.params if id(p) not in skip and p.requires_grad), None)
+        self.members = [p for p in self.params if id(p) not in skip and p.requires_grad and p.numel() % ALIGN == 0
                         and (p.device, p.dtype) == (first.device, first.dtype)]
         member_ids = {id(p) for p in self.members}
         self.loose = [p for p in self.params if id(p) not in member_ids]
@@ -79,7 +80,9 @@ def per_parameter_state(state: dict, groups: list[FlatParameters]) -> dict:
     for group, saved in zip(groups, state["param_groups"]):
         ids = dict(zip(map(id, group.tensors()), saved["params"]))
         flat = state["state"].get(ids[id(group.flat)]) if group.flat is not None else None
-        views = ({key: group.views(value) if _is_flat(value, group) else [value] * len(group.members)
+        # a scalar state (``step``) is cloned per member: a shared one would be counted up once per member by a
+        # per-parameter optimiser that loads this on the CPU (where loading copies nothing)
+        views = ({key: group.views(value) if _is_flat(value, group) else [value.clone() for _ in group.members]
                   for key, value in flat.items()} if flat else {})
         members = {id(p): n for n, p in enumerate(group.members)}
         params = []
@@ -111,7 +114,7 @@ def flat_state(state: dict, groups: list[FlatParameters]) -> dict:
                 raise ValueError("the saved optimiser state covers only some of the parameters of a group")
             if members[0] is not None:
                 out[index] = {key: torch.cat([m[key].reshape(-1) for m in members])
-                              if _is_flat(value, group, whole=False) else value.clone()
+                              if _is_flat(value, group, whole=False) else _common(key, [m[key] for m in members])
                               for key, value in members[0].items()}
             params.append(index)
             index += 1
@@ -122,6 +125,13 @@ def flat_state(state: dict, groups: list[FlatParameters]) -> dict:
             index += 1
         groups_out.append({**saved, "params": params})
     return {"state": out, "param_groups": groups_out}
+
+
+def _common(key: str, values: list[torch.Tensor]) -> torch.Tensor:
+    """A copy of the scalar state (``step``) every member of a group has; ValueError when they differ."""
+    if any(not torch.equal(v, values[0]) for v in values[1:]):
+        raise ValueError(f"the saved optimiser state's {key!r} differs between parameters of one group")
+    return values[0].clone()
 
 
 def _is_flat(value, group: FlatParameters, whole: bool = True) -> bool:
