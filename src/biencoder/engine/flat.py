@@ -75,7 +75,7 @@ class FlatParameters:
 def per_parameter_state(state: dict, groups: list[FlatParameters]) -> dict:
     """``optimizer.state_dict()`` of an optimiser over ``[g.tensors() for g in groups]`` → the state dict of one over
     the groups' own parameters, in their order (what ``torch.optim`` writes without :class:`FlatParameters`). A
-    member's state is a view of the flat state (``step``, a scalar, is shared)."""
+    member's state is a view of the flat state, but for ``step``, a scalar, copied per member."""
     out, groups_out, index = {}, [], 0
     for group, saved in zip(groups, state["param_groups"]):
         ids = dict(zip(map(id, group.tensors()), saved["params"]))
