@@ -41,9 +41,13 @@ def train(net, opt, steps, seed, set_to_none):
         opt.step()
 
 
+def flatten(net):
+    return [FlatParameters(g, list(net.unused.parameters())) for g in net.groups()]
+
+
 def flat_run(steps=5, seed=1):
     net = Net()
-    flat = [FlatParameters(g, list(net.unused.parameters())) for g in net.groups()]
+    flat = flatten(net)
     opt = optimiser([f.tensors() for f in flat])
     train(net, opt, steps, seed, set_to_none=False)
     return net, flat, opt
@@ -100,7 +104,7 @@ def test_a_saved_state_resumes_as_if_never_stopped(saved_by):
     state = per_parameter_state(source[2].state_dict(), source[1]) if saved_by == "flat" else source[1].state_dict()
     net = Net()
     net.load_state_dict(source[0].state_dict())
-    flat = [FlatParameters(g, list(net.unused.parameters())) for g in net.groups()]
+    flat = flatten(net)
     opt = optimiser([f.tensors() for f in flat])
     opt.load_state_dict(flat_state(state, flat))
     train(net, opt, 2, seed=2, set_to_none=False)
@@ -117,7 +121,7 @@ def test_a_state_that_covers_part_of_a_group_is_refused():
     net, opt = plain_run(steps=1)
     state = opt.state_dict()
     del state["state"][8]  # c.weight lost its state; c.bias, the other member of its group, kept its own
-    flat = [FlatParameters(g, list(net.unused.parameters())) for g in net.groups()]
+    flat = flatten(net)
     with pytest.raises(ValueError, match="only some of the parameters"):
         flat_state(state, flat)
 
@@ -146,6 +150,6 @@ def test_members_with_different_step_counts_are_refused():
     net, opt = plain_run(steps=1)
     state = opt.state_dict()
     state["state"][9]["step"] = state["state"][9]["step"] + 1  # c.bias one step ahead of c.weight
-    flat = [FlatParameters(g, list(net.unused.parameters())) for g in net.groups()]
+    flat = flatten(net)
     with pytest.raises(ValueError, match="'step' differs"):
         flat_state(state, flat)

@@ -50,12 +50,9 @@ class FlatParameters:
             size = sum(p.numel() for p in self.members)
             data = torch.empty(size, dtype=first.dtype, device=first.device)
             grad = torch.zeros_like(data)
-            start = 0
-            for p in self.members:
-                view = slice(start, start + p.numel())
-                data[view].copy_(p.detach().reshape(-1))
-                p.data, p.grad = data[view].view_as(p), grad[view].view_as(p)
-                start += p.numel()
+            for p, p_data, p_grad in zip(self.members, self.views(data), self.views(grad)):
+                p_data.copy_(p.detach())
+                p.data, p.grad = p_data, p_grad
             self.flat = nn.Parameter(data)
             self.flat.grad = grad
 
