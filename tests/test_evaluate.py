@@ -81,8 +81,8 @@ def test_query_embedding_is_the_points(planted):
 def test_classifier_is_called_in_blocks_not_per_pair(planted, monkeypatch):
     split, emb, model = planted
     calls = []
-    original = model.classify_pair
-    monkeypatch.setattr(model, "classify_pair", lambda a, b: calls.append(len(a.sim)) or original(a, b))
+    original = model.head
+    monkeypatch.setattr(model, "head", lambda features: calls.append(len(features)) or original(features))
     retrieve_rerank(model, emb, split, k=2)
     assert calls == [6]  # all 3 queries × 2 candidates in one call
 

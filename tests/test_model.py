@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.model import (BiModel, Embeddings, TokenizedTexts, encode, head_statistics, head_statistics_vector,
-                                    pair_margins)
+from biencoder.engine.model import (FUSION_PARTS, BiModel, Embeddings, TokenizedTexts, encode, head_statistics,
+                                    head_statistics_vector, pair_margins)
+from biencoder.engine.schema import FUSIONS
 from conftest import compose_cfg
 
 
@@ -26,6 +27,21 @@ def test_shapes_for_every_fusion_and_flag(tiny_model_and_tokenizer, fusion, ln, 
     assert features.shape[1] == {"concat": 3 * 128 + 3 * hidden, "sim": 3 * 128, "cls": 3 * hidden}[fusion]
     assert model.classify_pair(emb, emb).shape == (3, 2)
     assert isinstance(model.norm, torch.nn.LayerNorm) == ln and isinstance(model.act, torch.nn.ReLU) == relu
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+def test_gathered_pair_features_are_the_pair_features(tiny_model_and_tokenizer, fusion):
+    """The rerank's in-place gather (a buffer larger than the block, as for the last block) writes the same values
+    in the same places as pair_features."""
+    assert set(FUSION_PARTS) == set(FUSIONS)
+    model = make_model(tiny_model_and_tokenizer[0].encoder, fusion)
+    torch.manual_seed(3)
+    emb = Embeddings(torch.randn(7, 128), torch.randn(7, 32))
+    a, b = torch.tensor([0, 6, 2, 2]), torch.tensor([5, 1, 2, 3])
+    buffer = torch.full((6, model.out.in_features), float("nan"))
+    gathered = model.gather_pair_features(emb, a, b, buffer)
+    assert gathered.shape == (4, model.out.in_features)
+    assert torch.equal(gathered, model.pair_features(emb.index(a), emb.index(b)))
 
 
 def test_layernorm_changes_forward_and_normalises(tiny_model_and_tokenizer):

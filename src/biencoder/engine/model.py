@@ -58,6 +58,10 @@ class Embeddings:
         return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n))]
 
 
+#: the embeddings each ``model.fusion`` puts in the pair features, in order; each adds [a, b, |a − b|] of it
+FUSION_PARTS = {"concat": ("sim", "pooled"), "sim": ("sim",), "cls": ("pooled",)}
+
+
 class PairHead(nn.Module):
     """The pair classifier: fused features of (a, b) → optional LayerNorm → optional ReLU → ``Linear(F, 2)``.
 
@@ -66,7 +70,7 @@ class PairHead(nn.Module):
 
     def _make_head(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool) -> None:
         self.fusion = fusion
-        n_features = {"concat": 3 * sim_dim + 3 * hidden, "sim": 3 * sim_dim, "cls": 3 * hidden}[fusion]
+        n_features = sum(3 * {"sim": sim_dim, "pooled": hidden}[part] for part in FUSION_PARTS[fusion])
         self.norm = nn.LayerNorm(n_features) if use_layernorm else nn.Identity()
         self.act = nn.ReLU() if use_relu else nn.Identity()
         self.out = nn.Linear(n_features, 2)
@@ -74,11 +78,24 @@ class PairHead(nn.Module):
     def pair_features(self, a: Embeddings, b: Embeddings) -> Tensor:
         """Fused features [B, n_features] of the pairs (a[i], b[i])."""
         parts = []
-        if self.fusion in ("concat", "sim"):
-            parts += [a.sim, b.sim, (a.sim - b.sim).abs()]
-        if self.fusion in ("concat", "cls"):
-            parts += [a.pooled, b.pooled, (a.pooled - b.pooled).abs()]
+        for part in FUSION_PARTS[self.fusion]:
+            x, y = getattr(a, part), getattr(b, part)
+            parts += [x, y, (x - y).abs()]
         return torch.cat(parts, dim=-1)
+
+    def gather_pair_features(self, emb: Embeddings, rows_a: Tensor, rows_b: Tensor, out: Tensor) -> Tensor:
+        """:meth:`pair_features` of (emb[rows_a[i]], emb[rows_b[i]]) written into ``out`` [≥ B, n_features] (no
+        autograd): the rows are gathered straight into their places, with no intermediate tensors. The same values,
+        ~30 % faster in the per-epoch rerank on a CPU (BENCHMARKS section 7, eleventh pass). Returns ``out[:B]``."""
+        out, start = out[:len(rows_a)], 0
+        for part in FUSION_PARTS[self.fusion]:
+            table = getattr(emb, part)
+            x, y, diff = out[:, start:start + 3 * table.shape[1]].chunk(3, dim=1)
+            torch.index_select(table, 0, rows_a, out=x)
+            torch.index_select(table, 0, rows_b, out=y)
+            torch.sub(x, y, out=diff).abs_()
+            start += 3 * table.shape[1]
+        return out
 
     def head(self, features: Tensor) -> tuple[Tensor, Tensor]:
         """Features [B, F] → (head input after the optional LayerNorm/ReLU [B, F], logits [B, 2])."""
@@ -409,13 +426,15 @@ def pair_margins(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: in
     ``emb`` is precomputed (see :func:`encode`), so the encoder never runs here: one head call per block of
     ``batch_size`` pairs, never one per pair, and never more than a block of features in memory.
     """
-    rows_a, rows_b = np.asarray(rows_a), np.asarray(rows_b)
+    rows_a = torch.as_tensor(np.asarray(rows_a), dtype=torch.long, device=device)
+    rows_b = torch.as_tensor(np.asarray(rows_b), dtype=torch.long, device=device)
     emb = emb.to(device)
-    out = np.empty(len(rows_a), dtype=np.float32)
-    with eval_mode(model):
+    out = torch.empty(len(rows_a), dtype=torch.float32, device=device)
+    with eval_mode(model), torch.inference_mode():
+        features = torch.empty(min(batch_size, len(rows_a)), model.out.in_features, dtype=emb.sim.dtype, device=device)
         for start in range(0, len(rows_a), batch_size):
             stop = start + batch_size
-            logits = model.classify_pair(emb.index(rows_a[start:stop]), emb.index(rows_b[start:stop]))
+            _, logits = model.head(model.gather_pair_features(emb, rows_a[start:stop], rows_b[start:stop], features))
             logits = logits.float()
-            out[start:stop] = (logits[:, 1] - logits[:, 0]).cpu().numpy()
-    return out
+            torch.sub(logits[:, 1], logits[:, 0], out=out[start:stop])
+    return out.cpu().numpy()
