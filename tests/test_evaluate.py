@@ -85,6 +85,9 @@ def test_classifier_is_called_in_blocks_not_per_pair(planted, monkeypatch):
     monkeypatch.setattr(model, "head", lambda features: calls.append(len(features)) or original(features))
     retrieve_rerank(model, emb, split, k=2)
     assert calls == [6]  # all 3 queries × 2 candidates in one call
+    calls.clear()
+    retrieve_rerank(model, emb, split, k=2, batch_size=4)
+    assert calls == [4, 2]  # blocks of 4 pairs, the last one partial
 
 
 def test_zero_shot_evaluation_json(tmp_path):

@@ -40,8 +40,11 @@ def test_gathered_pair_features_are_the_pair_features(tiny_model_and_tokenizer, 
     a, b = torch.tensor([0, 6, 2, 2]), torch.tensor([5, 1, 2, 3])
     buffer = torch.full((6, model.out.in_features), float("nan"))
     gathered = model.gather_pair_features(emb, a, b, buffer)
-    assert gathered.shape == (4, model.out.in_features)
+    assert gathered.shape == (4, model.out.in_features) and gathered.data_ptr() == buffer.data_ptr()
     assert torch.equal(gathered, model.pair_features(emb.index(a), emb.index(b)))
+    assert buffer[4:].isnan().all()  # nothing written past the block
+    with pytest.raises(ValueError, match="cannot hold"):
+        model.gather_pair_features(emb, a, b, buffer[:3])
 
 
 def test_layernorm_changes_forward_and_normalises(tiny_model_and_tokenizer):
@@ -102,14 +105,20 @@ def test_encode_is_batch_size_and_order_independent(tiny_model_and_tokenizer):
     assert torch.allclose(direct.sim[0], many.sim[5], atol=1e-5)
 
 
-def test_pair_margins_batched_equals_direct(tiny_model_and_tokenizer):
-    model, _ = tiny_model_and_tokenizer
+@pytest.mark.parametrize("batch_size", [1, 2, 5, 64])
+def test_pair_margins_are_classify_pairs_margins_to_the_bit(tiny_model_and_tokenizer, batch_size):
+    """The same blocks through classify_pair give the same margins bit for bit (a partial last block, one block larger
+    than the pairs, and no pairs included)."""
+    model = make_model(tiny_model_and_tokenizer[0].encoder, ln=True, relu=True).eval()
     torch.manual_seed(2)
     emb = Embeddings(torch.randn(10, 128), torch.randn(10, 32))
     a, b = np.array([0, 1, 2, 3, 9]), np.array([5, 5, 6, 7, 0])
-    margins = pair_margins(model, emb, a, b, batch_size=2)
-    logits = model.eval().classify_pair(emb.index(a), emb.index(b)).detach()
-    assert np.allclose(margins, (logits[:, 1] - logits[:, 0]).numpy(), atol=1e-6)
+    with torch.no_grad():
+        logits = torch.cat([model.classify_pair(emb.index(a[i:i + batch_size]), emb.index(b[i:i + batch_size]))
+                            for i in range(0, len(a), batch_size)])
+    margins = pair_margins(model, emb, a, b, batch_size=batch_size)
+    assert margins.dtype == np.float32 and np.array_equal(margins, (logits[:, 1] - logits[:, 0]).numpy())
+    assert pair_margins(model, emb, a[:0], b[:0], batch_size=batch_size).shape == (0,)
 
 
 def test_head_statistics_by_hand():
