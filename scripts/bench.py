@@ -2,7 +2,7 @@
 
     python scripts/bench.py                         # CPU: all items, a few minutes on 2 cores
     python scripts/bench.py --items frozen steps    # only some items (eval train mining frozen steps finetune)
-    python scripts/bench.py --gpu-only             # on a CUDA machine: items 2 (GPU rows, MFU), 5 and 6
+    python scripts/bench.py --gpu-only             # on a CUDA machine (refused without one): items 2, 5, 6
     python scripts/bench.py --items sweep --jobs 4 8 12   # on a CUDA machine: item 7 (20 runs per job count)
 
 1. Evaluation of one split (the real test split when the corpus is found, else the demo's): the batched
@@ -17,7 +17,7 @@
 4. One frozen real-corpus epoch of ``+experiment=frozen_arguana`` (``ln_relu``), by phase, through the runner's
    own methods (mean of ``--epochs`` after one warm-up; ``last.pt`` at the share of epochs the runner writes it in);
    prints ``frozen_epoch_s: <seconds>``. A cold embedding
-   cache is warmed first (it says so; 5-10 min on 2 cores).
+   cache is warmed first (it says so; 4-10 min on 2 cores for the real corpus).
 5. One training step (:meth:`biencoder.engine.epoch.EpochTrainer.train_step` on a ready batch, demo corpus) of the MiniLM-sized
    encoder (random init, trained) and of the frozen-encoder head: operator calls and host synchronisations per step,
    counted with ``torch.profiler`` over 32 (frozen) or 8 steps, so that the step statistics, computed on one step in 8
@@ -248,7 +248,7 @@ def cache_report(cfg) -> str | None:
     if not missing:
         return None
     return (f"embedding cache cold: {missing} of {len(set(texts))} texts missing in {cache.folder}; warming it now "
-            "(the runner encodes them: 5-10 min on 2 CPU cores)")
+            "(the runner encodes them once; the real corpus's 8548 texts took 4-10 min on 2 CPU cores)")
 
 
 class PhaseTimer:
@@ -496,6 +496,16 @@ def print_phases(result: dict) -> None:
 ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune", "sweep")
 
 
+def corpus_found(root: Path) -> bool:
+    """Whether the real corpus is at ``root``: if so, the runs of items 4, 6 (CUDA) and 7 read it (``ARGUANA_ROOT``);
+    if not, the item says it is skipped and why."""
+    if not ((root / "02-extracted-arguments").is_dir() or (root / "training").is_dir()):
+        print(f"   skipped (no ArguAna corpus at {root}; set ARGUANA_ROOT or pass --corpus)")
+        return False
+    os.environ["ARGUANA_ROOT"] = str(root)
+    return True
+
+
 def item_eval(args, cpu, cuda) -> float | None:
     """1. Evaluation of one split; returns the CPU speedup over the seed-style loop."""
     speedup = None
@@ -561,10 +571,7 @@ def item_frozen(args) -> None:
     """4. The frozen real-corpus epoch by phase."""
     print(f"\n4. one frozen real-corpus epoch (+experiment=frozen_arguana, ln_relu; mean of {args.epochs} after a "
           "warm-up)")
-    if not ((args.corpus / "02-extracted-arguments").is_dir() or (args.corpus / "training").is_dir()):
-        print(f"   skipped (no corpus at {args.corpus}; set ARGUANA_ROOT)")
-    else:
-        os.environ["ARGUANA_ROOT"] = str(args.corpus)
+    if corpus_found(args.corpus):
         result = bench_epoch_phases(frozen_overrides(), args.epochs)
         print_phases(result)
         print(f"frozen_epoch_s: {result['phases']['epoch']:.3f}")
@@ -575,8 +582,8 @@ def item_finetune(args, cuda) -> None:
     """6. The fine-tuning epoch by phase."""
     overrides = finetune_overrides(cuda is not None)
     print(f"\n6. one fine-tuning epoch by phase ({' '.join(overrides)}; mean of {args.epochs} after a warm-up)")
-    if cuda:
-        os.environ["ARGUANA_ROOT"] = str(args.corpus)
+    if cuda and not corpus_found(args.corpus):
+        return
     result = bench_epoch_phases(overrides, args.epochs)
     print_phases(result)
     print(f"finetune_epoch_s: {result['phases']['epoch']:.3f}")
@@ -587,8 +594,7 @@ def item_sweep(args, cuda) -> None:
     print("\n7. the 20-run fine-tuning ablation (data=arguana, 4 cells x 5 seeds, defaults; hydra/launcher=parallel)")
     if not cuda:
         print("   skipped (no CUDA device: 20 fine-tuning runs take days on a CPU)")
-    else:
-        os.environ["ARGUANA_ROOT"] = str(args.corpus)
+    elif corpus_found(args.corpus):
         for jobs in args.jobs:
             print(f"ablation_wall_s: {bench_sweep(jobs, []):.1f} (jobs {jobs})")
 
@@ -624,6 +630,11 @@ def main(argv=None) -> int:
     items = chosen_items(args)
     cpu = torch.device("cpu")
     cuda = torch.device("cuda") if torch.cuda.is_available() else None
+    if args.gpu_only and cuda is None:
+        print("bench.py: --gpu-only measures the GPU targets, but torch sees no CUDA device (torch.cuda.is_available() "
+              f"is False, torch {torch.__version__}); install a CUDA build of torch, or drop --gpu-only for the CPU "
+              "items", file=sys.stderr)
+        return 2
     print(f"biencoder bench | torch {torch.__version__} | CPU threads {torch.get_num_threads()} | "
           f"GPU {device_label(cuda) if cuda else 'none'}")
 
