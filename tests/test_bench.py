@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
@@ -182,8 +186,6 @@ def _printed(capsys, argv) -> tuple[int, list[str]]:
 def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, monkeypatch, capsys):
     """Item 4 end to end, on a small corpus in the real corpus's layout: it says the cache is cold, warms it and prints
     the one line `frozen_epoch_s: <seconds>`; with no corpus it says it skipped and why."""
-    import re
-
     from conftest import grid_layout, write_corpus
 
     root = write_corpus(tmp_path / "corpus", grid_layout())
@@ -193,7 +195,7 @@ def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, mon
     assert code == 0
     assert any(line.strip().startswith("embedding cache cold:") for line in out), out
     assert len([line for line in out if re.fullmatch(r"frozen_epoch_s: \d+\.\d{3}", line)]) == 1, out
-    assert any((tmp_path / "cache").iterdir())  # the cache it warmed is the one the runs read
+    assert any((tmp_path / "cache").iterdir())  # warmed in BIENCODER_CACHE_DIR, not the user's cache
 
     code, out = _printed(capsys, ["--items", "frozen", "--corpus", str(tmp_path / "nowhere")])
     assert code == 0 and not any(line.startswith("frozen_epoch_s") for line in out)
@@ -203,8 +205,6 @@ def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, mon
 def test_the_step_and_epoch_items_print_their_lines(monkeypatch, capsys):
     """Items 5 and 6 as the command prints them (item 5 on the tiny encoder here: the MiniLM-sized row takes ~30 s):
     the per-step counts with no host sync, and `finetune_epoch_s: <seconds>`."""
-    import re
-
     counts = bench.bench_step_counts
     monkeypatch.setattr(bench, "bench_step_counts", lambda frozen, steps: counts(frozen, 8, size="tiny"))
     code, out = _printed(capsys, ["--items", "steps", "finetune", "--epochs", "1"])
@@ -217,9 +217,6 @@ def test_the_step_and_epoch_items_print_their_lines(monkeypatch, capsys):
 def test_gpu_only_without_a_gpu_is_refused_not_run_on_the_cpu(capsys):
     """--gpu-only prints the GPU targets' figures; on a machine without CUDA it must not print CPU figures in their
     place (a tiny-model `finetune_epoch_s` would read as the GPU epoch): one line on stderr, exit 2."""
-    import pytest
-    import torch
-
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     assert bench.main(["--gpu-only"]) == 2
