@@ -47,6 +47,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from biencoder.engine.corpus import read_corpus  # noqa: E402
+from biencoder.engine.layout import CorpusError, resolve_root  # noqa: E402
 from biencoder.engine.rerank import retrieve_rerank  # noqa: E402
 from biencoder.engine.runtime import Runtime  # noqa: E402
 from biencoder.engine.model import BiModel, Embeddings  # noqa: E402
@@ -126,8 +127,17 @@ def seed_style_top1(model: BiModel, emb: Embeddings, split, k: int, device: torc
     return hits / len(split.query)
 
 
+def is_corpus(root: Path) -> bool:
+    """Whether ``root`` holds the ArguAna layout, as the reader decides it (:func:`resolve_root`)."""
+    try:
+        resolve_root(root)
+    except CorpusError:
+        return False
+    return True
+
+
 def bench_eval(corpus_root: Path, device: torch.device, k: int = 10) -> dict:
-    if (corpus_root / "02-extracted-arguments").is_dir() or (corpus_root / "test").is_dir():
+    if is_corpus(corpus_root):
         split, name = read_corpus(corpus_root).paired("test"), "ArguAna test"
     else:
         split, name = read_corpus("demo").paired("test"), "demo test"
@@ -499,7 +509,7 @@ ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune", "sweep")
 def corpus_found(root: Path) -> bool:
     """Whether the real corpus is at ``root``: if so, the runs of items 4, 6 (CUDA) and 7 read it (``ARGUANA_ROOT``);
     if not, the item says it is skipped and why."""
-    if not ((root / "02-extracted-arguments").is_dir() or (root / "training").is_dir()):
+    if not is_corpus(root):
         print(f"   skipped (no ArguAna corpus at {root}; set ARGUANA_ROOT or pass --corpus)")
         return False
     os.environ["ARGUANA_ROOT"] = str(root)
