@@ -1,16 +1,12 @@
-"""The import graph (scripts/import_graph.py), on a package drawn by hand and on biencoder itself."""
+"""The import graph (biencoder.bench.import_graph), on a package drawn by hand and on biencoder itself."""
 
-import importlib.util
 import subprocess
 import sys
 
 import pytest
 
+from biencoder.bench import import_graph as graph_tool
 from conftest import REPO
-
-spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
-graph_tool = sys.modules["import_graph"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-spec.loader.exec_module(graph_tool)
 
 #: circles allowed to remain (docs/architecture.md, "Left"): none since config.py was split
 KNOWN_CIRCLES: list[list[str]] = []
