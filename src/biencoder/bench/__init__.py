@@ -10,7 +10,7 @@ evaluator, the corpus check) and :mod:`.epoch_phases` (an epoch timed through th
 command line is :mod:`.cli`. :mod:`.import_graph` measures the source (``python scripts/import_graph.py``), for
 ``docs/architecture.md`` and the tests.
 
-Nothing here is imported by the product: the package sits above the apps (docs/architecture.md).
+Nothing here is imported by the product: the import contracts in ``pyproject.toml`` put this package above the apps.
 Importing any module of it imports neither Hydra nor the packaged MiniLM (the items that need them import them when
 they run), so the first items run on a bare GPU image.
 """
