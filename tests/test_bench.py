@@ -1,7 +1,9 @@
-"""scripts/bench.py: importable without Hydra, and its epoch-by-phase and per-step items run on the CPU (tiny settings)."""
+"""biencoder.bench (``scripts/bench.py``): importable without Hydra, its headline is the defaults' figure, and its
+epoch-by-phase and per-step items run on the CPU (tiny settings)."""
 
 from __future__ import annotations
 
+import pkgutil
 import re
 import subprocess
 import sys
@@ -10,34 +12,84 @@ from pathlib import Path
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
+import biencoder.bench
+from biencoder.bench import cli, common, epoch_phases, eval_speed, finetune_epoch, import_graph, step_counts
 
-import bench  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
+BENCH = Path(biencoder.bench.__file__).parent
 
 
 def test_importing_the_bench_imports_no_hydra():
-    code = "import sys; sys.path.insert(0, 'scripts'); import bench; assert 'hydra' not in sys.modules, 'hydra'"
+    """Every module of the package, the command line included: the items that compose a run import Hydra then."""
+    modules = [f"biencoder.bench.{m.name}" for m in pkgutil.iter_modules([str(BENCH)]) if m.name != "__main__"]
+    assert "biencoder.bench.cli" in modules and "biencoder.bench.eval_speed" in modules
+    code = f"import sys; import {', '.join(modules)}; assert not [m for m in sys.modules if m.startswith('hydra')]"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_the_script_is_the_packages_command_line():
+    """scripts/bench.py runs biencoder.bench's command line: the same options, no path set-up of its own."""
+    out = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("usage: bench.py [-h] [--corpus CORPUS]")
+    assert "--gpu-only" in out and "--items sweep --jobs 4 8 12" in out
+    assert "sys.path" not in (REPO / "scripts" / "bench.py").read_text()
+
+
+def test_the_bench_package_keeps_the_house_limits():
+    """No module over 350 lines, no function over 50 lines or with more than 6 parameters."""
+    sizes = {path.name: len(path.read_text().splitlines()) for path in BENCH.glob("*.py")}
+    assert max(sizes.values()) <= 350, sizes
+    assert import_graph.long_functions(BENCH) == []
+    assert import_graph.wide_functions(BENCH) == []
+
+
+def test_the_headline_is_the_default_index_with_the_other_beside_it():
+    """eval.index's default (exact) gives the headline figure; BallTree's is beside it, named."""
+    assert eval_speed.DEFAULT_INDEX == "exact"
+    line = eval_speed.headline({"balltree": 8.44, "exact": 65.06})
+    assert line == "eval_speedup_vs_seed_style: 65.1 (eval.index=exact, the default; balltree: 8.4)"
+
+
+def test_the_eval_item_prints_the_default_configs_figure_last(tmp_path, capsys):
+    """Item 1 end to end on the demo's test split: the last line is the figure of the index a composed default run
+    searches with (its ``(exact)`` column), not the BallTree column beside it."""
+    from conftest import compose_cfg
+
+    default = compose_cfg().eval.index
+    code, out = _printed(capsys, ["--items", "eval", "--corpus", str(tmp_path / "nowhere")])
+    assert code == 0
+    row = next(line for line in out if line.startswith("CPU (") and "demo test" in line)
+    balltree, exact = re.findall(r"([\d.]+)x", row)
+    assert out[-1] == f"eval_speedup_vs_seed_style: {exact} (eval.index={default}, the default; balltree: {balltree})"
 
 
 def test_which_items_run():
     """The plain command runs every item but the 20-run ablation; --gpu-only keeps the GPU targets of the step and the
     epoch (2, 5, 6); the ablation runs only when named."""
-    def chosen(*argv):
-        return bench.chosen_items(bench.parse_args(list(argv)))
 
-    assert chosen() == set(bench.ITEMS) - {"sweep"}
+    def chosen(*argv):
+        return cli.chosen_items(cli.parse_args(list(argv)))
+
+    assert chosen() == set(cli.ITEMS) - {"sweep"}
     assert chosen("--gpu-only") == {"train", "steps", "finetune"}
     assert chosen("--items", "sweep") == chosen("--gpu-only", "--items", "sweep") == {"sweep"}
-    assert chosen("--skip-frozen") == set(bench.ITEMS) - {"sweep", "frozen"}
+    assert chosen("--skip-frozen") == set(cli.ITEMS) - {"sweep", "frozen"}
 
 
 def test_finetune_epoch_by_phase_on_cpu():
-    result = bench.bench_epoch_phases(bench.finetune_overrides(cuda=False) + ["trainer.batch_size=8"], epochs=1)
+    overrides = finetune_epoch.finetune_overrides(cuda=False) + ["trainer.batch_size=8"]
+    result = epoch_phases.bench_epoch_phases(overrides, epochs=1)
     phases = result["phases"]
-    expected = {f"tokenise {s} (once)" for s in ("train", "val", "test")} | {"mine", "train", "log", "checkpoint",
-                                                                             "rest", "epoch"}
+    expected = {f"tokenise {s} (once)" for s in ("train", "val", "test")} | {
+        "mine",
+        "train",
+        "log",
+        "checkpoint",
+        "rest",
+        "epoch",
+    }
     expected |= {f"{what} {s}" for what in ("encode", "retrieve+rerank") for s in ("train", "val", "test")}
     assert set(phases) - {"keep best"} == expected  # keep best: only when val improved in the timed epoch
     assert result["steps"] == 4  # 32 demo training pairs in batches of 8
@@ -59,9 +111,10 @@ def test_the_bench_times_the_runners_own_epoch(monkeypatch):
         def spy(self, *args, _name=method, _original=original):
             seen.append((_name, sorted(self.phase.open)))
             return _original(self, *args)
+
         monkeypatch.setattr(Runner, method, spy)
-    monkeypatch.setattr(bench.PhaseTimer, "open", set(), raising=False)
-    enter = bench.PhaseTimer.__call__
+    monkeypatch.setattr(common.PhaseTimer, "open", set(), raising=False)
+    enter = common.PhaseTimer.__call__
 
     def tracked(self, name, fn):
         self.open = self.open | {name}
@@ -69,8 +122,9 @@ def test_the_bench_times_the_runners_own_epoch(monkeypatch):
             return enter(self, name, fn)
         finally:
             self.open = self.open - {name}
-    monkeypatch.setattr(bench.PhaseTimer, "__call__", tracked)
-    bench.bench_epoch_phases(bench.finetune_overrides(cuda=False) + ["trainer.batch_size=8"], epochs=1)
+
+    monkeypatch.setattr(common.PhaseTimer, "__call__", tracked)
+    epoch_phases.bench_epoch_phases(finetune_epoch.finetune_overrides(cuda=False) + ["trainer.batch_size=8"], epochs=1)
     assert ("_append", ["epoch", "log"]) in seen
     assert ("save_last", ["checkpoint", "epoch"]) in seen
     assert ("_weights_on_cpu", ["epoch", "keep best"]) in seen  # epoch 0 is always the best so far
@@ -79,7 +133,7 @@ def test_the_bench_times_the_runners_own_epoch(monkeypatch):
 def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
     """EpochTrainer.train_step leaves every value on the device: no .item()/tolist()/bool() of a tensor per step (only
     fused AdamW's kernel reads its CPU step counters), and the count would see one if it were added."""
-    before = bench.bench_step_counts(frozen=True, steps=8)  # 8: one sampled step of statistics falls inside
+    before = step_counts.bench_step_counts(frozen=True, steps=8)  # 8: one sampled step of statistics falls inside
     assert before["syncs"] == 0, before["sync_names"]
     assert before["exempt"] == 2  # the frozen ln_relu head: its flat tensor and the loose 2-value bias, one read each
     assert before["ops"] <= 445  # issue 24's target: at most half the 891 ops of a9c05a4's step (401 since 19fe8e3)
@@ -93,7 +147,7 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
         return original(self, parts, *tensors)
 
     monkeypatch.setattr(epoch.EpochSums, "add", reads_the_loss)
-    after = bench.bench_step_counts(frozen=True, steps=8)
+    after = step_counts.bench_step_counts(frozen=True, steps=8)
     assert after["syncs"] == 1 and after["sync_names"] == {"aten::_local_scalar_dense": 1}
     assert after["ops"] > before["ops"]
 
@@ -102,14 +156,14 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
         return original(self, parts, *tensors)
 
     monkeypatch.setattr(epoch.EpochSums, "add", lists_the_loss)
-    listed = bench.bench_step_counts(frozen=True, steps=8)
+    listed = step_counts.bench_step_counts(frozen=True, steps=8)
     assert listed["syncs"] == 1 and listed["sync_names"] == {"Tensor.tolist": 1}
 
 
 def test_a_trained_encoder_step_reads_nothing_back():
     """The same for a step that trains the encoder (the tiny BERT here; the bench's row is MiniLM-sized): the encoder's
     attention mask is decided on the host before the step, so transformers' own padding check reads nothing back."""
-    result = bench.bench_step_counts(frozen=False, steps=8, size="tiny")
+    result = step_counts.bench_step_counts(frozen=False, steps=8, size="tiny")
     assert result["syncs"] == 0, result["sync_names"]
     assert result["exempt"] == 3  # the step counters of the flat encoder, the flat head and its 2-value bias
 
@@ -120,22 +174,23 @@ def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
     from biencoder.engine.corpus import run_splits
     from biencoder.engine.runner import Runner
 
-    cfg = bench.compose_config(bench.step_overrides(frozen=True, cache_dir=tmp_path / "cache"))
+    cfg = common.compose_config(step_counts.step_overrides(frozen=True, cache_dir=tmp_path / "cache"))
     _, splits = run_splits(cfg.data)
     texts = {text for split in splits.values() for text in split.texts}
-    assert bench.cache_report(cfg).startswith(f"embedding cache cold: {len(texts)} of {len(texts)} texts missing")
+    cold = f"embedding cache cold: {len(texts)} of {len(texts)} texts missing"
+    assert epoch_phases.cache_report(cfg).startswith(cold)
     Runner(cfg, tmp_path / "run")  # encodes and caches them
-    assert bench.cache_report(cfg) is None
+    assert epoch_phases.cache_report(cfg) is None
 
 
 def test_a_cold_cache_is_warmed_and_said_not_skipped(tmp_path):
     """bench_epoch_phases on a frozen run with an empty embedding cache says so, warms it and times the epoch; the
     second time the cache is warm and nothing is said."""
-    overrides = bench.step_overrides(frozen=True, cache_dir=tmp_path / "cache")
+    overrides = step_counts.step_overrides(frozen=True, cache_dir=tmp_path / "cache")
     for expected in (["embedding cache cold"], []):
         said = []
-        result = bench.bench_epoch_phases(overrides, epochs=1, say=said.append)
-        assert [line.strip()[:len("embedding cache cold")] for line in said] == expected
+        result = epoch_phases.bench_epoch_phases(overrides, epochs=1, say=said.append)
+        assert [line.strip()[: len("embedding cache cold")] for line in said] == expected
         assert result["phases"]["epoch"] > 0 and result["steps"] == 1  # 32 demo pairs, 32 triplets a step
 
 
@@ -157,7 +212,7 @@ def test_a_step_computes_its_statistics_only_on_sampled_steps(monkeypatch):
 
     monkeypatch.setattr(epoch.EpochTrainer, "grad_norms", counted_grad_norms)
     monkeypatch.setattr(epoch, "head_statistics_vector", counted_head)
-    bench.bench_step_counts(frozen=True, steps=8)
+    step_counts.bench_step_counts(frozen=True, steps=8)
     assert calls == {"grad_norms": 3, "head": 3}
 
 
@@ -165,7 +220,6 @@ def test_a_resumed_optimizer_state_saved_by_foreach_adamw_runs_fused(tmp_path):
     """A last.pt written before the CPU used fused AdamW carries foreach in its param groups, and torch's
     load_state_dict restores that: EpochTrainer.load_state_dict sets fused again, and the next epoch trains."""
     from biencoder.engine.runner import Runner
-
     from conftest import FAST, compose_cfg
 
     runner = Runner(compose_cfg(FAST + ["+variant=ln_relu", "eval.baselines=false"]), tmp_path / "run")
@@ -179,7 +233,7 @@ def test_a_resumed_optimizer_state_saved_by_foreach_adamw_runs_fused(tmp_path):
 
 
 def _printed(capsys, argv) -> tuple[int, list[str]]:
-    code = bench.main(argv)
+    code = cli.main(argv)
     return code, capsys.readouterr().out.splitlines()
 
 
@@ -205,8 +259,8 @@ def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, mon
 def test_the_step_and_epoch_items_print_their_lines(monkeypatch, capsys):
     """Items 5 and 6 as the command prints them (item 5 on the tiny encoder here: the MiniLM-sized row takes ~30 s):
     the per-step counts with no host sync, and `finetune_epoch_s: <seconds>`."""
-    counts = bench.bench_step_counts
-    monkeypatch.setattr(bench, "bench_step_counts", lambda frozen, steps: counts(frozen, 8, size="tiny"))
+    counts = step_counts.bench_step_counts
+    monkeypatch.setattr(step_counts, "bench_step_counts", lambda frozen, steps: counts(frozen, 8, size="tiny"))
     code, out = _printed(capsys, ["--items", "steps", "finetune", "--epochs", "1"])
     assert code == 0
     rows = [line for line in out if "ops/step" in line]
@@ -219,7 +273,7 @@ def test_gpu_only_without_a_gpu_is_refused_not_run_on_the_cpu(capsys):
     place (a tiny-model `finetune_epoch_s` would read as the GPU epoch): one line on stderr, exit 2."""
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    assert bench.main(["--gpu-only"]) == 2
+    assert cli.main(["--gpu-only"]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("bench.py: --gpu-only measures the GPU targets, but torch sees no CUDA device")

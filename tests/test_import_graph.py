@@ -1,19 +1,74 @@
-"""The import graph (scripts/import_graph.py), on a package drawn by hand and on biencoder itself."""
+"""The import rules: import-linter's contracts (``[tool.importlinter]`` in pyproject.toml) on biencoder and on copies
+of it with one bad import each; what they cannot say (function-local imports, what a fresh Python loads) through the
+import graph of :mod:`biencoder.bench.import_graph`, checked itself on a package drawn by hand."""
 
-import importlib.util
+from __future__ import annotations
+
+import os
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from biencoder.bench import import_graph as graph_tool
 from conftest import REPO
 
-spec = importlib.util.spec_from_file_location("import_graph", REPO / "scripts" / "import_graph.py")
-graph_tool = sys.modules["import_graph"] = importlib.util.module_from_spec(spec)  # dataclasses look it up there
-spec.loader.exec_module(graph_tool)
+SRC = REPO / "src"
+#: the contracts by their names in pyproject.toml
+LAYERS = "Imports point down: bench -> apps -> report -> engine -> errors"
+ACYCLIC = "No circle between the modules of a package, function-local imports included"
+ENGINE_HYDRA = "The engine is Hydra-free"
+SCHEMA = "The schema needs neither torch nor Hydra (the plot imports it)"
 
-#: circles allowed to remain (docs/architecture.md, "Left"): none since config.py was split
-KNOWN_CIRCLES: list[list[str]] = []
+
+def lint_imports(src: Path) -> tuple[int, dict[str, str], str]:
+    """Runs lint-imports with this checkout's contracts on the ``biencoder`` package under ``src`` (no cache written);
+    its exit code, ``{contract name: "KEPT" | "BROKEN"}`` and its report (which import broke which contract)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(src), os.environ.get("PYTHONPATH", "")])}
+    code = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(REPO / "pyproject.toml"), "--no-cache", "--no-logo"],
+        cwd=src,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    verdicts = dict(re.findall(r"^(.+?) ?(KEPT|BROKEN)$", done.stdout, flags=re.M))
+    assert verdicts, done.stdout + done.stderr
+    return done.returncode, verdicts, done.stdout
+
+
+def test_the_import_contracts_hold():
+    code, verdicts, report = lint_imports(SRC)
+    assert {LAYERS, ACYCLIC, ENGINE_HYDRA, SCHEMA} <= set(verdicts)
+    assert code == 0 and set(verdicts.values()) == {"KEPT"}, report
+
+
+@pytest.mark.parametrize(
+    "module, line, broken",
+    [
+        ("engine/search.py", "import hydra", ENGINE_HYDRA),
+        ("engine/search.py", "from biencoder.report import runs", LAYERS),
+        ("report/statistics.py", "def plot():\n    from biencoder import summary", LAYERS),  # a function-local one too
+        ("summary.py", "from biencoder.bench import common", LAYERS),  # nothing of the product imports the bench
+        (
+            "engine/search.py",
+            "def later():\n    from biencoder.engine import rerank",
+            ACYCLIC,
+        ),  # rerank imports search
+        ("engine/schema.py", "import torch", SCHEMA),
+    ],
+)
+def test_a_bad_import_breaks_its_contract(tmp_path, module, line, broken):
+    """On a copy of the package with ``line`` appended to ``module``, lint-imports fails and names the contract."""
+    shutil.copytree(SRC / "biencoder", tmp_path / "biencoder", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "biencoder" / module, "a", encoding="utf-8") as f:
+        f.write(f"\n{line}\n")
+    code, verdicts, report = lint_imports(tmp_path)
+    assert code == 1 and verdicts[broken] == "BROKEN", report
 
 
 def test_a_package_drawn_by_hand(tmp_path):
@@ -21,19 +76,28 @@ def test_a_package_drawn_by_hand(tmp_path):
     sub.d at the top (so Hydra too), a imports sub.d only in a function (so not)."""
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
-    files = {"__init__.py": "", "sub/__init__.py": "",
-             "a.py": "from . import b\n\ndef f():\n    from .c import x\n    from .sub import d\n",
-             "b.py": "import pkg.a\nimport numpy\n",
-             "c.py": "x = 1\n\ndef g():\n    from . import a\n",
-             "sub/d.py": "from ..a import f\ntry:\n    import hydra\nexcept ImportError:\n    pass\n",
-             "e.py": "class E:\n    from .sub.d import f\n"}
+    files = {
+        "__init__.py": "",
+        "sub/__init__.py": "",
+        "a.py": "from . import b\n\ndef f():\n    from .c import x\n    from .sub import d\n",
+        "b.py": "import pkg.a\nimport numpy\n",
+        "c.py": "x = 1\n\ndef g():\n    from . import a\n",
+        "sub/d.py": "from ..a import f\ntry:\n    import hydra\nexcept ImportError:\n    pass\n",
+        "e.py": "class E:\n    from .sub.d import f\n",
+    }
     for name, text in files.items():
         (pkg / name).write_text(text)
     graph = graph_tool.import_graph(pkg)
     got = {name: (m.top, m.local, m.lines) for name, m in graph.items()}
-    assert got == {"pkg": ([], [], 0), "pkg.sub": ([], [], 0),
-                   "pkg.a": (["pkg.b"], ["pkg.c", "pkg.sub.d"], 5), "pkg.b": (["pkg.a"], [], 2),
-                   "pkg.c": ([], ["pkg.a"], 4), "pkg.sub.d": (["pkg.a"], [], 5), "pkg.e": (["pkg.sub.d"], [], 2)}
+    assert got == {
+        "pkg": ([], [], 0),
+        "pkg.sub": ([], [], 0),
+        "pkg.a": (["pkg.b"], ["pkg.c", "pkg.sub.d"], 5),
+        "pkg.b": (["pkg.a"], [], 2),
+        "pkg.c": ([], ["pkg.a"], 4),
+        "pkg.sub.d": (["pkg.a"], [], 5),
+        "pkg.e": (["pkg.sub.d"], [], 2),
+    }
     assert graph_tool.circles(graph) == [["pkg.a", "pkg.b"]]
     assert graph_tool.circles(graph, local=True) == [["pkg.a", "pkg.b", "pkg.c", "pkg.sub.d"]]
     hydra = graph_tool.imports_hydra(graph)
@@ -45,19 +109,12 @@ def graph():
     return graph_tool.import_graph()
 
 
-def test_no_circle_at_import_time_and_no_new_hidden_one(graph):
-    assert graph_tool.circles(graph) == []
-    assert all(c in KNOWN_CIRCLES for c in graph_tool.circles(graph, local=True))
-
-
-def test_reporting_imports_point_down(graph):
-    """The report package and its app: no circle, and the only function-local import is the one that keeps the
-    encoder (transformers) out of a plain plot."""
+def test_reporting_imports_the_encoder_only_when_asked(graph):
+    """The only function-local import of the report package and its app is the one that keeps the encoder
+    (transformers) out of a plain plot."""
     ours = {n: m for n, m in graph.items() if n.startswith("biencoder.report") or n == "biencoder.summary"}
     assert len(ours) >= 8
     assert {n: m.local for n, m in ours.items() if m.local} == {"biencoder.summary": ["biencoder.report.baselines"]}
-    assert not any(n in c for c in graph_tool.circles(graph, local=True) for n in ours)
-    assert all("biencoder.summary" not in m.top + m.local for n, m in graph.items() if n.startswith("biencoder.report"))
 
 
 def loaded(modules: list[str], watched: tuple[str, ...]) -> list[str]:
@@ -69,41 +126,37 @@ def loaded(modules: list[str], watched: tuple[str, ...]) -> list[str]:
 def test_reporting_does_not_import_hydra_or_draw_unasked():
     """Importing the plot app and every report module loads neither Hydra nor Matplotlib (figures import it when
     they draw); the statistics need numpy only."""
-    assert loaded(["biencoder.summary", "biencoder.report.baselines", "biencoder.errors"], ("hydra", "matplotlib")) == []
+    apps = ["biencoder.summary", "biencoder.report.baselines", "biencoder.errors"]
+    assert loaded(apps, ("hydra", "matplotlib")) == []
     assert loaded(["biencoder.report.statistics"], ("pandas", "torch")) == []
 
 
 def test_the_architecture_map_names_every_module(graph):
     """Every module of today is named in the map (`report.runs`, or `cache.py` in its now-vs-target table)."""
     text = (REPO / "docs" / "architecture.md").read_text()
-    short = [n[len("biencoder."):] for n in graph if n != "biencoder"]
+    short = [n[len("biencoder.") :] for n in graph if n != "biencoder"]
     missing = [n for n in short if f"`{n}`" not in text and f"`{n.replace('.', '/')}.py`" not in text]
     assert missing == []
 
 
-def test_hydra_stays_in_the_apps_and_hydra_glue(graph):
-    """Only the Hydra apps, hydra_glue and the compatibility module config (which re-exports hydra_glue) import
-    Hydra; the schema imports nothing of biencoder but errors, and neither Hydra nor torch (validation imports loss,
-    for the loss keys, only when validate runs: it imports torch)."""
-    hydra = {n for n, h in graph_tool.imports_hydra(graph).items() if h}
-    assert hydra == {"biencoder.train", "biencoder.evaluate", "biencoder.callbacks", "biencoder.hydra_glue",
-                     "biencoder.config"}
+def test_the_schema_and_validation_import_what_the_map_says(graph):
+    """The schema imports nothing of biencoder but errors (and, by contract, neither Hydra nor torch: a fresh Python
+    that imports it has neither); validation imports loss only when validate runs, since loss imports torch."""
     assert graph["biencoder.engine.schema"].top == ["biencoder.errors"]
     assert graph["biencoder.engine.schema"].local == []
     assert graph["biencoder.engine.validation"].local == ["biencoder.engine.loss"]
     assert loaded(["biencoder.engine.schema"], ("hydra", "torch")) == []
 
 
-def test_the_engine_is_hydra_free_and_imports_point_down(graph):
-    """Every module of biencoder.engine imports only the engine and errors (never an app, the report or Hydra), and a
-    fresh Python that imports all of them has no Hydra in sys.modules: the engine runs from Python with a plain
-    config object."""
+def test_importing_the_engine_loads_no_hydra(graph):
+    """A fresh Python that imports every module of biencoder.engine has no Hydra module in sys.modules: the engine
+    runs from Python with a plain config object (the contract says no engine module imports Hydra; this says that
+    nothing it imports does either)."""
     engine = sorted(n for n in graph if n.startswith("biencoder.engine."))
     assert len(engine) >= 18
-    for name in engine:
-        m = graph[name]
-        assert all(t.startswith("biencoder.engine") or t == "biencoder.errors" for t in m.top + m.local), (name, m)
-    assert loaded(engine, ("hydra",)) == []
+    code = f"import sys, {', '.join(engine)}; print(*sorted(m for m in sys.modules if m.startswith('hydra')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == []
 
 
 def test_no_function_over_50_lines():
@@ -111,11 +164,17 @@ def test_no_function_over_50_lines():
     assert graph_tool.long_functions() == []
 
 
-def test_long_functions_finds_a_long_function_and_method(tmp_path):
-    """51 lines are reported (a function and a method), 50 are not."""
+def test_long_and_wide_functions_are_found(tmp_path):
+    """51 lines are reported (a function and a method), 50 are not; 7 parameters are, 6 are not (nor a method's
+    self, nor ``*args``/``**kwargs``)."""
     (tmp_path / "pkg").mkdir()
     body = "".join(f"    x{i} = {i}\n" for i in range(49))
     method = body.replace("    x", "        x")
-    (tmp_path / "pkg" / "m.py").write_text(f"def short():\n{body}\n\ndef long():\n{body}    y = 1\n\n\n"
-                                           f"class C:\n    def method(self):\n{method}        return 1\n")
+    (tmp_path / "pkg" / "m.py").write_text(
+        f"def short():\n{body}\n\ndef long():\n{body}    y = 1\n\n\n"
+        f"class C:\n    def method(self):\n{method}        return 1\n\n"
+        "    def six(self, a, b, c, /, d, *args, e, f, **kwargs):\n        pass\n\n"
+        "def seven(a, b, c, d, e, f, *, g=1):\n    pass\n"
+    )
     assert sorted(graph_tool.long_functions(tmp_path / "pkg")) == [("pkg.m", "C.method", 51), ("pkg.m", "long", 51)]
+    assert graph_tool.wide_functions(tmp_path / "pkg") == [("pkg.m", "seven", 7)]
