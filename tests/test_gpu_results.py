@@ -266,8 +266,8 @@ def expected(dedup, official) -> dict[str, list[str]]:
         vs = "– | |" if cell == "plain" else (f"{' '.join(vs_plain(cell)).split(' ', 1)[1]} | "
                                              f"{paired.loc[cell, 'verdict']} | GA")
         results.append(f"| fine-tuned | triplet_ce | {cell} | {num(mean[cell])} [{num(c.test_ci_low)}, "
-                       f"{num(c.test_ci_high)}] | {vs} | {points(z['diff'])} [{points(z['low'])}, {points(z['high'])}] "
-                       f"| {z['verdict']} | GB |")
+                       f"{num(c.test_ci_high)}] | {vs} | {points(z['diff'])} [{points(z['low'])}, "
+                       f"{points(z['high'])}] | {z['verdict']} | GB |")
 
     # the README's answer
     assert all(base[c, "zero-shot"]["verdict"] == "better" for c in ("relu", "plain", "ln_relu"))
