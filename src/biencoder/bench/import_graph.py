@@ -230,12 +230,30 @@ def markdown(graph: dict[str, Module], src: Path = SRC) -> str:
     return "\n".join(lines)
 
 
+BEGIN, END = "<!-- import_graph.py: begin -->", "<!-- import_graph.py: end -->"
+
+
+def write_between_markers(path: Path, table: str) -> None:
+    """Put ``table`` between the :data:`BEGIN` and :data:`END` markers of ``path`` (docs/architecture.md)."""
+    text = path.read_text(encoding="utf-8")
+    head, sep, rest = text.partition(BEGIN)
+    _, sep_end, tail = rest.partition(END)
+    if not (sep and sep_end):
+        raise SystemExit(f"error: {path} has no '{BEGIN}' ... '{END}' markers: add them where the table goes")
+    path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", type=Path, default=SRC, help="the package folder (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of Markdown")
+    parser.add_argument("--write", type=Path, metavar="MD",
+                        help="replace the table between the import_graph.py markers of this Markdown file")
     args = parser.parse_args(argv)
     graph = import_graph(args.src)
+    if args.write:
+        write_between_markers(args.write, markdown(graph, args.src))
+        return 0
     if args.json:
         hydra = imports_hydra(graph)
         print(
