@@ -36,6 +36,7 @@ from .engine.model import Embeddings, embed_pooled, pooled_vectors
 from .engine.rerank import NONE, first_kept, shortlist_margins
 from .engine.schema import default_cache_dir
 from .engine.search import NeighbourIndex
+from .engine.state import strict_json
 from .errors import BiencoderError, command
 
 DEFAULT_CACHE = default_cache_dir()  # the one definition, trainer.cache_dir's default too
@@ -237,10 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     searched = time.time() - start
     records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results)]
     if args.json:
-        print(json.dumps(records, indent=2, ensure_ascii=False))
+        print(strict_json(records, indent=2, ensure_ascii=False))
     elif args.jsonl:
         for record in records:
-            print(json.dumps(record, ensure_ascii=False))
+            print(strict_json(record, ensure_ascii=False))
     else:
         for record in records:
             print(f"\nquery: {_short(record['query'], args.width)}")
