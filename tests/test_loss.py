@@ -197,3 +197,32 @@ def test_gathered_negatives_across_two_processes(tmp_path):
 
 def _worker_entry(rank: int, world: int, rendezvous: str, folder: str) -> None:
     _two_rank_infonce(rank, world, rendezvous, f"{folder}/rank{rank}.pt")
+
+
+def test_infonce_scores_and_softmax_are_fp32_under_autocast(tiny_model_and_tokenizer):
+    """CPU autocast casts matmuls to bf16 as a GPU's does: the InfoNCE term and its gradients with respect to the sim
+    vectors must equal an fp32 computation to ~1e-6, though bf16 would be off by ~1e-3 (loss) and ~1e-2 (gradients).
+    ce_weight=0 keeps the classifier's terms (which do run in bf16 here) out of the comparison."""
+    model = copy.deepcopy(tiny_model_and_tokenizer[0])
+    torch.manual_seed(3)
+    sims = [torch.randn(16, 128) for _ in range(3)]
+    pooled = [torch.randn(16, 32) for _ in range(3)]
+    text_id = torch.arange(48).view(3, 16)
+    loss = InfoNCELoss(scale=20.0, ce_weight=0.0)
+
+    def infonce_and_grads(autocast: bool):
+        leaves = [s.clone().requires_grad_() for s in sims]
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = loss(model, *(Embeddings(s, p) for s, p in zip(leaves, pooled)), text_id=text_id)
+            scores, _, _ = loss.scores(*leaves, text_id)
+        out.total.backward()
+        return out.parts["infonce"], scores, [leaf.grad for leaf in leaves]
+
+    ref_loss, ref_scores, ref_grads = infonce_and_grads(False)
+    amp_loss, amp_scores, amp_grads = infonce_and_grads(True)
+    assert amp_loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)  # bf16 scores: 3e-5 off
+    for amp, ref in zip(amp_grads, ref_grads):
+        assert ref.abs().max() > 1e-3  # every input gets a gradient worth comparing
+        torch.testing.assert_close(amp, ref, rtol=1e-6, atol=1e-7)  # bf16 scores: 8e-3 of the largest off
+    torch.testing.assert_close(amp_scores, ref_scores, rtol=1e-6, atol=1e-6)
+    assert amp_scores.dtype == torch.float32

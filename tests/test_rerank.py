@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from biencoder.engine.model import Embeddings, TokenizedTexts, encode
-from biencoder.engine.rerank import (NONE, distances, pool_ranks, pool_shortlists, retrieve, retrieve_rerank,
-                                     shortlist_margins, shortlist_ranks)
+from biencoder.engine.rerank import (NONE, NonFiniteMargins, distances, pool_ranks, pool_shortlists, query_ranks,
+                                     retrieve, retrieve_rerank, shortlist_margins, shortlist_ranks)
 from biencoder.engine.tasks import candidate_types, evaluate_tasks, task_masks
 from test_negatives import paired_split
 
@@ -88,6 +88,75 @@ def test_small_pools_ties_and_margin_ties_by_hand(line):
     assert pool_ranks(model, emb, split, {"few": pools}, k=3)["few"].tolist() == [2, 1, 2, 1]
     rank, in_k = shortlist_ranks(np.array([[4, 1], [0, 2]]), np.array([[1.0, 1.0], [0.0, 0.0]]), np.array([4, 5]))
     assert rank.tolist() == [2, 0] and in_k.tolist() == [True, False]
+
+
+# -- non-finite classifier outputs: an error naming the split and the count, never a hit ---------------------------
+ROWS = np.array([[4, 1, 2], [5, 0, NONE], [0, 1, 2]])  # true counters 4 and 5 listed; query 2's (6) is not
+TRUE = np.array([4, 5, 6])
+
+
+@pytest.mark.parametrize("margins, count", [
+    (np.full((3, 3), np.nan), 8),                                  # all NaN: 8 listed places (one is NONE)
+    (np.array([[np.nan, 1.0, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), 1),  # the true counter's own margin
+    (np.array([[3.0, np.nan, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), 1),  # a rival's: NaN never beats anything
+    (np.array([[3.0, 1.0, 2.0], [3.0, 1.0, 0.0], [np.inf, 0.0, 0.0]]), 1),  # inf, where the true counter is absent
+])
+def test_a_non_finite_margin_is_an_error_never_a_hit(margins, count):
+    """NaN compares false: ranked, a NaN true counter would come first (all NaN: top-1 = recall@k = 2/3 here)."""
+    with pytest.raises(NonFiniteMargins, match=rf"^{count} of 8 classifier margins on split val are not finite") as err:
+        shortlist_ranks(ROWS, margins, TRUE, "val")
+    assert (err.value.count, err.value.total, err.value.split) == (count, 8, "val")
+
+
+def test_a_nan_at_an_empty_place_is_no_margin():
+    """:data:`NONE` places read NaN from :func:`shortlist_margins` by design: they are skipped, not an error."""
+    margins = np.array([[3.0, 1.0, 2.0], [3.0, 1.0, np.nan], [0.0, 0.0, 0.0]])
+    rank, in_k = shortlist_ranks(ROWS, margins, TRUE, "val")
+    assert rank.tolist() == [1, 1, 0] and in_k.tolist() == [True, True, False]
+
+
+def test_query_ranks_refuse_non_finite_scores():
+    scores, mask = np.zeros((2, 4)), np.array([[False, True, False, True], [True, False, True, False]])
+    scores[:, 2:] = [[1.0, 0.5], [2.0, 1.5]]  # true columns 2 and 3
+    assert query_ranks(scores, mask, np.array([2, 3])).tolist() == [1, 2]
+    scores[0, 2] = np.nan  # query 0's true counter
+    with pytest.raises(NonFiniteMargins, match="1 of 2 true-counter scores on split test"):
+        query_ranks(scores, mask, np.array([2, 3]), "test")
+    scores[0, 2], scores[1, 0] = 1.0, -np.inf  # a candidate of query 1
+    with pytest.raises(NonFiniteMargins, match="1 of 4 candidate scores are not finite"):
+        query_ranks(scores, mask, np.array([2, 3]))
+
+
+def test_nan_classifier_in_retrieve_rerank_names_the_split(line):
+    split, emb, model = line
+    with torch.no_grad():
+        model.out.bias[1] = float("nan")
+    with pytest.raises(NonFiniteMargins, match=r"^8 of 8 classifier margins on split train are not finite"):
+        retrieve_rerank(model, emb, split, k=2, index="exact")
+    with pytest.raises(NonFiniteMargins, match="on split train"):
+        pool_ranks(model, emb, split, {"all": per_epoch_pool(split)}, k=2)
+
+
+def test_nan_margins_stop_a_run_as_diverged(tmp_path, monkeypatch):
+    """Finite loss and embeddings, NaN classifier margins at evaluation: the run stops as diverged, naming the split
+    and the count, instead of logging top-1 = recall@k."""
+    import json
+
+    import biencoder.engine.rerank as rerank
+    from biencoder.engine.epoch import Diverged
+    from biencoder.engine.runner import run
+    from conftest import FAST, compose_cfg
+
+    monkeypatch.setattr(rerank, "pair_margins", lambda model, emb, queries, rows, *args: np.full(len(rows), np.nan,
+                                                                                                 np.float32))
+    out = tmp_path / "run"
+    with pytest.raises(Diverged, match=r"epoch 0: non-finite train classifier margins \((\d+) of \1\)"):
+        run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
+    final = json.loads((out / "final.json").read_text())
+    assert final["status"] == "diverged" and final["epoch"] == 0
+    assert final["what"].startswith("train classifier margins (")
+    rows = out / "metrics.jsonl"
+    assert not rows.exists() or not rows.read_text().strip()  # no row with a top-1 from NaN margins
 
 
 @pytest.mark.parametrize("space", ["sim", "encoder"])

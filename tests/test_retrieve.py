@@ -53,6 +53,22 @@ def test_the_rerank_sees_the_runs_k_nearest(trained):
     assert [h.rerank_score for h in hits] == sorted((h.rerank_score for h in hits), reverse=True)
 
 
+@pytest.mark.parametrize("copies", [0, 1, 3])
+@pytest.mark.parametrize("k", [10, 12])
+def test_k_hits_however_many_copies_of_the_query_the_collection_holds(trained, copies, k):
+    """12 candidates with other texts than the query's, and ``copies`` more with the query's own text (the nearest of
+    all: equal texts, equal vectors): k hits, all with other texts, each candidate once. The run's eval.k is 10."""
+    query = "homework should be banned"
+    others = [f"candidate number {i} says something about schools" for i in range(12)]
+    texts = others[:5] + [query] * copies + others[5:]
+    retriever = Retriever(trained, texts, cache_dir=None)
+    assert int(retriever.settings["k"]) == 10
+    [hits] = retriever.search([query], k=k)
+    assert len(hits) == k
+    assert all(h.text != query for h in hits) and len({h.id for h in hits}) == k
+    assert [h.rank for h in hits] == list(range(1, k + 1))
+
+
 def test_candidates_are_embedded_once(trained, tmp_path, encoder_calls):
     texts = [f"candidate number {i} says something about schools" for i in range(40)]
     first = Retriever(trained, texts, cache_dir=tmp_path / "cache")

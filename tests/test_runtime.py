@@ -178,3 +178,32 @@ def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determini
     threads = torch.get_num_threads()
     assert f"on cpu (fp32, deterministic, 1 process, {threads} CPU thread{'s' if threads > 1 else ''})" in (
         tmp_path / "train.log").read_text()
+
+
+@pytest.mark.parametrize("device", ["auto", "cuda"])
+def test_deterministic_sets_cublas_before_anything_asks_cuda(global_determinism, monkeypatch, device):
+    """trainer.deterministic=true, precision=auto on a (faked) GPU: every CUDA query of the start-up, the bf16 check
+    (which starts CUDA on a real GPU) included, sees CUBLAS_WORKSPACE_CONFIG set already; cuBLAS reads it once."""
+    from biencoder.engine.runner import decide_runtime
+    from conftest import compose_cfg
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # so that monkeypatch removes what the start-up sets
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    seen = []
+
+    def fake(name, value):
+        def call(*args, **kwargs):
+            seen.append((name, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
+            return value
+        monkeypatch.setattr(torch.cuda, name, call)
+
+    for name, value in [("is_available", True), ("device_count", 1), ("is_bf16_supported", True), ("init", None),
+                        ("current_device", 0), ("get_device_capability", (9, 0)), ("get_device_name", "fake GPU"),
+                        ("get_device_properties", None), ("_lazy_init", None)]:
+        fake(name, value)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    cfg = compose_cfg(["trainer.deterministic=true", "trainer.precision=auto", f"trainer.device={device}"])
+    runtime = decide_runtime(cfg)
+    assert (str(runtime.device), runtime.precision, runtime.deterministic) == ("cuda:0", "bf16", True)
+    assert "is_bf16_supported" in {name for name, _ in seen}
+    assert seen and all(value == ":4096:8" for _, value in seen), seen

@@ -6,13 +6,13 @@ its public names stay importable from here (``from biencoder.corpus import read_
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 
 from .engine.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
 from .engine.layout import EXTRACTED, CorpusError, resolve_root
 from .engine.schema import demo_root
+from .engine.state import strict_json
 from .errors import command
 
 __all__ = ["Corpus", "CorpusError", "PairedSplit", "demo_root", "main", "read_corpus", "resolve_root", "run_splits",
@@ -42,8 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     corpus = read_corpus(args.root)
     overlap = corpus.overlap()
     if args.json:
-        print(json.dumps({"splits": corpus.counts, "overlap": overlap,
-                          "dedup_dropped": corpus.deduplicated().dropped}, indent=2))
+        print(strict_json({"splits": corpus.counts, "overlap": overlap,
+                           "dedup_dropped": corpus.deduplicated().dropped}, indent=2))
     else:
         print(f"{corpus.root}  (read in {time.perf_counter() - start:.2f} s)")
         print(format_stats(corpus.counts))

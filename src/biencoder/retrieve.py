@@ -23,6 +23,7 @@ import csv
 import json
 import sys
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from .engine.model import Embeddings, embed_pooled, pooled_vectors
 from .engine.rerank import NONE, first_kept, shortlist_margins
 from .engine.schema import default_cache_dir
 from .engine.search import NeighbourIndex
+from .engine.state import strict_json
 from .errors import BiencoderError, command
 
 DEFAULT_CACHE = default_cache_dir()  # the one definition, trainer.cache_dir's default too
@@ -70,6 +72,7 @@ class Retriever:
         self.device = torch.device(device)
         self.model.to(self.device)
         self.texts = list(candidates)
+        self.copies = Counter(self.texts)  # text -> how many candidates have it (0 for any other text)
         self.ids = [str(i) for i in (ids if ids is not None else range(len(self.texts)))]
         self.space = self.settings["retrieve"]
         self.batch_size = batch_size
@@ -84,14 +87,17 @@ class Retriever:
                               self.batch_size, self.device, progress=progress, desc=desc)
 
     def search(self, queries: list[str], k: int = 5) -> list[list[Hit]]:
-        """Top ``k`` candidates per query, best first (see the module docstring)."""
+        """Top ``k`` candidates per query, best first (see the module docstring): k hits whenever k candidates have a
+        text other than the query's, however many copies of the query's text the collection holds."""
         if any(not q.strip() for q in queries):
             raise InputError("an empty query: every query needs some text")
         k = min(k, len(self.texts))
         shortlist = max(k, int(self.settings["k"]))
         q = embed_pooled(self.model, self._pool(queries), device=self.device)
-        # one neighbour more than the shortlist: the query's own text, if it is a candidate, is never returned
-        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist + 1)
+        # as many neighbours more than the shortlist as the collection holds copies of a query's text: those are
+        # never returned for it, so at most that many are dropped and the shortlist stays full whenever it can be
+        copies = max((self.copies[query] for query in queries), default=0)
+        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist + copies)
         keep = np.array([[self.texts[r] != query for r in row] for row, query in zip(rows, queries)])
         rows, dist = first_kept(rows, dist, keep, shortlist)
         # the queries are rows 0..n-1 of the pairs' embeddings, the candidates follow them
@@ -232,10 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     searched = time.time() - start
     records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results)]
     if args.json:
-        print(json.dumps(records, indent=2, ensure_ascii=False))
+        print(strict_json(records, indent=2, ensure_ascii=False))
     elif args.jsonl:
         for record in records:
-            print(json.dumps(record, ensure_ascii=False))
+            print(strict_json(record, ensure_ascii=False))
     else:
         for record in records:
             print(f"\nquery: {_short(record['query'], args.width)}")

@@ -5,10 +5,10 @@ tasks. The tasks and their scores are :mod:`biencoder.engine.tasks`; its public 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from .engine.corpus import read_corpus, split_name
+from .engine.state import strict_json
 from .engine.tasks import TASKS, evaluate_tasks, pool_sizes
 from .errors import command
 
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     split = read_corpus(args.root).paired(split_name(args.split))
     sizes = pool_sizes(split)
     if args.json:
-        print(json.dumps(sizes, indent=2))
+        print(strict_json(sizes, indent=2))
     else:
         print(f"{'task':<6} {'queries':>8} {'candidates':>11} {'per query':>10}")
         for task, s in sizes.items():

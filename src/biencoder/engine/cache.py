@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..errors import BiencoderError
+from .state import strict_json
 
 log = logging.getLogger("biencoder")
 FORMAT = 2  # 2: the tokenizer is part of the key
@@ -75,7 +76,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
         spec = {"vocab": sorted(tokenizer.get_vocab().items())}
     spec["class"] = type(tokenizer).__name__
     spec["special"] = sorted(map(str, tokenizer.all_special_tokens))
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(strict_json(spec, sort_keys=True).encode()).hexdigest()
 
 
 def text_hashes(texts: list[str]) -> np.ndarray:
@@ -104,7 +105,7 @@ class EmbeddingCache:
 
     def __init__(self, cache_dir: str | Path, fingerprint: str, tokenizer: str, pooling: str, max_length: int,
                  precision: str = "fp32"):
-        self.meta = json.dumps({"format": FORMAT, "encoder": fingerprint, "tokenizer": tokenizer, "pooling": pooling,
+        self.meta = strict_json({"format": FORMAT, "encoder": fingerprint, "tokenizer": tokenizer, "pooling": pooling,
                                 "max_length": int(max_length), "precision": precision}, sort_keys=True)
         key = hashlib.sha256(f"{fingerprint}|{tokenizer}".encode()).hexdigest()
         self.folder = Path(cache_dir).expanduser() / f"{key[:16]}-{pooling}-L{int(max_length)}-{precision}"

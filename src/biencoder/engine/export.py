@@ -18,7 +18,6 @@ pooled embeddings of both texts; :func:`embed` gives both from the exported fold
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -29,6 +28,7 @@ from torch import nn
 from ..errors import ConfigError
 from .checkpoint import load_checkpoint
 from .model import Embeddings, PairHead
+from .state import read_json, strict_json
 
 CLASSIFIER = "pair_classifier"
 
@@ -105,7 +105,7 @@ def _export(run: str | Path, out: Path) -> Path:
         config = {"fusion": model.fusion, "sim_dim": sim_dim, "hidden": hidden,
                   "use_layernorm": isinstance(model.norm, nn.LayerNorm), "use_relu": isinstance(model.act, nn.ReLU),
                   "pooling": model_cfg["pooling"], "max_length": model_cfg["max_length"], "run": settings}
-        (head_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        (head_dir / "config.json").write_text(strict_json(config, indent=2) + "\n")
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(partial, out)
@@ -122,7 +122,7 @@ def load_pair_classifier(folder: str | Path) -> PairClassifier:
     folder = Path(folder)
     if (folder / CLASSIFIER).is_dir():
         folder = folder / CLASSIFIER
-    config = json.loads((folder / "config.json").read_text())
+    config = read_json((folder / "config.json").read_text())
     classifier = PairClassifier(config["fusion"], config["sim_dim"], config["hidden"], config["use_layernorm"],
                                 config["use_relu"])
     classifier.load_state_dict(load_file(str(folder / "model.safetensors")))

@@ -148,6 +148,16 @@ def same_text_mask(query_text: Tensor, positive_text: Tensor, candidate_text: Te
     return same
 
 
+def full_precision(device: torch.device):
+    """A context in which ``device``'s autocast is off, so float32 inputs give float32 results.
+
+    ``.float()`` on a matmul's inputs is not enough under ``torch.autocast``: autocast casts them back to bf16 for
+    the matmul, and InfoNCE's scores are cosines times ``scale`` (20), where bf16's 8-bit mantissa is off by a few
+    hundredths, the loss by ~1e-3 relative and its gradients by ~1e-2.
+    """
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
 class InfoNCELoss(nn.Module):
     """In-batch negatives plus mined negatives on the sim head + the pair classifier's cross-entropy
     (``loss=infonce``).
@@ -170,6 +180,8 @@ class InfoNCELoss(nn.Module):
 
     ``ce_weight=0`` is InfoNCE alone (the classifier then gets no training signal: read ``retrieval_top1``, and
     use ``eval.score=sim`` for the 8 tasks).
+    Precision: the scores and their softmax are float32 under any autocast (:func:`full_precision`); the encoder
+    and the heads that make the vectors follow ``trainer.precision``.
     Parts logged: loss, infonce, ce_pos, ce_neg, masked (candidates masked per query, a mean).
     """
 
@@ -179,7 +191,12 @@ class InfoNCELoss(nn.Module):
 
     def scores(self, point: Tensor, counter: Tensor, negative: Tensor, text_id: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(scores [B, C], target [B], masked [B, C]) from sim vectors [B, D] and text ids [3, B]; C = 2B, or
-        2·B·world with ``gather`` under DDP. Masked entries are −inf in ``scores``."""
+        2·B·world with ``gather`` under DDP. Masked entries are −inf in ``scores``. ``scores`` is float32 whatever
+        the autocast state (see :func:`full_precision`)."""
+        with full_precision(point.device):
+            return self._scores(point, counter, negative, text_id)
+
+    def _scores(self, point: Tensor, counter: Tensor, negative: Tensor, text_id: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         batch = point.shape[0]
         query_text, positive_text, negative_text = text_id
         counters, negatives = counter, negative
@@ -201,8 +218,9 @@ class InfoNCELoss(nn.Module):
                 text_id: Tensor | None = None) -> LossOutput:
         if text_id is None:
             raise ValueError("InfoNCELoss needs the text ids of the batch (duplicate texts must be masked)")
-        scores, target, masked = self.scores(point.sim, counter.sim, negative.sim, text_id)
-        infonce = F.cross_entropy(scores, target)
+        with full_precision(point.sim.device):  # the softmax too: its log-sum-exp over 2B scores of range ±scale
+            scores, target, masked = self._scores(point.sim, counter.sim, negative.sim, text_id)
+            infonce = F.cross_entropy(scores, target)
         ce_pos, ce_neg, features, head_input = _pair_cross_entropy(model, point, counter, negative)
         total = infonce + self.ce_weight * (ce_pos + ce_neg)
         parts = _parts(("loss", "infonce", "ce_pos", "ce_neg", "masked"),

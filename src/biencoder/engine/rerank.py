@@ -27,11 +27,32 @@ from .search import NeighbourIndex
 NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
 
 
+class NonFiniteMargins(ValueError):
+    """Classifier outputs (or scores) that are NaN or infinite where a rank is read from them: a NaN compares false
+    with everything, so it would rank its candidate first. Never ranked; the runner turns it into
+    :class:`~biencoder.engine.epoch.Diverged` naming the split and the count."""
+
+    def __init__(self, count: int, total: int, split: str | None = None, what: str = "classifier margins"):
+        self.count, self.total, self.split, self.what = count, total, split, what
+        where = f" on split {split}" if split else ""
+        super().__init__(f"{count} of {total} {what}{where} are not finite (NaN or inf): the classifier diverged")
+
+
+def _require_finite(values: np.ndarray, used: np.ndarray, split: str | None, what: str) -> None:
+    """:class:`NonFiniteMargins` unless ``values`` is finite wherever ``used`` (bool, same shape) is true."""
+    bad = used & ~np.isfinite(values)
+    if bad.any():
+        raise NonFiniteMargins(int(bad.sum()), int(used.sum()), split, what)
+
+
 # -- rank metrics ---------------------------------------------------------------------------------------------------
-def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> np.ndarray:
+def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray, split: str | None = None) -> np.ndarray:
     """[Q] rank of each true counter given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns
-    [Q]; a candidate that ties the true counter ranks above it."""
+    [Q]; a candidate that ties the true counter ranks above it. A non-finite score of a candidate or of a true
+    counter is :class:`NonFiniteMargins` (``split`` names it), never a rank."""
     true_score = scores[np.arange(len(true_col)), true_col]
+    _require_finite(scores, mask, split, "candidate scores")
+    _require_finite(true_score, np.ones(len(true_col), bool), split, "true-counter scores")
     return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
 
 
@@ -115,13 +136,21 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
 
-def shortlist_ranks(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def shortlist_ranks(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray,
+                    split: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(rank [P], in_k [P] bool) of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] reranked by
-    ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; 0 where it is not in the shortlist."""
+    ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; 0 where it is not in the shortlist.
+
+    A margin that is NaN or infinite at a listed place (any row but :data:`NONE`) is an error, never a rank:
+    :class:`NonFiniteMargins` with the count (``split`` names the split in its message). A NaN compares false, so
+    ranking it would put a NaN true counter first (all-NaN margins: top-1 = recall@k); an error rather than "rank
+    last" because non-finite outputs mean the classifier diverged, as a non-finite loss or embedding does.
+    """
     is_true = rows == true_rows[:, None]
     in_k = is_true.any(axis=1)
+    _require_finite(margins, rows != NONE, split, "classifier margins")
     true_margin = np.where(in_k, np.where(is_true, margins, 0).sum(axis=1), np.inf)
-    # NaN (empty places) compares False: never above the true counter
+    # NaN (empty places, NONE) compares False: never above the true counter
     rank = 1 + ((margins >= true_margin[:, None]) & ~is_true).sum(axis=1)
     return np.where(in_k, rank, 0), in_k
 
@@ -144,7 +173,7 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
     if rows is None:
         rows, _ = retrieve(emb.retrieval(space).numpy(), split, k, index, device, pairs)
     [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], batch_size, device)
-    rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs])
+    rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
     hits = rank == 1
     metrics = {
         "top1": float(hits.mean()),
@@ -175,7 +204,7 @@ def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: dict[
     true_dist = dist[every, true][:, None]
     ranks = {}
     for (name, rows), m in zip(shortlists.items(), margins):
-        rank, in_k = shortlist_ranks(rows, m, true)
+        rank, in_k = shortlist_ranks(rows, m, true, split.name)
         listed = np.zeros_like(pools[name])
         np.put_along_axis(listed, np.where(rows == NONE, true[:, None], rows), True, axis=1)
         # not in the shortlist: after all of it, then by distance among the rest of the pool

@@ -32,7 +32,7 @@ from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
 from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, eval_mode,
                     is_encoder_weight, pooled_vectors)
-from .rerank import query_groups, retrieve, retrieve_rerank, seen_unseen
+from .rerank import NonFiniteMargins, query_groups, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
 from .schema import flags_name
@@ -144,10 +144,13 @@ class Runner:
         # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
         if not (torch.isfinite(emb.sim).all() and (self.frozen or torch.isfinite(emb.pooled).all())):
             raise Diverged(epoch, f"{name} embeddings")
-        metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
-                                        self.pair_batch_size, self.device, index=self.cfg.eval.index,
-                                        pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve,
-                                        rows=self.fixed_shortlists(name, emb))
+        try:
+            metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
+                                            self.pair_batch_size, self.device, index=self.cfg.eval.index,
+                                            pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve,
+                                            rows=self.fixed_shortlists(name, emb))
+        except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
+            raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
         if name == "test":
             metrics.update(seen_unseen(hits, self.test_seen))
         return metrics, hits

@@ -120,11 +120,15 @@ def decide(device: str = "auto", precision: str = "auto", deterministic: bool = 
         device: ``trainer.device``: ``auto`` (CUDA when visible), ``cpu`` or ``cuda``.
         precision: ``trainer.precision``: ``auto`` (bf16 autocast on a CUDA device that supports it natively,
             fp32 elsewhere), ``fp32`` or ``bf16``.
-        deterministic: ``trainer.deterministic``.
+        deterministic: ``trainer.deterministic``; when true, ``CUBLAS_WORKSPACE_CONFIG`` is set in ``os.environ``
+            (:func:`set_cublas_workspace`) before any question to CUDA.
         environ: torchrun's variables (default ``os.environ``): ``WORLD_SIZE`` > 1 means a process group, NCCL on
             CUDA and gloo on the CPU; on CUDA each process takes the GPU of its ``LOCAL_RANK``, so a node must not
             start more processes (``LOCAL_WORLD_SIZE``) than it has visible GPUs.
     """
+    if deterministic:
+        # first, before anything below can start CUDA (is_bf16_supported does): cuBLAS reads it once, when it starts
+        set_cublas_workspace()
     environ = os.environ if environ is None else environ
     if device not in DEVICES:
         raise ConfigError(f"trainer.device={device!r} is not valid: use one of {', '.join(DEVICES)}")

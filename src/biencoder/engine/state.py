@@ -4,15 +4,21 @@
   worst a torn last line, which :func:`read_metrics` skips and reports instead of crashing.
 * Every other file is written to a temporary name in the same folder and renamed over the target, so a reader
   sees the old file or the new one, never half of one.
+* Every JSON text the package writes is strict JSON (RFC 8259: no ``NaN`` or ``Infinity``, which jq, JavaScript and
+  many loggers refuse) through :func:`strict_json`: a non-finite number is written as ``null`` and named, with the
+  reason, in the record's ``non_finite`` key (``{"/loss_parts/loss": "NaN"}``, JSON Pointers). :func:`read_json`
+  reads both these records and those written with bare ``NaN`` before, into the same Python values.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,6 +29,71 @@ log = logging.getLogger("biencoder")
 
 class RunFolderError(BiencoderError, ValueError):
     """A run folder that cannot be used as asked (e.g. a corrupt file); the message says what to do."""
+
+
+#: the key of a written record that names its non-finite values (JSON Pointer -> how JSON5/JavaScript spell them)
+NON_FINITE = "non_finite"
+_SPELLINGS = ("NaN", "Infinity", "-Infinity")
+
+
+def strict_json(obj: Any, **dumps_kwargs) -> str:
+    """``obj`` as strict JSON text (``json.dumps`` with ``allow_nan=False`` and ``dumps_kwargs``).
+
+    ``obj`` is a record (a dict) or a list of records. A NaN or infinite float anywhere in a record is written as
+    ``null``, and the record gets a :data:`NON_FINITE` key mapping the JSON Pointer of each such value to "NaN",
+    "Infinity" or "-Infinity"; a record without one is written exactly as ``json.dumps`` writes it. ValueError for
+    a non-finite value outside any record, or for a record that already has the key.
+    """
+    if isinstance(obj, list):
+        return json.dumps([_strict_record(item) for item in obj], allow_nan=False, **dumps_kwargs)
+    return json.dumps(_strict_record(obj), allow_nan=False, **dumps_kwargs)
+
+
+def read_json(text: str) -> Any:
+    """The value of a JSON text :func:`strict_json` wrote (non-finite values restored from :data:`NON_FINITE`, the
+    key removed), or of one written with bare ``NaN``/``Infinity`` (read as Python reads them): the same values."""
+    value = json.loads(text)
+    return [_restored(item) for item in value] if isinstance(value, list) else _restored(value)
+
+
+def _strict_record(record: Any) -> Any:
+    found: dict[str, str] = {}
+    clean = _finite_or_null(record, "", found)
+    if not found:
+        return clean
+    if not isinstance(clean, dict) or NON_FINITE in clean:
+        raise ValueError(f"non-finite values {found} outside a record, or in a record with a '{NON_FINITE}' key "
+                         "already: strict JSON cannot say which they were")
+    return {**clean, NON_FINITE: found}
+
+
+def _finite_or_null(value: Any, pointer: str, found: dict[str, str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        found[pointer] = "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+        return None
+    if isinstance(value, dict):
+        return {key: _finite_or_null(item, f"{pointer}/{_escaped(str(key))}", found) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_null(item, f"{pointer}/{i}", found) for i, item in enumerate(value)]
+    return value
+
+
+def _escaped(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")  # RFC 6901
+
+
+def _restored(record: Any) -> Any:
+    marks = record.get(NON_FINITE) if isinstance(record, dict) else None
+    if not (isinstance(marks, dict) and all(mark in _SPELLINGS for mark in marks.values())):
+        return record
+    record = {key: value for key, value in record.items() if key != NON_FINITE}
+    for pointer, mark in marks.items():
+        *path, last = [token.replace("~1", "/").replace("~0", "~") for token in pointer.split("/")[1:]]
+        parent = record
+        for token in path:
+            parent = parent[int(token)] if isinstance(parent, list) else parent[token]
+        parent[int(last) if isinstance(parent, list) else last] = float(mark)
+    return record
 
 
 def _replace_atomic(path: Path, write) -> None:
@@ -44,8 +115,8 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
-    """Write JSON (indent 2, no final newline) so that a reader never sees half a file."""
-    write_text_atomic(path, json.dumps(obj, indent=2))
+    """Write strict JSON (:func:`strict_json`, indent 2, no final newline) so that a reader never sees half a file."""
+    write_text_atomic(path, strict_json(obj, indent=2))
 
 
 def save_atomic(obj, path: Path) -> None:
@@ -60,13 +131,14 @@ def save_npy_atomic(path: Path, array: np.ndarray) -> None:
 def append_rows(path: Path, rows: list[dict]) -> None:
     """Append rows as JSON lines in one write, flushed and fsynced (an epoch is on disk once this returns)."""
     with open(path, "a", encoding="utf-8") as file:
-        file.write("".join(json.dumps(row) + "\n" for row in rows))
+        file.write("".join(strict_json(row) + "\n" for row in rows))
         file.flush()
         os.fsync(file.fileno())
 
 
 def read_metrics(path: Path) -> tuple[list[dict], bool]:
-    """(rows, torn) of a ``metrics.jsonl``; a torn last line (a kill mid-write) is skipped and reported.
+    """(rows, torn) of a ``metrics.jsonl`` (each row as :func:`read_json` reads it); a torn last line (a kill
+    mid-write) is skipped and reported.
 
     A bad line anywhere else is corruption, not a kill: :class:`RunFolderError` naming the line.
     """
@@ -76,7 +148,7 @@ def read_metrics(path: Path) -> tuple[list[dict], bool]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(read_json(line))
         except json.JSONDecodeError:
             if number == len(lines):
                 torn = True
@@ -95,14 +167,14 @@ def truncate_metrics(path: Path, last_epoch: int) -> int:
     rows, torn = read_metrics(path)
     keep = [row for row in rows if row.get("epoch", -1) <= last_epoch]
     if len(keep) != len(rows) or torn:
-        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in keep))
+        write_text_atomic(path, "".join(strict_json(r) + "\n" for r in keep))
     return len(rows) - len(keep)
 
 
 def read_final(folder: Path) -> dict | None:
     """``final.json`` of a run folder, or None when absent or unreadable (an unfinished run)."""
     try:
-        return json.loads((Path(folder) / "final.json").read_text())
+        return read_json((Path(folder) / "final.json").read_text())
     except (OSError, json.JSONDecodeError):
         return None
 

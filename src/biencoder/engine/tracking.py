@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import math
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
 from .schema import flatten
-from .state import write_text_atomic
+from .state import read_json, strict_json, write_text_atomic
 
 #: logger → (module it needs, pip extra)
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
@@ -37,7 +36,7 @@ STATE_FILE = "tracking.json"
 def saved_state(folder: Path) -> dict:
     """The tracker state of a run folder (``tracking.json``: ``mlflow_run_id``, ``mlflow_tracking_uri``), or {}."""
     path = Path(folder) / STATE_FILE
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path.read_text()) if path.is_file() else {}
 
 
 def selected(cfg: DictConfig) -> list[str]:
@@ -180,7 +179,7 @@ class Tracker:
             tags = {"variant": self.variant, "seed": str(self.cfg.seed), "run_folder": str(self.folder),
                     "data": str(self.cfg.data.name)}
             self.loggers.append(MlflowLogger(self.cfg, self.folder, self.experiment, params, tags, state))
-        write_text_atomic(self.state_file, json.dumps(state, indent=2) + "\n")  # a torn file would block resume
+        write_text_atomic(self.state_file, strict_json(state, indent=2) + "\n")  # a torn file would block resume
 
     def log_rows(self, rows: list[dict]) -> None:
         for logger in self.loggers:
