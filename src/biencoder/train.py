@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from .engine import distributed
 from .engine.epoch import Diverged
-from .engine.rundir import discard_if_ours
+from .engine.rundir import RunFolderBusy, claim, discard_if_ours, release, writes_run_folders
 from .engine.runner import Runner, decide_runtime, run
 from .engine.runtime import nondeterministic_op
 from .errors import BiencoderError
@@ -38,6 +38,8 @@ def main(cfg: DictConfig) -> float | None:
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         final = runtime = None
+        if writes_run_folders():  # a resumed folder was claimed by its resolver already, before Hydra wrote into it
+            claim(out_dir)
         runtime = decide_runtime(cfg)  # the one decision
         clean_up_if_stopped(False)  # the rendezvous below waits in C++: a SIGTERM must end it at once
         distributed.setup(runtime)  # the process group, only under torchrun with several processes
@@ -49,6 +51,8 @@ def main(cfg: DictConfig) -> float | None:
         final = run(cfg, out_dir, experiment, runtime, variant_name(cfg))
         if final is not None:
             log.info("\n%s", summary_text(final, out_dir))
+    except RunFolderBusy as err:
+        fail(err)  # the folder is another process's: nothing in it is this process's to remove
     except BiencoderError as err:
         fail(err, out_dir)
     except Diverged as err:
@@ -62,6 +66,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         fail(unsupported, out_dir)
     finally:
+        release(out_dir)  # after the last line of this job's log (a sweep's next job may be another's folder)
         distributed.teardown()
     return None if final is None else final["best"]["val"]["top1"]
 
