@@ -20,13 +20,10 @@ from biencoder.engine.rundir import (LOCK_NAME, RunFolderBusy, announce_lock, cl
                                      new_dir_resolver, release, run_dir_resolver)
 from biencoder.engine.runner import run
 from biencoder.engine.state import read_metrics
-from conftest import FAST, REPO, compose_cfg
+from conftest import FAST, REPO, compose_cfg, hold
 
 RUN = ["+variant=ln", "model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer.max_epochs=3",
        "eval.tasks=false"]
-#: a process that holds the folder named by its argument until it is killed
-HOLD = ("import sys, time\nfrom biencoder.engine.rundir import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
-        "time.sleep(600)\n")
 
 
 def cli(*args: str) -> list[str]:
@@ -36,13 +33,6 @@ def cli(*args: str) -> list[str]:
 def environ(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     return {**env, "BIENCODER_CACHE_DIR": str(tmp_path / "cache"), "BIENCODER_LOG_DIR": str(tmp_path / "logs")}
-
-
-def hold(folder: Path) -> subprocess.Popen:
-    """Another process, holding ``folder`` (it has said so when this returns)."""
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True, cwd=REPO)
-    assert proc.stdout.readline().strip() == "held", "the holder could not take the folder"
-    return proc
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

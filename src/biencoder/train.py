@@ -1,8 +1,9 @@
 """Train one ablation cell: ``python -m biencoder.train +variant=ln_relu`` (sweep: ``-m '+variant=glob(*)' seed=0,1,2``).
 
 The Hydra shell over :func:`biencoder.engine.runner.run` (what a run does, and what its folder holds, is said there): it
-decides the runtime once, finds the run folder (rank 0's, under torchrun), and turns errors into one line and an exit
-code — 2 for a config or input a person can fix, 3 for a diverged run (a sweep goes on past one).
+holds its run folder against other processes (:func:`biencoder.engine.rundir.claim`), decides the runtime once, finds
+the run folder (rank 0's, under torchrun), and turns errors into one line and an exit code — 2 for a config or input a
+person can fix (a folder another process writes among them), 3 for a diverged run (a sweep goes on past one).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         fail(unsupported, out_dir)
     finally:
-        release(out_dir)  # after the last line of this job's log (a sweep's next job may be another's folder)
+        release(out_dir)  # after this job's last log line: from here on the folder is free for another process
         distributed.teardown()
     return None if final is None else final["best"]["val"]["top1"]
 
