@@ -125,3 +125,18 @@ def global_determinism(monkeypatch):
     yield
     torch.use_deterministic_algorithms(saved[0])
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1:]
+
+
+#: a process that holds the run folder named by its argument (engine/rundir.claim) until it is killed
+HOLD = ("import sys, time\nfrom biencoder.engine.rundir import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
+        "time.sleep(600)\n")
+
+
+def hold(folder: Path):
+    """Another process, holding the run folder ``folder`` (it has said so when this returns); kill it when done."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True, cwd=REPO)
+    assert proc.stdout.readline().strip() == "held", "the holder could not take the folder"
+    return proc

@@ -15,7 +15,7 @@ from biencoder.errors import ConfigError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.tables import paired_comparisons, summary_table
 from biencoder.engine.runner import run
-from conftest import FAST, REPO, compose_cfg
+from conftest import FAST, REPO, compose_cfg, hold
 
 TINY = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer.max_epochs=1", "eval.tasks=false"]
 
@@ -214,6 +214,31 @@ def test_resumed_jobs_stay_in_their_cell(finished_sweep, tmp_path):
     assert sorted(table.index) == ["ln", "plain"] and table["seeds"].tolist() == [2, 2]
     paired = paired_comparisons(runs, n_boot=200)
     assert paired["seeds"].tolist() == [2] and paired["pairing"].tolist() == ["matched"]
+
+
+@pytest.mark.slow
+def test_a_sweep_resumed_while_one_job_is_held_refuses_at_that_job(finished_sweep, tmp_path):
+    """A resumed sweep takes each job's folder as a single resume does: job 0 (done) is skipped as before, job 1,
+    held by another process, ends the sweep in one line naming it and its holder, exit 2, before Hydra writes into
+    it; jobs 1-3 byte for byte as they were."""
+    import shutil
+    import socket
+
+    sweep = tmp_path / "sweep"
+    shutil.copytree(finished_sweep, sweep)
+    jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
+    assert [p.name for p in jobs] == ["0_ln_s0", "1_ln_s1", "2_plain_s0", "3_plain_s1"]
+    holder = hold(jobs[1])
+    try:
+        before = {job.name: snapshot(job) for job in jobs[1:]}
+        error = one_error_line(train("-m", *TINY, "+variant=ln,plain", "seed=0,1", f"hydra.sweep.dir={sweep}",
+                                     "trainer.resume=true"))
+        assert f"{jobs[1]} is in use by pid {holder.pid} on {socket.gethostname()} since " in error
+        assert {job.name: snapshot(job) for job in jobs[1:]} == before
+        assert "already done" in (jobs[0] / "train.log").read_text()  # job 0 went as it goes without a holder
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):

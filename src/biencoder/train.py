@@ -1,8 +1,9 @@
 """Train one ablation cell: ``python -m biencoder.train +variant=ln_relu`` (sweep: ``-m '+variant=glob(*)' seed=0,1,2``).
 
 The Hydra shell over :func:`biencoder.engine.runner.run` (what a run does, and what its folder holds, is said there): it
-decides the runtime once, finds the run folder (rank 0's, under torchrun), and turns errors into one line and an exit
-code — 2 for a config or input a person can fix, 3 for a diverged run (a sweep goes on past one).
+holds its run folder against other processes (:func:`biencoder.engine.rundir.claim`), decides the runtime once, finds
+the run folder (rank 0's, under torchrun), and turns errors into one line and an exit code — 2 for a config or input a
+person can fix (a folder another process writes among them), 3 for a diverged run (a sweep goes on past one).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from omegaconf import DictConfig
 
 from .engine import distributed
 from .engine.epoch import Diverged
-from .engine.rundir import discard_if_ours
+from .engine.rundir import RunFolderBusy, claim, discard_if_ours, release, writes_run_folders
 from .engine.runner import Runner, decide_runtime, run
 from .engine.runtime import nondeterministic_op
 from .errors import BiencoderError
@@ -38,6 +39,8 @@ def main(cfg: DictConfig) -> float | None:
     out_dir = Path(hydra_cfg.runtime.output_dir)
     try:
         final = runtime = None
+        if writes_run_folders():  # a resumed folder was claimed by its resolver already, before Hydra wrote into it
+            claim(out_dir)
         runtime = decide_runtime(cfg)  # the one decision
         clean_up_if_stopped(False)  # the rendezvous below waits in C++: a SIGTERM must end it at once
         distributed.setup(runtime)  # the process group, only under torchrun with several processes
@@ -49,6 +52,8 @@ def main(cfg: DictConfig) -> float | None:
         final = run(cfg, out_dir, experiment, runtime, variant_name(cfg))
         if final is not None:
             log.info("\n%s", summary_text(final, out_dir))
+    except RunFolderBusy as err:
+        fail(err)  # the folder is another process's: nothing in it is this process's to remove
     except BiencoderError as err:
         fail(err, out_dir)
     except Diverged as err:
@@ -62,6 +67,7 @@ def main(cfg: DictConfig) -> float | None:
             raise
         fail(unsupported, out_dir)
     finally:
+        release(out_dir)  # after this job's last log line: from here on the folder is free for another process
         distributed.teardown()
     return None if final is None else final["best"]["val"]["top1"]
 

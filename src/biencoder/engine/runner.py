@@ -33,7 +33,7 @@ from .epoch import Diverged, EpochTrainer
 from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, eval_mode,
                     is_encoder_weight, pooled_vectors)
 from .rerank import NonFiniteMargins, query_groups, retrieve, retrieve_rerank, seen_unseen
-from .rundir import RunFolder
+from .rundir import RunFolder, claim, release
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
 from .schema import flags_name
 from .validation import validate
@@ -380,11 +380,24 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runti
     On a crash ``final.json`` says ``failed`` (or ``diverged``) with the error, the trackers close the run as
     FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep). ``runtime``: the
     start-up decision (:func:`start_up`; made here when None). ``variant``: the cell's name (see :class:`Runner`).
+    Rank 0 holds ``out_dir`` for the run (:func:`rundir.claim`, unless this process holds it already):
+    :class:`~biencoder.engine.rundir.RunFolderBusy`, with nothing changed, when another process does.
     """
     validate(cfg)  # once per run, before the folder is touched (the runner trusts it)
     check_packages(cfg)
     runtime = start_up(cfg) if runtime is None else runtime
     folder = RunFolder(out_dir)
+    took = distributed.is_main() and claim(folder.path)
+    try:
+        return _run_held(cfg, folder, experiment, runtime, variant)
+    finally:
+        if took:
+            release(folder.path)
+
+
+def _run_held(cfg: DictConfig, folder: RunFolder, experiment: str, runtime: Runtime,
+              variant: str | None) -> dict | None:
+    """:func:`run` in a folder this process holds (rank 0; the others work in it through rank 0)."""
     if not distributed.is_main():
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
     done = folder.open(cfg, main=distributed.is_main(), runtime=runtime)
