@@ -3,7 +3,8 @@
 Writes a PNG of the chosen metric per epoch (one colour per cell, mean line and min–max band across seeds, training
 loss beside it), and prints and saves a Markdown/CSV table: per cell the seeds, best val metric, test metric at the
 best-val epoch with a 95 % bootstrap CI, the best epoch (counted from 0, as everywhere), the 8-task test accuracies,
-and a paired bootstrap comparison against ``plain``. ``--x KEY``: results against a swept key instead;
+and a paired bootstrap comparison against ``plain`` (p with its Monte Carlo range; :data:`biencoder.report.statistics.
+N_BOOT` resamples unless ``--n-boot`` says). ``--x KEY``: results against a swept key instead;
 ``--baselines``: every cell against zero-shot and TF-IDF too. The work is done in :mod:`biencoder.report`; this
 module is the command line.
 """
@@ -22,6 +23,7 @@ from .report import SummaryError
 from .report.figures import plot, plot_internals
 from .report.runs import METRICS, QUERY_GROUPS, SPLITS, Run, assign_cells, find_runs
 from .report.stability import plot_against, run_outcomes, stability_markdown, stability_tables
+from .report.statistics import N_BOOT
 from .report.tables import paired_comparisons, summary_table, to_markdown
 from .report.trackers import attach
 
@@ -37,7 +39,8 @@ def parser() -> argparse.ArgumentParser:
                              "eval.retrieve=sim, or key=value pairs joined by commas for settings changed together "
                              "(loss.name=triplet_ce,trainer.head_lr=3e-4); repeat it for one table with one Holm "
                              "adjustment over all")
-    parser.add_argument("--n-boot", type=int, default=10000)
+    parser.add_argument("--n-boot", type=int, default=N_BOOT, help=f"bootstrap resamples (default {N_BOOT}, the "
+                        "setting of every table, the sweep-end one included)")
     parser.add_argument("--x", metavar="KEY", help="a swept config key (e.g. trainer.head_lr): plot best val and test "
                         "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)")
     parser.add_argument("--baselines", nargs="?", const="all", choices=QUERY_GROUPS, metavar="all|unseen|seen",

@@ -14,9 +14,10 @@ import pandas as pd
 
 from . import SummaryError
 from .runs import Run, best_rows
-from .statistics import MIN_SEEDS_FOR_SEED_LEVEL, bootstrap_ci, holm, paired_bootstrap, verdict
+from .statistics import (ALPHA, MC_Z, MIN_SEEDS_FOR_SEED_LEVEL, N_BOOT, bootstrap_ci, p_text, paired_bootstrap,
+                         verdicts)
 
-def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) -> pd.DataFrame:
+def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = N_BOOT) -> pd.DataFrame:
     """One row per cell over its complete runs (see module docstring for the columns)."""
     rows = []
     complete = [r for r in runs if r.complete]
@@ -53,7 +54,7 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = 10000) ->
     return pd.DataFrame(rows)
 
 
-def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_boot: int = 10000,
+def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_boot: int = N_BOOT,
                        strict: bool = False) -> pd.DataFrame:
     """Test top-1 of each cell minus its reference cell, paired over test queries.
 
@@ -62,7 +63,9 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
     ``value``), or such pairs joined by commas for settings changed together (``loss.name=triplet_ce,trainer.head_lr=
     3e-4``: each loss at its own learning rate). Several references make one table, Holm-adjusted over all its rows.
     Per-query hits are matched by seed (pooled over seeds when the cells share none); queries (and, with 3+ matched
-    seeds, seeds) are resampled jointly. ``strict``: a reference that pairs no two cells of ``runs`` (finished or not)
+    seeds, seeds) are resampled jointly, ``n_boot`` times. Beside each p its Monte Carlo range (``p_low``, ``p_high``)
+    and the Holm-adjusted p with its range; the verdict is :func:`~biencoder.report.statistics.verdict`'s ("at the
+    line" when that range straddles α). ``strict``: a reference that pairs no two cells of ``runs`` (finished or not)
     is an error (the user named it); a pair whose runs have not finished yet gives no row.
     """
     references = [reference] if isinstance(reference, str) else list(reference)
@@ -81,28 +84,35 @@ def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_
             ref_cell = _reference_cell(ref, identity[cell], cell_of)
             if ref_cell is None or ref_cell not in by_cell:  # no such cell, or none of its runs finished yet
                 continue
-            ref_runs = {r.seed: r for r in by_cell[ref_cell]}
-            own = {r.seed: r for r in members}
-            shared = sorted(set(ref_runs) & set(own))
-            pairing = "matched" if shared else "pooled"
-            a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
-            b = np.stack([ref_runs[s].hits for s in (shared or ref_runs)]).astype(float)
-            diff, low, high, p = paired_bootstrap(a, b, n_boot)
-            row = {"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
-                   "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
-                   "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"}
-            seen = members[0].seen
-            if seen is not None and seen.any() and (~seen).any() and len(seen) == a.shape[1]:
-                for group, mask in (("unseen", ~seen), ("seen", seen)):  # the same test, per query group
-                    d, lo, hi, _ = paired_bootstrap(a[:, mask], b[:, mask], n_boot)
-                    row.update({f"diff_{group}": d, f"ci_{group}_low": lo, f"ci_{group}_high": hi,
-                                f"queries_{group}": int(mask.sum())})
-            rows.append(row)
+            rows.append(_compare(cell, members, ref_cell, by_cell[ref_cell], n_boot))
     out = pd.DataFrame(rows)
     if len(out):  # several comparisons in one table: Holm-adjusted verdicts
-        out["p_holm"] = holm(out["p"])
-        out["verdict"] = [verdict(d, p) for d, p in zip(out["diff_test_top1"], out["p_holm"])]
+        for column, values in verdicts(out["diff_test_top1"], out["p"], n_boot).items():
+            out[column] = values
+        out["resamples"] = n_boot
     return out
+
+
+def _compare(cell: str, members: list[Run], ref_cell: str, ref_members: list[Run], n_boot: int) -> dict:
+    """One row of :func:`paired_comparisons`: the finished runs ``members`` of ``cell`` against ``ref_members`` of
+    ``ref_cell`` (before the Holm adjustment)."""
+    ref_runs = {r.seed: r for r in ref_members}
+    own = {r.seed: r for r in members}
+    shared = sorted(set(ref_runs) & set(own))
+    pairing = "matched" if shared else "pooled"
+    a = np.stack([own[s].hits for s in (shared or own)]).astype(float)
+    b = np.stack([ref_runs[s].hits for s in (shared or ref_runs)]).astype(float)
+    diff, low, high, p = paired_bootstrap(a, b, n_boot)
+    row = {"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
+           "pairing": pairing, "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
+           "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"}
+    seen = members[0].seen
+    if seen is not None and seen.any() and (~seen).any() and len(seen) == a.shape[1]:
+        for group, mask in (("unseen", ~seen), ("seen", seen)):  # the same test, per query group
+            d, lo, hi, _ = paired_bootstrap(a[:, mask], b[:, mask], n_boot)
+            row.update({f"diff_{group}": d, f"ci_{group}_low": lo, f"ci_{group}_high": hi,
+                    f"queries_{group}": int(mask.sum())})
+    return row
 
 
 def _check_references(references: list[str], identity: dict, cell_of: dict) -> None:
@@ -176,18 +186,30 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
     if task_cols and "tasks_score" in table:
         lines.append(f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds.")
     if len(comparisons):
-        groups = [g for g in ("unseen", "seen") if f"diff_{g}" in comparisons]
-        extra = "".join(f" Δ {g} (n={int(comparisons[f'queries_{g}'].dropna().iloc[0])}) [95% CI] |" for g in groups)
-        lines += ["", f"| cell | vs | seeds | Δ test top1 | 95% CI (paired bootstrap) | p | p (Holm, "
-                      f"{len(comparisons)} comparisons) | verdict (Holm-adjusted, α=0.05) |{extra}",
-                  "|---|---|---|---|---|---|---|---|" + "---|" * len(groups)]
-        for _, c in comparisons.iterrows():
-            cells = "".join(" – |" if pd.isna(c.get(f"diff_{g}")) else
-                            f" {c[f'diff_{g}']:+.3f} [{c[f'ci_{g}_low']:+.3f}, {c[f'ci_{g}_high']:+.3f}] |" for g in groups)
-            lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}, {c['ci_resamples']}) | "
-                         f"{c['diff_test_top1']:+.3f} | [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {c['p']:.3f} | "
-                         f"{c['p_holm']:.3f} | {c['verdict']} |{cells}")
-        if groups:
-            lines.append("\nΔ unseen / seen: the same paired difference on the test queries whose texts do not / do "
-                         "occur in a training or validation pair (descriptive; the verdict is on all queries).")
+        lines += ["", _comparisons_markdown(comparisons)]
+    return "\n".join(lines)
+
+
+def _comparisons_markdown(comparisons: pd.DataFrame) -> str:
+    """The paired comparisons of :func:`paired_comparisons` as Markdown, with what p, its range and the verdict are."""
+    groups = [g for g in ("unseen", "seen") if f"diff_{g}" in comparisons]
+    extra = "".join(f" Δ {g} (n={int(comparisons[f'queries_{g}'].dropna().iloc[0])}) [95% CI] |" for g in groups)
+    lines = [f"| cell | vs | seeds | Δ test top1 | 95% CI (paired bootstrap) | p [MC range] | p (Holm, "
+             f"{len(comparisons)} comparisons) [MC range] | verdict (Holm-adjusted, α={ALPHA:g}) |{extra}",
+             "|---|---|---|---|---|---|---|---|" + "---|" * len(groups)]
+    for _, c in comparisons.iterrows():
+        cells = "".join(" – |" if pd.isna(c.get(f"diff_{g}")) else
+                        f" {c[f'diff_{g}']:+.3f} [{c[f'ci_{g}_low']:+.3f}, {c[f'ci_{g}_high']:+.3f}] |" for g in groups)
+        diff = f"{c['diff_test_top1']:+.3f}"
+        lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}, {c['ci_resamples']}) | {diff} | "
+                     f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {p_text(c['p'], c['p_low'], c['p_high'])} | "
+                     f"{p_text(c['p_holm'], c['p_holm_low'], c['p_holm_high'])} | {c['verdict']} |{cells}")
+    lines.append(f"\np: paired bootstrap, {int(comparisons['resamples'].iloc[0]):,} resamples; [MC range]: what other "
+                 f"resamples could give (±{MC_Z:g} Monte Carlo standard errors), for the Holm-adjusted p the "
+                 "adjustment of those ranges. Verdict: better / worse when the whole adjusted range is below α, no "
+                 "significant difference when it is at or above α, at the line when it straddles α (the resampling, "
+                 "not the runs, would decide it).")
+    if groups:
+        lines.append("\nΔ unseen / seen: the same paired difference on the test queries whose texts do not / do "
+                     "occur in a training or validation pair (descriptive; the verdict is on all queries).")
     return "\n".join(lines)
