@@ -1,9 +1,19 @@
 """The statistics of the comparisons (biencoder.report.statistics) on inputs whose answers are known."""
 
+import inspect
+
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
-from biencoder.report.statistics import bootstrap_ci, holm, paired_bootstrap, verdict, wilson
+import biencoder.summary
+from biencoder.callbacks import SweepSummary
+from biencoder.report.baselines import baseline_table
+from biencoder.report.runs import assign_cells, find_runs
+from biencoder.report.statistics import (AT_THE_LINE, N_BOOT, _bootstrap_stats, bootstrap_ci, holm, holm_ranges,
+                                         p_range, paired_bootstrap, verdict, wilson)
+from biencoder.report.tables import _comparisons_markdown, paired_comparisons, summary_table
+from test_report_runs import write_run
 
 
 def test_bootstrap_known_answers():
@@ -49,3 +59,83 @@ def test_wilson_on_known_intervals():
     low, high = wilson(15, 30)
     assert low == pytest.approx(0.5 - 0.1685, abs=1e-4) and high == pytest.approx(0.5 + 0.1685, abs=1e-4)
     assert all(np.isnan(wilson(0, 0)))
+
+
+# -- one resampling setting, and the Monte Carlo error of p ------------------------------------------------------
+
+
+def test_p_range_by_hand():
+    """p = 0.05 from 100 000 resamples is a share of 2500: Wilson at z = 3 gives centre (0.025 + 9/2e5)/(1 + 9e-5)
+    = 0.0250427 and half-width 3·sqrt(0.025·0.975/1e5 + 9/4e10)/(1 + 9e-5) = 0.0014817, doubled: [0.04712, 0.05305].
+    A p of 0 from 1000 resamples is not exactly 0: its high end is 2·9/1009."""
+    assert p_range(0.05, 100_000) == pytest.approx((0.047122, 0.053049), abs=2e-6)
+    assert p_range(0.0, 1000) == (0.0, pytest.approx(18 / 1009))
+    assert p_range(1.0, 1000)[1] == 1.0
+    # the range narrows as 1/sqrt(resamples): 100x the resamples, a tenth of the width
+    wide, narrow = p_range(0.05, 1000), p_range(0.05, 100_000)
+    assert (wide[1] - wide[0]) / (narrow[1] - narrow[0]) == pytest.approx(10, rel=0.05)
+    lows, highs = holm_ranges([0.01, 0.04], 10_000)
+    assert lows.tolist() == pytest.approx(holm([p_range(0.01, 10_000)[0], p_range(0.04, 10_000)[0]]).tolist())
+    assert np.all(lows <= holm([0.01, 0.04])) and np.all(holm([0.01, 0.04]) <= highs)
+
+
+def test_a_verdict_whose_range_straddles_alpha_is_at_the_line():
+    assert verdict(0.02, 0.048, p_adjusted_range=(0.045, 0.051)) == AT_THE_LINE
+    assert verdict(0.02, 0.052, p_adjusted_range=(0.049, 0.055)) == AT_THE_LINE
+    assert verdict(-0.02, 0.048, p_adjusted_range=(0.046, 0.0499)) == "worse"
+    assert verdict(0.02, 0.051, p_adjusted_range=(0.05, 0.052)) == "no significant difference"
+
+
+def _planted_runs(tmp_path):
+    """One seed of relu and plain on 400 test queries: relu alone right on 55, plain alone on 36. The normal
+    approximation puts the two-sided p at 2·Φ(−2.00) ≈ 0.045-0.05: a case at α, one comparison (p_holm = p)."""
+    relu, plain = np.zeros(400, bool), np.zeros(400, bool)
+    relu[:55], plain[55:91] = True, True
+    write_run(tmp_path / "relu", "relu", 0, [0.2], [relu.mean()], relu)
+    write_run(tmp_path / "plain", "plain", 0, [0.2], [plain.mean()], plain)
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    return runs
+
+
+def test_a_planted_comparison_at_alpha_is_never_called_better(tmp_path):
+    """A verdict from the estimated p alone says "better" here (p 0.042 from 2000 resamples, 0.047 from 10 000),
+    though the p-value's own Monte Carlo error spans 0.05. With the default resamples, and with 2000, the verdict is
+    "at the line", and the table prints the range beside p."""
+    runs = _planted_runs(tmp_path)
+    for n_boot in (N_BOOT, 2000):
+        row = (paired_comparisons(runs) if n_boot == N_BOOT else paired_comparisons(runs, n_boot=n_boot)).iloc[0]
+        assert row["cell"] == "relu" and row["diff_test_top1"] == pytest.approx(19 / 400)
+        assert row["p_holm_low"] < 0.05 <= row["p_holm_high"] and row["p_low"] <= row["p"] <= row["p_high"]
+        assert row["verdict"] == AT_THE_LINE, (n_boot, row["p"])
+    comparisons = paired_comparisons(runs)
+    line = next(line for line in _comparisons_markdown(comparisons).splitlines() if line.startswith("| relu |"))
+    c = comparisons.iloc[0]
+    assert f"{c['p']:.4f} [{c['p_low']:.4f}, {c['p_high']:.4f}]" in line and "| at the line |" in line
+
+
+def test_every_table_resamples_the_same_number_of_times(tmp_path, monkeypatch):
+    """One default, written once: the statistics, the tables, the plot command and the sweep-end summary (which
+    calls the plot command with no --n-boot of its own) all use N_BOOT."""
+    for fn in (bootstrap_ci, paired_bootstrap, summary_table, paired_comparisons, baseline_table):
+        assert inspect.signature(fn).parameters["n_boot"].default == N_BOOT, fn.__name__
+    assert biencoder.summary.parser().parse_args(["logs"]).n_boot == N_BOOT
+    calls = []
+    monkeypatch.setattr(biencoder.summary, "main", lambda argv: calls.append(argv) or 0)
+    (tmp_path / "sweep" / "0_plain_s0").mkdir(parents=True)
+    (tmp_path / "sweep" / "0_plain_s0" / "final.json").write_text("{}")
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path / "sweep")}}}))
+    assert calls == [[str(tmp_path / "sweep")]]
+
+
+def test_counting_patterns_resamples_like_counting_queries():
+    """The resampling draws counts of the distinct per-query values, not of the queries: the spread of the resampled
+    mean must still be the textbook one, sqrt(population variance / Q) (one level), for hits and for a difference."""
+    rng = np.random.default_rng(1)
+    hits = (rng.random((5, 700)) < 0.3).astype(float)
+    other = (rng.random((5, 700)) < 0.3).astype(float)
+    for values in (hits, hits - other):
+        stats = _bootstrap_stats(values, 40_000, 0, two_level=False)
+        exact = np.sqrt(values.mean(axis=0).var() / values.shape[1])
+        assert stats.mean() == pytest.approx(values.mean(), abs=3 * exact / 200)
+        assert stats.std() == pytest.approx(exact, rel=0.02)

@@ -77,7 +77,8 @@ def test_comparisons_against_a_setting_and_a_variant_in_one_holm_family(tmp_path
             (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     runs = find_runs([tmp_path])
     assign_cells(runs)
-    table = paired_comparisons(runs, ["plain", "eval.retrieve=sim"], n_boot=500)
+    # the default resamples: with 500, a p of 0 is known only to [0, 0.035], too wide for a Holm family of 4
+    table = paired_comparisons(runs, ["plain", "eval.retrieve=sim"])
     got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
     assert got == pytest.approx({("ln retrieve=encoder", "plain retrieve=encoder"): -0.2,
                                  ("ln retrieve=sim", "plain retrieve=sim"): 0.1,

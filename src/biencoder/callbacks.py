@@ -36,6 +36,6 @@ class SweepSummary(Callback):
                                         "+variant=glob(*))")))
         print(f"\n== sweep finished: {sweep}", flush=True)
         if any(sweep.rglob("final.json")):
-            main([str(sweep), "--n-boot", "2000"])
+            main([str(sweep)])  # the same settings as plot_top1.py, so both print the same p-values and verdicts
         print(f"compare again (other options: --internals, --x KEY, --reference ...): "
               f"python scripts/plot_top1.py {sweep}", flush=True)

@@ -1,11 +1,12 @@
 """Compare runs (``biencoder-plot``, ``python scripts/plot_top1.py logs/``, ``python -m biencoder.summary logs/``).
 
 Writes a PNG of the chosen metric per epoch (one colour per cell, mean line and min–max band across seeds, training
-loss beside it), and prints and saves a Markdown/CSV table: per cell the seeds, best val metric, test metric at the
-best-val epoch with a 95 % bootstrap CI, the best epoch (counted from 0, as everywhere), the 8-task test accuracies,
-and a paired bootstrap comparison against ``plain``. ``--x KEY``: results against a swept key instead;
-``--baselines``: every cell against zero-shot and TF-IDF too. The work is done in :mod:`biencoder.report`; this
-module is the command line.
+loss beside it), and prints and saves a Markdown/CSV table: per cell the seeds, val and test metric at each run's best
+epoch (picked by the run's own selection metric, ``final.json``'s ``selection``) with a 95 % bootstrap CI, the best
+epoch (counted from 0, as everywhere), the 8-task test accuracies, and a paired bootstrap comparison against ``plain``
+(p with its Monte Carlo range; :data:`biencoder.report.statistics.N_BOOT` resamples unless ``--n-boot`` says).
+``--x KEY``: results against a swept key instead; ``--baselines``: every cell against zero-shot and TF-IDF too. The
+work is done in :mod:`biencoder.report`; this module is the command line.
 """
 
 from __future__ import annotations
@@ -16,20 +17,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from .engine.schema import is_non_result_key
+from .engine.schema import METRIC_LABELS, is_non_result_key
 from .errors import command
 from .report import SummaryError
 from .report.figures import plot, plot_internals
 from .report.runs import METRICS, QUERY_GROUPS, SPLITS, Run, assign_cells, find_runs
-from .report.stability import plot_against, run_outcomes, stability_markdown, stability_tables
+from .report.stability import outcome_metric, plot_against, run_outcomes, stability_markdown, stability_tables
+from .report.statistics import N_BOOT
 from .report.tables import paired_comparisons, summary_table, to_markdown
 from .report.trackers import attach
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plot_top1.py", description="Compare biencoder runs: figure + tables.")
     parser.add_argument("paths", nargs="+", help="logs folder(s) or run folders, searched recursively")
-    parser.add_argument("--out", type=Path, help="PNG path (default: <first path>/top1.png); tables go beside it")
-    parser.add_argument("--metric", default="top1", choices=METRICS)
+    parser.add_argument("--out", type=Path, help="PNG path (default: <first path>/<metric>.png); tables go beside it")
+    parser.add_argument("--metric", choices=METRICS, help="the metric drawn and tabulated (default: the one that "
+                        "selected the runs' best epochs, final.json's selection: top1, or retrieval_top1 for runs "
+                        "whose pair classifier was not trained; top1 when they differ)")
     parser.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS, help="splits to draw")
     parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
     parser.add_argument("--reference", action="append", metavar="VARIANT|KEY=VALUE[,KEY=VALUE]",
@@ -37,7 +41,8 @@ def parser() -> argparse.ArgumentParser:
                              "eval.retrieve=sim, or key=value pairs joined by commas for settings changed together "
                              "(loss.name=triplet_ce,trainer.head_lr=3e-4); repeat it for one table with one Holm "
                              "adjustment over all")
-    parser.add_argument("--n-boot", type=int, default=10000)
+    parser.add_argument("--n-boot", type=int, default=N_BOOT, help=f"bootstrap resamples (default {N_BOOT}, the "
+                        "setting of every table, the sweep-end one included)")
     parser.add_argument("--x", metavar="KEY", help="a swept config key (e.g. trainer.head_lr): plot best val and test "
                         "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)")
     parser.add_argument("--baselines", nargs="?", const="all", choices=QUERY_GROUPS, metavar="all|unseen|seen",
@@ -63,6 +68,12 @@ def _figure_path(out: Path) -> Path:
     return out
 
 
+def _selection_metric(runs: list[Run]) -> str:
+    """The metric that selected the best epochs of ``runs`` (:attr:`Run.selection`) when they share one, else top1."""
+    metrics = {r.selection["metric"] for r in runs}
+    return metrics.pop() if len(metrics) == 1 else "top1"
+
+
 def _counts(statuses: dict) -> str:
     return ", ".join(f"{n} {s}" for s, n in statuses.items())
 
@@ -71,21 +82,23 @@ def _counts(statuses: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     runs = find_runs(args.paths)
+    args.metric = args.metric or _selection_metric(runs)
     statuses = pd.Series([r.status for r in runs]).value_counts().to_dict()
     if not any(r.complete for r in runs) and not args.allow_unfinished:
         raise SummaryError(f"no finished run under {', '.join(args.paths)} ({_counts(statuses)}): wait for the runs, "
                            "resume them with trainer.resume=true, or pass --allow-unfinished to draw them anyway")
     if args.x and args.baselines:
         raise SummaryError("--baselines goes with the per-cell table: run it without --x")
-    if args.reference and (args.x or args.metric != "top1"):
-        raise SummaryError("--reference pairs test top-1 per query: use it without --x and with --metric top1")
+    if args.reference and (args.x or args.metric not in METRIC_LABELS):
+        raise SummaryError("--reference pairs test top-1 per query (each run's test_hits.npy): use it without --x "
+                           "and with --metric top1 or retrieval_top1")
     out = _figure_path(args.out) if args.out else Path(args.paths[0]) / f"{args.metric}.png"
     if args.x:
         return _main_against(runs, args.x, out, statuses)
     varying = assign_cells(runs)
     # before anything is written: a --reference that pairs nothing stops here
     comparisons = (paired_comparisons(runs, args.reference or ["plain"], args.n_boot, strict=bool(args.reference))
-                   if args.metric == "top1" else pd.DataFrame())
+                   if args.metric in METRIC_LABELS else pd.DataFrame())
     plot(runs, out, args.metric, args.split)
     table = summary_table(runs, args.metric, args.n_boot)
     markdown = to_markdown(table, comparisons, args.metric)
@@ -136,7 +149,7 @@ def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:
     per_x, per_cell = stability_tables(outcomes)
     stem = out.with_name(f"{out.stem}_vs_{key.split('.')[-1]}")
     figure = plot_against(outcomes, key, stem.with_suffix(".png"), runs)
-    markdown = stability_markdown(per_x, per_cell, key)
+    markdown = stability_markdown(per_x, per_cell, key, outcome_metric(outcomes))
     stem.with_suffix(".md").write_text(markdown + "\n")
     per_cell.to_csv(stem.with_suffix(".csv"), index=False)
     per_x.to_csv(stem.with_name(stem.name + "_per_value.csv"), index=False)

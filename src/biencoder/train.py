@@ -19,6 +19,7 @@ from .engine.epoch import Diverged
 from .engine.rundir import RunFolderBusy, claim, discard_if_ours, release, writes_run_folders
 from .engine.runner import Runner, decide_runtime, run
 from .engine.runtime import nondeterministic_op
+from .engine.schema import SELECTION_BEFORE_RECORD
 from .errors import BiencoderError
 from .hydra_glue import clean_up_if_stopped, conf_dir, fail, hydra_cli, register, variant_name
 from .report.run import summary_text
@@ -69,7 +70,11 @@ def main(cfg: DictConfig) -> float | None:
     finally:
         release(out_dir)  # after this job's last log line: from here on the folder is free for another process
         distributed.teardown()
-    return None if final is None else final["best"]["val"]["top1"]
+    if final is None:
+        return None
+    # Optuna's objective: the best val value of the metric that picked the best epoch (a resumed, finished folder
+    # written before final.json recorded it picked by top1)
+    return final["best"]["val"][final.get("selection", SELECTION_BEFORE_RECORD)["metric"]]
 
 
 def cli() -> None:

@@ -6,9 +6,12 @@ triplets (:mod:`biencoder.engine.epoch`), then evaluate retrieve-k-then-rerank t
 (:mod:`biencoder.engine.rerank`). The run folder gets ``metrics.jsonl`` (one row per epoch and split, fsynced per epoch),
 ``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``: :mod:`biencoder.engine.checkpoint`) and, at
 the end, ``best.pt``, ``test_hits.npy`` and ``final.json`` (atomically; ``status`` done, or failed / diverged with the
-error) with the 8 official tasks for the best-by-val weights. With ``model.encoder.freeze=true`` the encoder's outputs
-come from the embedding cache. Under ``torchrun`` rank 0 mines, evaluates and writes; every rank trains on its shard
-(DDP). No Hydra here: :func:`run` takes a plain ``DictConfig``; the ``biencoder.train`` app is its Hydra shell.
+error) with the 8 official tasks for the best-by-val weights. The best epoch is the first with the highest val value of
+the metric :func:`biencoder.engine.schema.selection` names (``final.json``'s ``selection``): the reranked top-1, or
+the retrieval top-1 when the pair classifier is not trained (``loss.ce_weight=0``). With ``model.encoder.freeze=true``
+the encoder's outputs come from the embedding cache. Under ``torchrun`` rank 0 mines, evaluates and writes; every rank
+trains on its shard (DDP). No Hydra here: :func:`run` takes a plain ``DictConfig``; the ``biencoder.train`` app is its
+Hydra shell.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encod
 from .rerank import NonFiniteMargins, query_groups, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder, claim, release
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .schema import flags_name
+from .schema import flags_name, selection, untrained_classifier_note
 from .validation import validate
 from .state import rng_states
 from .tasks import baseline_ranks, evaluate_tasks
@@ -70,6 +73,7 @@ class Runner:
         self.pair_batch_size = self.runtime.pair_batch_size(cfg.eval.pair_batch_size)
         self.main = distributed.is_main()
         self.variant = variant or flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
+        self.selection = selection(cfg.loss.ce_weight)  # what picks the best epoch (final.json's "selection")
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
         set_seed_everywhere(cfg.seed)
@@ -140,19 +144,24 @@ class Runner:
                       self.amp_dtype, progress=self.progress, desc=f"encode {name}")
 
     def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
-        """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``."""
+        """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``;
+        the hits [Q] bool are those of the selection metric (:attr:`selection`): reranked, or the nearest neighbour."""
         # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
         if not (torch.isfinite(emb.sim).all() and (self.frozen or torch.isfinite(emb.pooled).all())):
             raise Diverged(epoch, f"{name} embeddings")
+        split, pairs, cfg = self.splits[name], self.eval_pairs[name], self.cfg.eval
+        rows = self.fixed_shortlists(name, emb)
+        if rows is None:  # searched here rather than inside retrieve_rerank: the nearest neighbours are a hit too
+            rows, _ = retrieve(emb.retrieval(cfg.retrieve).numpy(), split, cfg.k, cfg.index, self.device, pairs)
         try:
-            metrics, hits = retrieve_rerank(self.model, emb, self.splits[name], self.cfg.eval.k,
-                                            self.pair_batch_size, self.device, index=self.cfg.eval.index,
-                                            pairs=self.eval_pairs[name], space=self.cfg.eval.retrieve,
-                                            rows=self.fixed_shortlists(name, emb))
+            metrics, hits = retrieve_rerank(self.model, emb, split, cfg.k, self.pair_batch_size, self.device,
+                                            index=cfg.index, pairs=pairs, space=cfg.retrieve, rows=rows)
         except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
             raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
         if name == "test":
             metrics.update(seen_unseen(hits, self.test_seen))
+        if self.selection["metric"] == "retrieval_top1":
+            hits = rows[:, 0] == split.counter[np.arange(split.n_pairs) if pairs is None else pairs]
         return metrics, hits
 
     def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
@@ -197,6 +206,23 @@ class Runner:
         """Restore the state of ``last.pt``; returns (next epoch, best so far, train embeddings to mine with)."""
         return restore_last(state, self.folder.last, self.model, self.trainer, self.fingerprint)
 
+    def _selected_by_rule(self, best: dict) -> dict:
+        """``best`` from ``last.pt`` as this run selects: a ``last.pt`` written before the selection metric was
+        recorded holds ``val_top1`` (it selected by the reranked top-1). When that is not this run's metric, the
+        best so far is kept and valued by this run's metric, and one line says so (the earlier epochs' weights are
+        gone, so they cannot be compared again)."""
+        if "metric" not in best:
+            best = {**{k: v for k, v in best.items() if k != "val_top1"}, "metric": "top1",
+                    "value": best.get("val_top1", -math.inf)}
+        key = self.selection["metric"]
+        if best["metric"] != key:
+            log.warning("%s: the epochs before the resume were selected by val %s, this run selects by val %s: the "
+                        "best so far (epoch %d) is kept and compared by its val %s", self.folder.last, best["metric"],
+                        key, best["epoch"], key)
+            best = {**best, "metric": key,
+                    "value": best["metrics"]["val"][key] if best.get("metrics") else -math.inf}
+        return best
+
     # -- the run ----------------------------------------------------------------------------------------------
     def fit(self, state: dict | None = None) -> dict | None:
         """Train (from ``state``, else from ``last.pt`` when it exists) and return what ``final.json`` holds; None on
@@ -210,13 +236,15 @@ class Runner:
         state = self.folder.load_state() if state is None else state
         if state is not None:
             epoch, best, train_sim = self.load_last(state)
+            best = self._selected_by_rule(best)
             dropped = self.folder.truncate(epoch - 1) if self.main else 0
             log.info("resuming %s after epoch %d (%d rows of epochs after the last checkpoint dropped)",
                      self.out_dir, epoch - 1, dropped)
             return epoch, best, train_sim
         if self.main:
             self.folder.truncate(-1)
-        best = {"epoch": -1, "val_top1": -math.inf, "metrics": None, "state": None, "hits": None}
+        best = {"epoch": -1, "metric": self.selection["metric"], "value": -math.inf, "metrics": None, "state": None,
+                "hits": None}
         if self.cfg.model.sim_init != "pca":
             return 0, best, self.embed("train").sim if self.main else None
         # every rank computes the same (float64, CPU) projection; the pooled vectors then give the first mining's
@@ -236,6 +264,8 @@ class Runner:
             [f"{threads} CPU thread{'s' if threads > 1 else ''}"] if rt.device.type == "cpu" else [])
         log.info("variant %s seed %d on %s (%s) | %s | pairs train/val/test %s", self.variant, cfg.seed, self.device,
                  ", ".join(how), cfg.data.name, "/".join(str(s.n_pairs) for s in self.splits.values()))
+        if self.selection["metric"] != "top1":
+            log.warning(untrained_classifier_note(cfg.eval.score))
         if cfg.data.dedup:
             log.info("data.dedup: dropped %s pairs that share a text with a later split (test untouched); test "
                      "queries seen in train/val: %d, unseen: %d", self.overlap["dropped_pairs"],
@@ -285,7 +315,8 @@ class Runner:
     def _evaluate_and_log(self, epoch: int, train_stats: dict, best: dict,
                           epoch_start: float) -> tuple[torch.Tensor, dict]:
         """Evaluate the splits due this epoch, append their rows to ``metrics.jsonl`` and the trackers, and keep the
-        best-by-val epoch. Returns (the training split's sim vectors, which the next epoch mines with; best)."""
+        best-by-val epoch (by the :attr:`selection` metric). Returns (the training split's sim vectors, which the
+        next epoch mines with; best)."""
         epochs, every = self.cfg.trainer.max_epochs, self.cfg.eval.every
         names = SPLITS if (epoch + 1) % every == 0 or epoch == epochs - 1 else ("train",)
         metrics, hits, embs = self.evaluate_epoch(names, epoch)
@@ -293,10 +324,11 @@ class Runner:
         base = {"variant": self.variant, "seed": int(self.cfg.seed)}
         rows = [{"epoch": epoch, "split": name, **base, **metrics[name]} for name in names]
         rows[0].update(train_stats, epoch_time_s=elapsed)  # names[0] is always train: its row carries the epoch's training
+        key = self.selection["metric"]
         log.info("epoch %d  loss %.4f  " % (epoch, train_stats["loss"]) + "  ".join(
-            f"{n} top1 {metrics[n]['top1']:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
-        if "val" in metrics and metrics["val"]["top1"] > best["val_top1"]:
-            best = {"epoch": epoch, "val_top1": metrics["val"]["top1"], "metrics": metrics,
+            f"{n} {key} {metrics[n][key]:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
+        if "val" in metrics and metrics["val"][key] > best["value"]:  # the first epoch with the highest value
+            best = {"epoch": epoch, "metric": key, "value": metrics["val"][key], "metrics": metrics,
                     "state": self.phase("keep best", self._weights_on_cpu),
                     "hits": hits["test"],
                     # kept in memory for the 8 tasks at the end (recomputed there after a resume)
@@ -337,7 +369,8 @@ class Runner:
         cfg = self.cfg
         self.model.load_state_dict(best["state"])
         final = {"status": "done", "variant": self.variant, "seed": int(cfg.seed), "data": cfg.data.name,
-                 "model": cfg.model.name, "best_epoch": best["epoch"], "best": best["metrics"],
+                 "model": cfg.model.name, "selection": self.selection, "best_epoch": best["epoch"],
+                 "best": best["metrics"],
                  "epochs": cfg.trainer.max_epochs, "pairs": {n: s.n_pairs for n, s in self.splits.items()},
                  "overlap": self.overlap, "runtime": self.runtime.record()}
         if cfg.eval.tasks:
@@ -411,12 +444,13 @@ def _run_held(cfg: DictConfig, folder: RunFolder, experiment: str, runtime: Runt
         return runner.fit(state)
     except Diverged as err:
         if runner.main:
-            folder.record("diverged", variant=runner.variant, seed=int(cfg.seed), epoch=err.epoch, what=err.what,
-                          loss_parts=err.parts, error=str(err))
+            folder.record("diverged", variant=runner.variant, seed=int(cfg.seed), selection=runner.selection,
+                          epoch=err.epoch, what=err.what, loss_parts=err.parts, error=str(err))
             runner.tracker.finish({}, "diverged")
         raise
     except BaseException as err:
         if runner.main:
-            folder.record("failed", variant=runner.variant, seed=int(cfg.seed), error=f"{type(err).__name__}: {err}")
+            folder.record("failed", variant=runner.variant, seed=int(cfg.seed), selection=runner.selection,
+                          error=f"{type(err).__name__}: {err}")
             runner.tracker.finish({}, "failed")
         raise

@@ -262,6 +262,37 @@ def flags_name(use_layernorm: bool, use_relu: bool) -> str:
     )
 
 
+#: how people read the per-epoch metrics that can select a best epoch (final.json's ``selection.metric``)
+METRIC_LABELS = {"top1": "top-1 (reranked)", "retrieval_top1": "retrieval top-1"}
+#: what selected the best epoch of a finished run whose final.json has no ``selection`` (written before it existed)
+SELECTION_BEFORE_RECORD = {"split": "val", "metric": "top1"}
+
+
+def selection(ce_weight: float) -> dict[str, str]:
+    """The metric that picks a run's best epoch, as ``final.json`` records it (``"selection"``):
+    ``{"split": "val", "metric": m}``. ``m`` is the metric the run's numbers come from: the reranked ``top1`` when
+    the pair classifier trains (``loss.ce_weight`` > 0), else ``retrieval_top1`` (the nearest neighbour is the true
+    counter): with ``ce_weight=0`` the classifier gets no training signal, so its reranking is noise. The best
+    epoch decides ``best.pt``, ``final.json``'s ``best``, the 8 tasks and ``test_hits.npy`` (the per-query
+    outcome of ``m`` on test), so every table built on a run reads this one rule."""
+    return {"split": "val", "metric": "top1" if ce_weight > 0 else "retrieval_top1"}
+
+
+def selection_label(chosen: dict) -> str:
+    """How summaries name a :func:`selection`: ``val retrieval top-1``, ``val top-1 (reranked)``."""
+    return f"{chosen['split']} {METRIC_LABELS.get(chosen['metric'], chosen['metric'])}"
+
+
+def untrained_classifier_note(score: str) -> str:
+    """The one line a run with ``loss.ce_weight=0`` prints at its start and in its summary (such a run is allowed:
+    InfoNCE alone is a retrieval model; what it must not do is report the untrained classifier's reranking as its
+    result). ``score``: its ``eval.score``, named when the 8 tasks rerank with that classifier."""
+    tasks = (f"; eval.score={score} scores the 8 tasks with that classifier too: add eval.score=sim"
+             if score in ("rerank", "classifier") else "")
+    return ("loss.ce_weight=0: the pair classifier is not trained, so the reranked top1 and mrr are noise; the best "
+            f"epoch is chosen by val retrieval_top1, this run's result{tasks}")
+
+
 def resume_folder(resume: Any) -> str | None:
     """The run folder named by ``trainer.resume=<run dir>``, or None (``true``/``false``/empty)."""
     if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):

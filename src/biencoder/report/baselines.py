@@ -25,7 +25,7 @@ from ..engine.runtime import set_seed_everywhere
 from ..engine.tasks import BASELINES, baseline_ranks
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
-from .statistics import MIN_SEEDS_FOR_SEED_LEVEL, holm, paired_bootstrap, verdict
+from .statistics import ALPHA, MC_Z, MIN_SEEDS_FOR_SEED_LEVEL, N_BOOT, p_text, paired_bootstrap, verdicts
 
 def _group(run: Run, prefix: str) -> dict:
     """The run's settings under ``prefix`` (``model.``) as a nested dict, schema defaults filled in for keys the run
@@ -91,13 +91,15 @@ def _recorded(run: Run, score: str, queries: str) -> float | None:
     return recorded.get("top1" if queries == "all" else f"top1_{queries}")
 
 
-def baseline_table(runs: list[Run], queries: str = "all", n_boot: int = 10000, data_root: str | None = None,
+def baseline_table(runs: list[Run], queries: str = "all", n_boot: int = N_BOOT, data_root: str | None = None,
                    encoder: str | None = None) -> pd.DataFrame:
     """One row per (cell, baseline): the cell's test top-1 on ``queries`` against the baseline's on the same ones.
 
     Columns: cell, seeds, queries (kept), of (test queries), test_top1, vs (zero-shot | TF-IDF), vs_top1 (computed
     here), vs_top1_recorded (what the runs' final.json say, mean over the cell's runs; NaN if none), diff, ci_low,
-    ci_high, p, ci_resamples, p_holm (over every row), verdict. ``data_root`` / ``encoder``: see
+    ci_high, p, p_low / p_high (its Monte Carlo range), ci_resamples, p_holm (over every row) with p_holm_low /
+    p_holm_high, verdict (:func:`~biencoder.report.statistics.verdict`: "at the line" when the adjusted range
+    straddles α). ``data_root`` / ``encoder``: see
     :func:`baseline_hits`. Raises :class:`SummaryError` when no run finished
     with ``test_hits.npy``.
     """
@@ -125,24 +127,29 @@ def baseline_table(runs: list[Run], queries: str = "all", n_boot: int = 10000, d
                          "diff": diff, "ci_low": low, "ci_high": high, "p": p,
                          "ci_resamples": "seeds+queries" if len(members) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
     out = pd.DataFrame(rows)
-    out["p_holm"] = holm(out["p"])
-    out["verdict"] = [verdict(d, p) for d, p in zip(out["diff"], out["p_holm"])]
+    for column, values in verdicts(out["diff"], out["p"], n_boot).items():
+        out[column] = values
+    out["resamples"] = n_boot
     return out
 
 
 def baseline_markdown(table: pd.DataFrame, queries: str) -> str:
     """:func:`baseline_table` as Markdown, with what the numbers are."""
-    lines = [f"| cell | seeds | test queries ({queries}) | test top1 | vs | vs top1 | Δ | 95% CI | p | "
-             f"p (Holm, {len(table)}) | verdict |", "|" + "---|" * 11]
+    lines = [f"| cell | seeds | test queries ({queries}) | test top1 | vs | vs top1 | Δ | 95% CI | p [MC range] | "
+             f"p (Holm, {len(table)}) [MC range] | verdict (α={ALPHA:g}) |", "|" + "---|" * 11]
     for _, r in table.iterrows():
         shown = f"{r['vs_top1']:.3f}"
         if not pd.isna(r["vs_top1_recorded"]) and f"{r['vs_top1_recorded']:.3f}" != shown:
             shown += f" (runs recorded {r['vs_top1_recorded']:.3f})"
         lines.append(f"| {r['cell']} | {r['seeds']} ({r['ci_resamples']}) | {r['queries']} of {r['of']} | "
                      f"{r['test_top1']:.3f} | {r['vs']} | {shown} | {r['diff']:+.3f} | "
-                     f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {r['p']:.3f} | {r['p_holm']:.3f} | {r['verdict']} |")
+                     f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {p_text(r['p'], r['p_low'], r['p_high'])} | "
+                     f"{p_text(r['p_holm'], r['p_holm_low'], r['p_holm_high'])} | {r['verdict']} |")
     lines.append("\nΔ: the cell's test top-1 at the best val epoch minus the baseline's on the same test queries and "
                  "pools (the epa task); zero-shot: cosine of the untrained encoder's pooled vectors (the cell's own "
                  "model config); TF-IDF: fit on the split's texts. 95% CI and p: paired bootstrap over seeds and "
-                 f"queries with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds, over queries only with fewer; Holm over every row.")
+                 f"queries with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds, over queries only with fewer, "
+                 f"{int(table['resamples'].iloc[0]):,} resamples; [MC range]: ±{MC_Z:g} Monte Carlo standard errors "
+                 "of p; Holm over every row. Verdict: better / worse when the whole adjusted range is below α, at the "
+                 "line when it straddles α.")
     return "\n".join(lines)

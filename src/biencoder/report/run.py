@@ -7,23 +7,37 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..engine.schema import SELECTION_BEFORE_RECORD, selection_label, untrained_classifier_note
 from ..engine.tasks import TASKS
 from .statistics import wilson
+
+#: the per-epoch metrics of the summary's table: (final.json key, column header, width)
+COLUMNS = (("top1", "top1", 6), ("retrieval_top1", "retr@1", 7), ("recall_at_k", "R@k", 6), ("mrr", "MRR", 6))
 
 
 def summary_text(final: dict, out_dir: Path) -> str:
     """The one-screen summary printed at the end of a run: metrics with a 95 % interval and the baselines on the
-    same queries, what each metric means, the unseen/seen split, the 8 tasks."""
+    same queries, what each metric means, the unseen/seen split, the 8 tasks. The metric that selected the best
+    epoch (``final["selection"]``; a record without it selected by the reranked top1) is named in the first line and
+    comes first, with the interval; a run whose classifier was not trained says so in one line."""
     baselines = final.get("baselines", {})
     k = next(iter(final["best"].values()))["k"]
+    chosen = final.get("selection", SELECTION_BEFORE_RECORD)
+    # the selection metric first, with its interval: the run's result
+    columns = sorted(COLUMNS, key=lambda c: c[0] != chosen["metric"])
     lines = [f"== {final['variant']} seed {final['seed']} | {final['model']} on {final['data']} | "
-             f"best epoch {final['best_epoch']} (of 0-{final['epochs'] - 1}, by val top1) | {final['wall_time_s']:.0f} s",
-             f"{'split':<6} {'queries':>7} {'top1':>6} {'95% CI':>15} {'retr@1':>7} {'R@k':>6} {'MRR':>6}"
-             + ("  | zero-shot   TF-IDF" if baselines else "")]
+             f"best epoch {final['best_epoch']} of 0-{final['epochs'] - 1}, by {selection_label(chosen)} | "
+             f"{final['wall_time_s']:.0f} s"]
+    if chosen["metric"] != "top1":
+        lines.append(untrained_classifier_note(final.get("tasks", {}).get("score", "")))
+    lines.append(f"{'split':<6} {'queries':>7} {columns[0][1]:>6} {'95% CI':>15} "
+                 + " ".join(f"{head:>{width}}" for _, head, width in columns[1:])
+                 + ("  | zero-shot   TF-IDF" if baselines else ""))
     for name, m in final["best"].items():
-        low, high = wilson(round(m["top1"] * m["queries"]), m["queries"])
-        row = (f"{name:<6} {m['queries']:>7} {m['top1']:>6.3f} {f'[{low:.3f}, {high:.3f}]':>15} "
-               f"{m['retrieval_top1']:>7.3f} {m['recall_at_k']:>6.3f} {m['mrr']:>6.3f}")
+        first = columns[0][0]
+        low, high = wilson(round(m[first] * m["queries"]), m["queries"])
+        row = (f"{name:<6} {m['queries']:>7} {m[first]:>6.3f} {f'[{low:.3f}, {high:.3f}]':>15} "
+               + " ".join(f"{m[key]:>{width}.3f}" for key, _, width in columns[1:]))
         if name in baselines:
             b = baselines[name]
             row += f"  | {b['encoder_cosine']['top1']:>9.3f} {b['tfidf']['top1']:>8.3f}"

@@ -1,9 +1,10 @@
 """Runs and cells: find run folders, read what each holds, and group runs into cells.
 
 A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml`` or Hydra's ``.hydra/config.yaml``),
-and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Runs whose settings differ in anything
-but the seed, the head flags (what the variant says) and the settings that change no result
-(:data:`biencoder.engine.schema.NON_RESULT_KEYS`) never share a cell.
+and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Every best epoch here is the one the run
+picked, by the metric its record names (:attr:`Run.selection`), never by the metric a table shows. Runs whose
+settings differ in anything but the seed, the head flags (what the variant says) and the settings that change no
+result (:data:`biencoder.engine.schema.NON_RESULT_KEYS`) never share a cell.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ..engine.schema import is_non_result_key, run_settings
+from ..engine.schema import SELECTION_BEFORE_RECORD, is_non_result_key, run_settings, selection
 from ..engine.state import read_final, read_metrics
 from . import SummaryError
 
@@ -52,6 +53,18 @@ class Run:
     @property
     def complete(self) -> bool:
         return self.final is not None and self.final.get("status") == "done"
+
+    @property
+    def selection(self) -> dict:
+        """What picked the run's best epoch (``{"split": "val", "metric": ...}``, :func:`biencoder.engine.schema.
+        selection`): its ``final.json``'s ``selection``; for a finished run whose final.json predates that field, the
+        reranked top1 (:data:`~biencoder.engine.schema.SELECTION_BEFORE_RECORD`); for a run without the field and
+        unfinished (running, killed, or an older failed one), its config's rule."""
+        if self.final is not None and "selection" in self.final:
+            return self.final["selection"]
+        if self.complete:
+            return SELECTION_BEFORE_RECORD
+        return selection(float(self.flat.get("loss.ce_weight", 1.0)))
 
     @property
     def status(self) -> str:
@@ -148,11 +161,14 @@ def _unique_leaf(key: str, keys: list[str]) -> bool:
     return sum(k.split(".")[-1] == leaf for k in keys) == 1
 
 
-def best_rows(run: Run, metric: str) -> tuple[int, dict, dict] | None:
-    """(best epoch by val metric, its val row, its test row) or None if the run has no val rows."""
+def best_rows(run: Run, metric: str | None = None) -> tuple[int, dict, dict] | None:
+    """(best epoch, its val row, its test row), or None if the run has no val rows. The best epoch is the first with
+    the highest val ``metric``, by default the run's own selection metric (:attr:`Run.selection`), as the runner picked
+    it: the rows then hold every metric at the epoch whose weights, test hits and tasks the run kept."""
+    metric = metric or run.selection["metric"]
     m = run.metrics
     val = m[m["split"] == "val"]
-    if val.empty:
+    if val.empty or metric not in val or val[metric].isna().all():
         return None
     best = val.loc[val[metric].idxmax()]  # first epoch with the maximum, as the runner picks it
     epoch = int(best["epoch"])

@@ -2,7 +2,9 @@
 range of good settings per cell, and how well-behaved are the runs inside it?
 
 Per run: its best val top-1 (the epoch model selection picks), the test top-1 at that epoch, and three
-behaviours over the whole run, defined here once:
+behaviours over the whole run, defined here once. "top-1" is the run's selection metric (``final.json``'s
+``selection``: the reranked top-1, or the retrieval top-1 when the pair classifier is not trained); the tables and
+the figure name it (column ``metric``).
 
 - **diverged**: the run stopped at a non-finite loss or embedding (``final.json`` status ``diverged``);
 - **collapsed late**: the mean val top-1 of its last :data:`TAIL_EPOCHS` epochs is at least
@@ -32,23 +34,24 @@ TAIL_EPOCHS = 5
 
 
 def run_outcomes(runs: list[Run], key: str) -> pd.DataFrame:
-    """One row per finished or diverged run: cell, x (the value of ``key``), seed, best val / test top-1, the
-    epoch of the best, diverged, collapsed, post-best noise."""
+    """One row per finished or diverged run: cell, x (the value of ``key``), seed, metric (the run's selection
+    metric), best val / test value of it, the epoch of the best, diverged, collapsed, post-best noise."""
     rows = []
     for r in runs:
         if r.status not in ("done", "diverged"):
             continue
         if key not in r.flat:
             raise KeyError(key)
-        row = {"cell": r.cell, "x": r.flat[key], "seed": r.seed, "diverged": r.status == "diverged",
+        metric = r.selection["metric"]
+        row = {"cell": r.cell, "x": r.flat[key], "seed": r.seed, "metric": metric, "diverged": r.status == "diverged",
                "best_val": np.nan, "test_at_best": np.nan, "best_epoch": np.nan, "collapsed": False,
                "post_best_noise": np.nan}
-        best = best_rows(r, "top1")
+        best = best_rows(r)
         if best is not None:
             epoch, val_row, test_row = best
-            val = r.metrics[r.metrics["split"] == "val"].sort_values("epoch")["top1"].to_numpy()
+            val = r.metrics[r.metrics["split"] == "val"].sort_values("epoch")[metric].to_numpy()
             after = val[int(np.argmax(val)):]
-            row.update(best_val=val_row["top1"], test_at_best=test_row.get("top1", np.nan), best_epoch=epoch,
+            row.update(best_val=val_row[metric], test_at_best=test_row.get(metric, np.nan), best_epoch=epoch,
                        collapsed=bool(val[-TAIL_EPOCHS:].mean() <= val.max() - COLLAPSE_DROP),
                        post_best_noise=float(np.diff(after).std(ddof=1)) if len(after) >= 3 else np.nan)
         rows.append(row)
@@ -95,9 +98,16 @@ def _num(v) -> str:
     return f"{v:g}" if isinstance(v, (int, float)) else str(v)
 
 
-def stability_markdown(per_x: pd.DataFrame, per_cell: pd.DataFrame, key: str) -> str:
+def outcome_metric(outcomes: pd.DataFrame) -> str:
+    """The selection metric(s) of :func:`run_outcomes`' runs, as the tables and the figure name them."""
+    return " / ".join(sorted(set(outcomes["metric"]))) if len(outcomes) else "top1"
+
+
+def stability_markdown(per_x: pd.DataFrame, per_cell: pd.DataFrame, key: str, metric: str = "top1") -> str:
+    """The tables of :func:`stability_tables` as Markdown; ``metric``: the runs' selection metric
+    (:func:`outcome_metric`)."""
     pm = lambda m, s: "–" if pd.isna(m) else f"{m:.3f}" + ("" if pd.isna(s) else f" ± {s:.3f}")
-    lines = [f"| cell | best {key} | best val top1 | test top1 @ best val | {key} within 1 pt of best | width "
+    lines = [f"| cell | best {key} | best val {metric} | test {metric} @ best val | {key} within 1 pt of best | width "
              "(decades) | diverged | collapsed late | post-best val noise |", "|" + "---|" * 9]
     for _, r in per_cell.iterrows():
         width = "–" if pd.isna(r["width_decades"]) else f"{r['width_decades']:.1f}"
@@ -106,13 +116,13 @@ def stability_markdown(per_x: pd.DataFrame, per_cell: pd.DataFrame, key: str) ->
                      f"{width} | {r['diverged_share']:.0%} of {r['runs']} | {r['collapsed_share']:.0%} of {r['runs']} | "
                      f"{100 * r['post_best_noise']:.1f} pt |")
     lines.append(f"\nmean ± std (ddof=1) over the seeds at the best {key}. Within 1 pt: the contiguous swept values "
-                 "around the best whose mean best val top-1 is at most 1 point lower (with 3 seeds a mean is itself "
-                 "uncertain by about a point: read widths to the grid's half-decade, no finer). Diverged: non-finite "
-                 f"loss. Collapsed late: mean val top-1 of the last {TAIL_EPOCHS} epochs ≥ {100 * COLLAPSE_DROP:.0f} "
-                 "points below the run's best. Post-best noise: std of the epoch-to-epoch change of val top-1 after "
-                 "the best epoch, mean over runs.")
-    lines += ["", f"| cell | {key} | seeds | best val top1 | test top1 @ best val | best epoch (0-based) | diverged | "
-              "collapsed late |", "|" + "---|" * 8]
+                 f"around the best whose mean best val {metric} is at most 1 point lower (with 3 seeds a mean is "
+                 "itself uncertain by about a point: read widths to the grid's half-decade, no finer). Diverged: "
+                 f"non-finite loss. Collapsed late: mean val {metric} of the last {TAIL_EPOCHS} epochs ≥ "
+                 f"{100 * COLLAPSE_DROP:.0f} points below the run's best. Post-best noise: std of the epoch-to-epoch "
+                 f"change of val {metric} after the best epoch, mean over runs. {metric}: the runs' selection metric.")
+    lines += ["", f"| cell | {key} | seeds | best val {metric} | test {metric} @ best val | best epoch (0-based) | "
+              "diverged | collapsed late |", "|" + "---|" * 8]
     for _, r in per_x.iterrows():
         lines.append(f"| {r['cell']} | {_num(r['x'])} | {r['seeds']} | {pm(r['best_val_mean'], r['best_val_std'])} | "
                      f"{pm(r['test_mean'], r['test_std'])} | {r['best_epoch_mean']:.1f} | {r['diverged']} | "
@@ -133,7 +143,9 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
     xs = pd.to_numeric(outcomes["x"], errors="coerce")
     log_x = bool(xs.notna().all() and (xs > 0).all() and xs.max() / xs.min() > 10)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), squeeze=False)
-    panels = (("best_val", "val", "best val top-1"), ("test_at_best", "test", "test top-1 at the best val epoch"))
+    metric = outcome_metric(outcomes)
+    panels = (("best_val", "val", f"best val {metric}"),
+              ("test_at_best", "test", f"test {metric} at the best val epoch"))
     for ax, (column, split, title) in zip(axes[0], panels):
         for i, cell in enumerate(cells):
             g = outcomes[outcomes["cell"] == cell].groupby("x")[column]
@@ -152,9 +164,9 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
             ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.set_title(title)
         ax.set_xlabel(key)
-        ax.set_ylabel("top-1")
+        ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
-    fig.suptitle(f"top-1 against {key} (mean over seeds, band = min–max)")
+    fig.suptitle(f"{metric} against {key} (mean over seeds, band = min–max)")
     legend_below(fig)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
