@@ -35,7 +35,6 @@ from __future__ import annotations
 import atexit
 import errno
 import fcntl
-import json
 import logging
 import os
 import shutil
@@ -58,8 +57,10 @@ from .state import (
     append_rows,
     is_done,
     read_final,
+    read_json,
     save_atomic,
     save_npy_atomic,
+    strict_json,
     truncate_metrics,
     write_json_atomic,
 )
@@ -144,7 +145,7 @@ def claim(path: str | Path) -> bool:
             continue
         lock = FolderLock(folder, fd, created, stale=_read_record(fd))
         break
-    record = json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+    record = strict_json({"pid": os.getpid(), "host": socket.gethostname(),
                          "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}) + "\n"
     os.pwrite(fd, record.encode(), 0)  # then cut to length: a reader sees a whole record, never an empty file
     os.ftruncate(fd, len(record.encode()))
@@ -201,7 +202,7 @@ def _read_record(fd: int, wait: bool = False) -> dict | None:
         text = os.pread(fd, 4096, 0).decode(errors="replace").strip()
         if text:
             try:
-                record = json.loads(text)
+                record = read_json(text)
             except ValueError:
                 return {}
             return record if isinstance(record, dict) else {}
