@@ -54,9 +54,16 @@ def test_negative_never_has_the_positive_text(rate):
 def test_random_share_follows_rate_and_seed():
     split = paired_split([f"p{i}" for i in range(2000)], [f"c{i}" for i in range(2000)])
     sim = np.random.default_rng(0).normal(size=(4000, 3))
-    a = mine_negatives(sim, split, 0.3, np.random.default_rng(7))
+    rng = np.random.default_rng(7)
+    a = mine_negatives(sim, split, 0.3, rng)
     b = mine_negatives(sim, split, 0.3, np.random.default_rng(7))
-    assert np.array_equal(a.row, b.row)
+    other = mine_negatives(sim, split, 0.3, np.random.default_rng(8))
+    assert np.array_equal(a.row, b.row) and np.array_equal(a.is_random, b.is_random)
+    # the generator handed in is the one drawn from: another seed, other pairs and other random rows
+    assert (a.is_random != other.is_random).sum() > 100
+    both = a.is_random & other.is_random
+    assert (a.row[both] != other.row[both]).mean() > 0.9
+    assert rng.bit_generator.state != np.random.default_rng(7).bit_generator.state  # it was consumed
     assert abs(a.is_random.mean() - 0.3) < 0.04
     # hard negatives are closer than random ones on average
     assert a.distance[~a.is_random].mean() < a.distance[a.is_random].mean()
