@@ -104,3 +104,25 @@ def test_the_random_draw_is_the_first_thing_mining_takes_from_the_rng():
     sim = np.random.default_rng(1).normal(size=(600, 4))
     mined = mine_negatives(sim, split, 0.4, np.random.default_rng(11), n_neighbors=2)
     np.testing.assert_array_equal(mined.is_random, np.random.default_rng(11).random(300) < 0.4)
+
+
+def test_mining_statistics_by_hand():
+    """The per-epoch mining statistics of metrics.jsonl, on four negatives: two random (distances 1 and 8) and two
+    hard (2 and 4); an epoch with no hard negative has no hard distance (NaN, without a warning)."""
+    import warnings
+
+    from biencoder.engine.negatives import MinedNegatives
+
+    mixed = MinedNegatives(row=np.array([5, 6, 7, 4]), is_random=np.array([True, False, False, True]),
+                           distance=np.array([1.0, 2.0, 4.0, 8.0]), rate=0.3)
+    assert mixed.stats() == {"random_rate": 0.3, "share_random": 0.5, "share_hard": 0.5, "neg_distance": 3.75,
+                             "neg_distance_hard": 3.0}
+    hard = MinedNegatives(row=np.array([5, 6]), is_random=np.array([False, False]), distance=np.array([1.0, 2.0]),
+                          rate=0.0)
+    assert hard.stats() == {"random_rate": 0.0, "share_random": 0.0, "share_hard": 1.0, "neg_distance": 1.5,
+                            "neg_distance_hard": 1.5}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns on the mean of nothing
+        stats = MinedNegatives(row=np.array([5, 6]), is_random=np.array([True, True]), distance=np.array([1.0, 2.0]),
+                               rate=1.0).stats()
+    assert stats["share_hard"] == 0.0 and stats["neg_distance"] == 1.5 and np.isnan(stats["neg_distance_hard"])
