@@ -3,12 +3,47 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
+# No test reads or writes the user's files. The session gets a home of its own (so "~/.cache/biencoder", or any other
+# "~" path, resolves inside it) and every test an embedding cache of its own (tmp_embedding_cache). Set here, before
+# any test module imports biencoder (biencoder.retrieve reads BIENCODER_CACHE_DIR when imported), and inherited by
+# every command line a test starts.
+SESSION_HOME = Path(tempfile.mkdtemp(prefix="biencoder-tests-home-"))
+os.environ.update(HOME=str(SESSION_HOME), XDG_CACHE_HOME=str(SESSION_HOME / ".cache"),
+                  BIENCODER_CACHE_DIR=str(SESSION_HOME / "embedding-cache"))
+
 REPO = Path(__file__).resolve().parents[1]
 REAL_ROOT = Path(os.environ.get("ARGUANA_ROOT", REPO.parent / "shared" / "data" / "arguana-counterargs-corpus"))
+
+
+def user_cache_writes(home: Path = SESSION_HOME) -> list[str]:
+    """Files under ``home``'s ``.cache/biencoder``: what a test wrote to the default embedding cache instead of its
+    own."""
+    folder = home / ".cache" / "biencoder"
+    return sorted(str(p.relative_to(home)) for p in folder.rglob("*")) if folder.exists() else []
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_writes_to_the_user_cache():
+    """Fails the session (an error at its last test's teardown) when a test wrote ``~/.cache/biencoder``."""
+    yield
+    written = user_cache_writes()
+    assert written == [], f"the tests wrote the default embedding cache ~/.cache/biencoder: {written[:5]}"
+    shutil.rmtree(SESSION_HOME, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def tmp_embedding_cache(tmp_path_factory, monkeypatch) -> Path:
+    """The embedding cache of this test (``BIENCODER_CACHE_DIR``, the default of ``trainer.cache_dir``): empty at its
+    start, never the user's, never another test's."""
+    folder = tmp_path_factory.mktemp("embedding-cache")
+    monkeypatch.setenv("BIENCODER_CACHE_DIR", str(folder))
+    return folder
 
 
 def write_corpus(root: Path, layout: dict) -> Path:

@@ -166,7 +166,10 @@ FROZEN = FAST + ["model.encoder.freeze=true", "+variant=ln_relu"]
 def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]), tmp_path)
     encoder_before = {k: v.clone() for k, v in runner.model.encoder.state_dict().items()}
-    heads_before = [p.detach().clone() for p in runner.model.head_parameters()]
+    # the heads named from the model itself, not from head_parameters() (what trains them is under test)
+    heads_before = {name: p.detach().clone() for name, p in runner.model.named_parameters()
+                    if not name.startswith("encoder.")}
+    assert set(heads_before) == {f"{head}.{w}" for head in ("sim_head", "norm", "out") for w in ("weight", "bias")}
     assert not any(p.requires_grad for p in runner.model.encoder.parameters())
     calls = encoder_calls
     calls.clear()  # building the runner filled the cache; from here on nothing may encode
@@ -176,7 +179,9 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     assert calls == []  # training, mining and evaluation all work on the cached vectors
     for key, value in runner.model.encoder.state_dict().items():
         assert torch.equal(value, encoder_before[key]), key
-    assert all(not torch.equal(p, q) for p, q in zip(runner.model.head_parameters(), heads_before))
+    unchanged = [name for name, p in runner.model.named_parameters()
+                 if name in heads_before and torch.equal(p, heads_before[name])]
+    assert unchanged == []  # the sim head, the LayerNorm and the classifier all trained
 
 
 def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypatch):

@@ -96,9 +96,12 @@ def test_bad_input(make_corpus, tmp_path, capsys, case):
 
 def test_demo_corpus_edge_cases():
     corpus = read_corpus(demo_root())
-    for split, c in corpus.counts.items():
-        assert c["themes"] >= 2 and c["debates"] >= 4
-        assert c["pairs"] >= 30 and c["points_without_counter"] >= 1 and c["duplicated_texts"] >= 1
+    # counted on the files of src/biencoder/data/demo/<split>/: 2 theme and 4 debate folders, 33 *a-point.txt and 32
+    # *b-counter.txt files, one point (pro05 of an economy debate) without its counter file, and one text filed twice
+    # (two files with equal contents, so 64 distinct texts among the 65 arguments)
+    expected = {"themes": 2, "debates": 4, "points": 33, "counters": 32, "pairs": 32, "points_without_counter": 1,
+                "counters_without_point": 0, "duplicated_texts": 1}
+    assert corpus.counts == {split: expected for split in ("train", "val", "test")}
     # conclusions and premises are real sentences, not placeholders
     points = corpus.arguments[corpus.arguments["kind"] == "point"]
     assert points["premise"].str.len().min() > 40 and points["conclusion"].str.len().min() > 15

@@ -133,24 +133,49 @@ def test_a_rank_stopped_by_torchrun_during_start_up_leaves_nothing_of_its_own(tm
         assert not (tmp_path / "logs").exists()
 
 
+def wait_for(condition, what: str, timeout: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+def accepts_connections(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
 def test_a_rank_waiting_in_the_rendezvous_ends_at_once_on_sigterm(tmp_path):
     """From the process group's rendezvous on, SIGTERM ends the rank at once, as it always did: a Python handler
     cannot run while the main thread waits in C++, and torchrun would wait 30 s, then SIGKILL it. Rank 0 of 2 here,
-    with no rank 1: it waits in the rendezvous until it is stopped."""
+    with no rank 1: it waits in the rendezvous until it is stopped. The signal is sent only once the rank has called
+    ``init_process_group`` (a marker file its wrapper writes) and its store listens (rank 0 then waits for rank 1)."""
     import signal
-    import time
 
-    run_dir = tmp_path / "run"
+    run_dir, marker, port = tmp_path / "run", tmp_path / "in_rendezvous", free_port()
+    wrapper = tmp_path / "rank0.py"
+    wrapper.write_text("import pathlib, sys\n"
+                       "import torch.distributed as dist\n"
+                       "import biencoder.train as train\n"
+                       "marker, start = pathlib.Path(sys.argv.pop(1)), dist.init_process_group\n"
+                       "def entering(*args, **kwargs):\n"
+                       "    marker.write_text('entered')\n"
+                       "    return start(*args, **kwargs)\n"
+                       "dist.init_process_group = entering\n"
+                       "train.cli()\n")
     env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "WORLD_SIZE": "2", "RANK": "0",
-           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    proc = subprocess.Popen([sys.executable, "-m", "biencoder.train", "model=tiny", "trainer.device=cpu",
+           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, str(wrapper), str(marker), "model=tiny", "trainer.device=cpu",
                              f"hydra.run.dir={run_dir}"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 120
-        while not (run_dir / ".hydra" / "config.yaml").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(5)  # well inside the rendezvous by now
+        wait_for(lambda: marker.exists() or proc.poll() is not None, "the rank calls init_process_group", 180)
+        wait_for(lambda: accepts_connections(port) or proc.poll() is not None, "the rank's store listens", 60)
         assert proc.poll() is None  # waiting for rank 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=10) == -15

@@ -226,3 +226,55 @@ def test_infonce_scores_and_softmax_are_fp32_under_autocast(tiny_model_and_token
         torch.testing.assert_close(amp, ref, rtol=1e-6, atol=1e-7)  # bf16 scores: 8e-3 of the largest off
     torch.testing.assert_close(amp_scores, ref_scores, rtol=1e-6, atol=1e-6)
     assert amp_scores.dtype == torch.float32
+
+@pytest.mark.parametrize("name", ["triplet_ce", "infonce"])
+def test_what_a_loss_returns_besides_its_value(tiny_model_and_tokenizer, name):
+    """The total to backpropagate is the logged loss; features and head input (the head statistics of
+    metrics.jsonl) are the classifier's on (point, counter) then (point, negative); InfoNCE's ``masked`` is the
+    candidates masked per query, a mean over the queries."""
+    model = copy.deepcopy(tiny_model_and_tokenizer[0])
+    torch.manual_seed(0)
+    point, counter, negative = (Embeddings(torch.randn(3, 128, requires_grad=True), torch.randn(3, 32))
+                                for _ in range(3))
+    # candidates' texts [c0 c1 c2 n0 n1 n2] = [10 10 11 20 21 10]. Query 0 (counter text 10): c1 and n2 masked;
+    # query 1 (10): c0 and n2; query 2 (11): none. 4 in all, 4/3 per query
+    text_id = torch.tensor([[0, 1, 2], [10, 10, 11], [20, 21, 10]])
+    loss = TripletCELoss() if name == "triplet_ce" else InfoNCELoss(scale=20.0)
+    out = loss(model, point, counter, negative, text_id=text_id)
+    assert out.total.requires_grad and out.total.item() == out.parts["loss"].item()
+    features = model.pair_features(
+        Embeddings(torch.cat([point.sim, point.sim]), torch.cat([point.pooled, point.pooled])),
+        Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])))
+    torch.testing.assert_close(out.features, features)
+    torch.testing.assert_close(out.head_input, model.head(features)[0])
+    if name == "infonce":
+        assert set(out.parts) == {"loss", "infonce", "ce_pos", "ce_neg", "masked"}
+        assert out.parts["masked"].item() == pytest.approx(4 / 3)
+    else:
+        assert set(out.parts) == {"loss", "triplet", "ce_pos", "ce_neg"}
+
+
+def test_gather_without_a_process_group_is_the_local_loss():
+    """loss.gather=true in a single process (no torchrun): nothing to gather, the same scores as gather=false."""
+    torch.manual_seed(3)
+    point, counter, negative = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
+    text_id = torch.arange(9).view(3, 3)
+    local = InfoNCELoss(scale=5.0).scores(point, counter, negative, text_id)
+    gathered = InfoNCELoss(scale=5.0, gather=True).scores(point, counter, negative, text_id)
+    for a, b in zip(local, gathered):
+        assert torch.equal(a, b)
+
+
+def test_each_losss_own_defaults_are_the_schemas():
+    """A loss built without the config (TripletCELoss() in a script) computes what the default config does: each
+    keyword it reads from ``loss.*`` defaults to the schema's value."""
+    import dataclasses
+    import inspect
+
+    from biencoder.engine.loss import LOSSES
+    from biencoder.engine.schema import LossSchema
+
+    schema = {f.name: f.default for f in dataclasses.fields(LossSchema)}
+    for name, (cls, keys) in LOSSES.items():
+        own = inspect.signature(cls).parameters
+        assert {key: own[key].default for key in keys} == {key: schema[key] for key in keys}, name

@@ -54,9 +54,16 @@ def test_negative_never_has_the_positive_text(rate):
 def test_random_share_follows_rate_and_seed():
     split = paired_split([f"p{i}" for i in range(2000)], [f"c{i}" for i in range(2000)])
     sim = np.random.default_rng(0).normal(size=(4000, 3))
-    a = mine_negatives(sim, split, 0.3, np.random.default_rng(7))
+    rng = np.random.default_rng(7)
+    a = mine_negatives(sim, split, 0.3, rng)
     b = mine_negatives(sim, split, 0.3, np.random.default_rng(7))
-    assert np.array_equal(a.row, b.row)
+    other = mine_negatives(sim, split, 0.3, np.random.default_rng(8))
+    assert np.array_equal(a.row, b.row) and np.array_equal(a.is_random, b.is_random)
+    # the generator handed in is the one drawn from: another seed, other pairs and other random rows
+    assert (a.is_random != other.is_random).sum() > 100
+    both = a.is_random & other.is_random
+    assert (a.row[both] != other.row[both]).mean() > 0.9
+    assert rng.bit_generator.state != np.random.default_rng(7).bit_generator.state  # it was consumed
     assert abs(a.is_random.mean() - 0.3) < 0.04
     # hard negatives are closer than random ones on average
     assert a.distance[~a.is_random].mean() < a.distance[a.is_random].mean()
@@ -97,3 +104,25 @@ def test_the_random_draw_is_the_first_thing_mining_takes_from_the_rng():
     sim = np.random.default_rng(1).normal(size=(600, 4))
     mined = mine_negatives(sim, split, 0.4, np.random.default_rng(11), n_neighbors=2)
     np.testing.assert_array_equal(mined.is_random, np.random.default_rng(11).random(300) < 0.4)
+
+
+def test_mining_statistics_by_hand():
+    """The per-epoch mining statistics of metrics.jsonl, on four negatives: two random (distances 1 and 8) and two
+    hard (2 and 4); an epoch with no hard negative has no hard distance (NaN, without a warning)."""
+    import warnings
+
+    from biencoder.engine.negatives import MinedNegatives
+
+    mixed = MinedNegatives(row=np.array([5, 6, 7, 4]), is_random=np.array([True, False, False, True]),
+                           distance=np.array([1.0, 2.0, 4.0, 8.0]), rate=0.3)
+    assert mixed.stats() == {"random_rate": 0.3, "share_random": 0.5, "share_hard": 0.5, "neg_distance": 3.75,
+                             "neg_distance_hard": 3.0}
+    hard = MinedNegatives(row=np.array([5, 6]), is_random=np.array([False, False]), distance=np.array([1.0, 2.0]),
+                          rate=0.0)
+    assert hard.stats() == {"random_rate": 0.0, "share_random": 0.0, "share_hard": 1.0, "neg_distance": 1.5,
+                            "neg_distance_hard": 1.5}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns on the mean of nothing
+        stats = MinedNegatives(row=np.array([5, 6]), is_random=np.array([True, True]), distance=np.array([1.0, 2.0]),
+                               rate=1.0).stats()
+    assert stats["share_hard"] == 0.0 and stats["neg_distance"] == 1.5 and np.isnan(stats["neg_distance_hard"])

@@ -1,5 +1,6 @@
 """Resume after SIGKILL, logs that cannot lie, the NaN guard, safe checkpoint loading, offline model loading."""
 
+import ast
 import json
 import os
 import signal
@@ -14,6 +15,7 @@ import torch
 from biencoder.errors import ConfigError
 from biencoder.engine.state import RunFolderError, append_rows, read_metrics, truncate_metrics
 from biencoder.engine.epoch import Diverged
+from biencoder.engine.model import build_model
 from biencoder.engine.runner import run
 from conftest import FAST, REPO, compose_cfg
 
@@ -181,9 +183,49 @@ def test_checkpoints_are_loaded_weights_only(tmp_path):
         load_checkpoint(tmp_path / "best.pt")
 
 
-def test_no_remote_code_anywhere():
-    sources = "".join(p.read_text() for p in (REPO / "src" / "biencoder").glob("*.py"))
-    assert "trust_remote_code" not in sources
+def remote_code_mentions(source: str) -> list[int]:
+    """Lines of the module ``source`` that name ``trust_remote_code``: as a keyword argument whatever its value (a
+    variable included), a parameter, a variable, an attribute, or a string (a ``**{...}`` or ``getattr`` key)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        names = [getattr(node, field, None) for field in ("arg", "id", "attr")]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names.append(node.value.strip())
+        if "trust_remote_code" in names:
+            lines.append(getattr(node, "lineno", 0))
+    return lines
+
+
+@pytest.mark.parametrize("source", [
+    "AutoModel.from_pretrained(path, trust_remote_code=True)",
+    "flag = cfg.get('remote')\nAutoModel.from_pretrained(path, trust_remote_code=flag)",
+    "AutoModel.from_pretrained(path, **{'trust_remote_code': True})",
+    "def load(path, trust_remote_code=False):\n    pass",
+    "options = dict(trust_remote_code=True)",
+])
+def test_each_way_of_passing_remote_code_is_found(source):
+    assert remote_code_mentions(source) != []
+
+
+def test_no_remote_code_anywhere(monkeypatch):
+    """No module of the package, at any depth, names ``trust_remote_code``, and building either model passes it to
+    no ``transformers`` loader."""
+    import transformers
+
+    modules = sorted((REPO / "src" / "biencoder").rglob("*.py"))
+    # every sub-package is read (engine/ loads the models), not only the top level
+    assert {p.parent.name for p in modules} >= {"biencoder", "engine", "report"} and len(modules) >= 40
+    assert [f"{p.relative_to(REPO)}:{line}" for p in modules for line in remote_code_mentions(p.read_text())] == []
+
+    calls = []
+    for cls in (transformers.AutoTokenizer, transformers.AutoConfig, transformers.AutoModel):
+        for method in ("from_pretrained", "from_config"):
+            if hasattr(cls, method):
+                original = getattr(cls, method)
+                monkeypatch.setattr(cls, method, lambda *a, _orig=original, **k: calls.append(k) or _orig(*a, **k))
+    for model in ("tiny", "minilm"):
+        build_model(compose_cfg([f"model={model}"]).model, progress=False)
+    assert len(calls) >= 5 and not any(kwargs.get("trust_remote_code") for kwargs in calls), calls
 
 
 def test_local_model_runs_with_the_hub_offline(tmp_path):

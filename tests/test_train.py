@@ -189,9 +189,23 @@ def test_real_corpus_slice(real_root, tmp_path):
 
 
 def test_bf16_autocast_path_runs_on_cpu(tmp_path):
-    final = run(compose_cfg(FAST + ["trainer.precision=bf16", "trainer.max_epochs=1", "eval.tasks=false"]), tmp_path)
+    """trainer.precision=bf16 on the CPU: the run says bf16 and its linear layers did compute in bf16 (autocast)."""
+    seen = set()  # (the module's training mode, its output dtype) of every Linear call of the run
+
+    def record(module, inputs, output):
+        if isinstance(module, torch.nn.Linear):
+            seen.add((module.training, output.dtype))
+
+    handle = torch.nn.modules.module.register_module_forward_hook(record)
+    try:
+        final = run(compose_cfg(FAST + ["trainer.precision=bf16", "trainer.max_epochs=1", "eval.tasks=false"]),
+                    tmp_path)
+    finally:
+        handle.remove()
     rows = read_rows(tmp_path / "metrics.jsonl")
     assert final["status"] == "done" and np.isfinite(rows[0]["loss"]) and rows[0]["loss"] > 0
+    assert final["runtime"]["precision"] == "bf16"
+    assert {(True, torch.bfloat16), (False, torch.bfloat16)} <= seen  # training steps and evaluation alike
 
 
 @pytest.mark.slow
