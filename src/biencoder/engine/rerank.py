@@ -57,6 +57,15 @@ def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
     return mask
 
 
+def query_sample(n: int, size: int | None) -> np.ndarray | None:
+    """The queries a split of ``n`` pairs is evaluated on with ``eval.<split>_queries=size``: None (all of them) when
+    ``size`` is None or at least ``n``, else ``size`` indices of pairs drawn without replacement by a generator seeded
+    0, ascending: the same sample for every seed and cell of a study, so their curves, hits and baselines share it."""
+    if size is None or size >= n:
+        return None
+    return np.sort(np.random.default_rng(0).choice(n, size, replace=False))
+
+
 # -- rank metrics ---------------------------------------------------------------------------------------------------
 def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray) -> np.ndarray:
     """[Q] rank of each true counter given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns
