@@ -1,5 +1,6 @@
-"""Synthetic query → positive pairs for scale tests: ``train.jsonl``, ``val.jsonl`` and ``test.jsonl`` (one JSON object
-a line: ``anchor``, ``positive``, ``group``), made of generated words only (no third-party text), deterministic by seed.
+"""Synthetic query → positive pairs for scale tests: ``train.jsonl``, ``val.jsonl`` and ``test.jsonl`` (one JSON
+object a line: ``anchor``, ``positive``, ``group``), made of generated words only (no third-party text), deterministic
+by seed.
 
     python scripts/make_synthetic_pairs.py --pairs 30000 --out data/synthetic-30k [--seed 0]
 

@@ -41,8 +41,8 @@ def runs(tmp_path_factory):
     out = {}
     for name, extra in (("whole", []), ("sample", [f"eval.test_queries={TEST_SAMPLE}"])):
         folder = root / name
-        out[name] = folder, run(compose_cfg(FAST + ["+variant=ln", "eval.baselines=true", "trainer.max_epochs=1"] + extra),
-                                folder)
+        cfg = compose_cfg(FAST + ["+variant=ln", "eval.baselines=true", "trainer.max_epochs=1"] + extra)
+        out[name] = folder, run(cfg, folder)
     return out
 
 
