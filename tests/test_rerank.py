@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from biencoder.engine.model import Embeddings, TokenizedTexts, encode
-from biencoder.engine.rerank import (NONE, NonFiniteMargins, distances, pool_ranks, pool_shortlists, query_ranks,
-                                     retrieve, retrieve_rerank, shortlist_margins, shortlist_ranks)
+from biencoder.engine.rerank import (NONE, NonFiniteMargins, distances, fixed_pools, pool_ranks, pool_shortlists,
+                                     query_ranks, retrieve, retrieve_rerank, shortlist_margins, shortlist_ranks)
 from biencoder.engine.tasks import candidate_types, evaluate_tasks, task_masks
 from test_negatives import paired_split
 
@@ -62,14 +62,14 @@ def test_per_epoch_rerank_by_hand(line):
 def test_pool_ranks_by_hand(line):
     """The epa pool: the k reranked first, the rest of the pool after them by distance (ties count against)."""
     split, emb, model = line
-    ranks = pool_ranks(model, emb, split, {"all": per_epoch_pool(split)}, k=2)["all"]
+    ranks = pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=2)["all"]
     # q3: the k (C2, P2), then C1 (17) and P1 (20) are nearer than its counter C3 (29.5) → rank 2 + 2 + 1
     assert ranks.tolist() == [1, 1, 2, 5]
     metrics, hits = retrieve_rerank(model, emb, split, k=2)
     assert (ranks == 1).tolist() == hits.tolist()  # the per-epoch top-1 is the epa pool's
     # P0 moved to 0.5 ties C3 for q3 (both 29.5 away): a tie counts against the true counter
     emb.sim[0, 0] = 0.5
-    assert pool_ranks(model, emb, split, {"all": per_epoch_pool(split)}, k=2)["all"][3] == 6
+    assert pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=2)["all"][3] == 6
 
 
 def test_small_pools_ties_and_margin_ties_by_hand(line):
@@ -82,10 +82,10 @@ def test_small_pools_ties_and_margin_ties_by_hand(line):
     shortlists = pool_shortlists(distances(emb.sim, split.query), {"few": with_true}, k=3)["few"]
     # q0's pool has 2 members: a NONE place; q2: P1 and P3 are both 10 from P2, the lower row first
     assert shortlists.tolist() == [[4, 1, NONE], [5, 3, NONE], [6, 5, 1], [5, 7, 0]]
-    assert pool_ranks(model, emb, split, {"few": pools}, k=3)["few"].tolist() == [1, 1, 2, 1]
+    assert pool_ranks(model, emb, split, fixed_pools({"few": pools}), k=3)["few"].tolist() == [1, 1, 2, 1]
     # a margin tie counts against: P1 scored like C0 for q0
     emb.pooled[1, 0] = 1.0
-    assert pool_ranks(model, emb, split, {"few": pools}, k=3)["few"].tolist() == [2, 1, 2, 1]
+    assert pool_ranks(model, emb, split, fixed_pools({"few": pools}), k=3)["few"].tolist() == [2, 1, 2, 1]
     rank, in_k = shortlist_ranks(np.array([[4, 1], [0, 2]]), np.array([[1.0, 1.0], [0.0, 0.0]]), np.array([4, 5]))
     assert rank.tolist() == [2, 0] and in_k.tolist() == [True, False]
 
@@ -134,7 +134,7 @@ def test_nan_classifier_in_retrieve_rerank_names_the_split(line):
     with pytest.raises(NonFiniteMargins, match=r"^8 of 8 classifier margins on split train are not finite"):
         retrieve_rerank(model, emb, split, k=2, index="exact")
     with pytest.raises(NonFiniteMargins, match="on split train"):
-        pool_ranks(model, emb, split, {"all": per_epoch_pool(split)}, k=2)
+        pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=2)
 
 
 def test_nan_margins_stop_a_run_as_diverged(tmp_path, monkeypatch):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .corpus import PairedSplit
-from .search import NeighbourIndex
+from .search import SEARCH_BLOCK, NeighbourIndex
 
 
 def random_rate(epoch: int, start: float = 0.8, decay: float = 0.01) -> float:
@@ -58,7 +58,22 @@ def has_eligible(text_id: np.ndarray, banned: np.ndarray) -> np.ndarray:
 
 def _first_allowed(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
                    text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none."""
+    """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none.
+
+    A block of :data:`~biencoder.engine.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its own (the
+    search is row by row) and so is how far its k doubles, so the blocks change no row, and a text shared by many
+    pairs (whose queries need k ~ their count) costs [block, k], never [Q, k]."""
+    best = np.full(len(queries), -1)
+    dist = np.full(len(queries), np.inf)
+    for start in range(0, len(queries), SEARCH_BLOCK):
+        block = slice(start, start + SEARCH_BLOCK)
+        best[block], dist[block] = _first_allowed_block(tree, sim, queries[block], banned[block], text_id, k)
+    return best, dist
+
+
+def _first_allowed_block(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
+                         text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_first_allowed` of one block of queries: k neighbours, then 2k for the queries that found none, ..."""
     best = np.full(len(queries), -1)
     dist = np.full(len(queries), np.inf)
     todo = np.arange(len(queries))

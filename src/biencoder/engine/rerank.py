@@ -8,7 +8,9 @@ rescores it by its logit margin l1 − l0 (which orders pairs as P(positive) doe
 distances keep the lower row first; a candidate that ties the true counter ranks above it.
 
 * :func:`retrieve` finds the shortlists of the per-epoch pool with a :class:`NeighbourIndex` (``eval.index``);
-  :func:`pool_shortlists` those of arbitrary pools (the 8 tasks) from the full distance matrix.
+  :func:`pool_shortlists` those of arbitrary pools (the 8 tasks) from a block of queries' distances to every row.
+* No [Q, 2Q] matrix is held: whatever scores a query against every row does so for a block of queries at a time
+  (:func:`query_blocks`, at most :data:`BLOCK_CELLS` cells), so memory grows linearly with the split.
 * :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them.
 * :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``);
   :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.engine.tasks.evaluate_tasks`); the Retriever
@@ -17,14 +19,51 @@ distances keep the lower row first; a candidate that ties the true counter ranks
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 import torch
 
 from .corpus import PairedSplit
 from .model import BiModel, Embeddings, pair_margins
-from .search import NeighbourIndex
+from .search import SEARCH_BLOCK, NeighbourIndex
 
+#: the false candidates of a block of queries: (indices of pairs [B]) -> name -> [B, 2Q] bool (:func:`pool_ranks`)
+PoolMasks = Callable[[np.ndarray], dict[str, np.ndarray]]
 NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
+#: the most query × row cells scored at once. A block holds a few [B, 2Q] matrices (float64 distances, the 8 tasks'
+#: int8 types and bool masks), whatever the split's size: numpy peaked at 153 MB in the 8 tasks' rerank and 70 MB in
+#: the baselines (tests/test_blocks.py's 3000- and 6000-pair splits). A split of up to 1448 pairs (ArguAna's val and
+#: test, the demo) is one block: the whole [Q, 2Q] matrix at once
+BLOCK_CELLS = 1 << 22
+
+
+def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1) -> list[np.ndarray]:
+    """``range(n)`` in consecutive blocks of B indices (the last one shorter) for scoring B queries against ``width``
+    rows at once: B·width ≤ ``cells``, B at least 1 and a multiple of ``multiple`` (a block then starts at a multiple
+    of ``multiple · width`` cells: :func:`biencoder.engine.tasks.evaluate_tasks` keeps the classifier's batches where
+    one [Q, 2Q] pass had them). One block when n·width ≤ cells; one empty block when n = 0."""
+    size = max(1, cells // max(width, 1))
+    size = max(multiple, size - size % multiple)
+    return [np.arange(start, min(start + size, n)) for start in range(0, n, size)] or [np.arange(0)]
+
+
+def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
+    """[B, 2Q] bool: the false candidates of the per-epoch pool (= the epa task's) of the queries ``pairs`` [B]
+    (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true counter."""
+    pairs = np.asarray(pairs)
+    mask = split.is_candidate(np.broadcast_to(np.arange(len(split.table)), (len(pairs), len(split.table))), pairs)
+    mask[np.arange(len(pairs)), split.counter[pairs]] = False
+    return mask
+
+
+def query_sample(n: int, size: int | None) -> np.ndarray | None:
+    """The queries a split of ``n`` pairs is evaluated on with ``eval.<split>_queries=size``: None (all of them) when
+    ``size`` is None or at least ``n``, else ``size`` indices of pairs drawn without replacement by a generator seeded
+    0, ascending: the same sample for every seed and cell of a study, so their curves, hits and baselines share it."""
+    if size is None or size >= n:
+        return None
+    return np.sort(np.random.default_rng(0).choice(n, size, replace=False))
 
 
 class NonFiniteMargins(ValueError):
@@ -75,9 +114,18 @@ def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree
     extra = 1 + int(split.twins_of_true_counter().max())  # the query itself and its true counter's twins
     k = min(k, len(sim) - extra)
     sim = np.asarray(sim, dtype=np.float64)
-    dist, rows = NeighbourIndex(sim, index, device).query(sim[split.query[pairs]], k + extra)
-    # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
-    return first_kept(rows, dist, split.is_candidate(rows, pairs), k)
+    tree = NeighbourIndex(sim, index, device)
+    rows, dist = [], []
+    # a block of queries at a time: each query's neighbours are its own (both indexes search row by row), and the
+    # k + extra of a block are dropped to k before the next, so a text shared by many pairs (extra ~ Q) costs
+    # [SEARCH_BLOCK, k + extra], never [Q, k + extra]
+    for block in query_blocks(len(pairs), 1, SEARCH_BLOCK):
+        d, r = tree.query(sim[split.query[pairs[block]]], k + extra)
+        # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
+        r, d = first_kept(r, d, split.is_candidate(r, pairs[block]), k)
+        rows.append(r)
+        dist.append(d)
+    return np.concatenate(rows), np.concatenate(dist)
 
 
 def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -186,31 +234,46 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
     return metrics, hits
 
 
-def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: dict[str, np.ndarray], k: int = 10,
-               space: str = "sim", batch_size: int = 4096, device="cpu") -> dict[str, np.ndarray]:
+def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolMasks, k: int = 10, space: str = "sim",
+               batch_size: int = 4096, device="cpu", cells: int = BLOCK_CELLS) -> dict[str, np.ndarray]:
     """Per pool, [Q] the rank of each query's true counter when its pool is retrieved, then reranked: the k
     nearest (true counter included) by their margins, the rest after them by distance (ties count against).
 
-    ``pools``: name → [Q, 2Q] bool, the false candidates of each query (the 8 tasks' :func:`task_masks`).
+    ``pools(pairs)``: for the queries ``pairs`` [B] (indices of pairs), name → [B, 2Q] bool, the false candidates of
+    each (the 8 tasks': :class:`biencoder.engine.tasks.TaskPools`; :func:`fixed_pools` wraps whole [Q, 2Q] masks).
+    It is called once per block of queries (:func:`query_blocks`, at most ``cells`` cells): the distances, masks and
+    the count of pool members ahead of the true counter live for one block; only the [Q, k] shortlists outlive it, and
+    they are reranked in one classifier pass, as one [Q, 2Q] pass would.
     """
-    q, true, every = split.query, split.counter, np.arange(split.n_pairs)
-    dist = distances(emb.retrieval(space), q)
-    with_true = {}
-    for name, mask in pools.items():
-        with_true[name] = mask.copy()
-        with_true[name][every, true] = True
-    shortlists = pool_shortlists(dist, with_true, k)
-    margins = shortlist_margins(model, emb, q, list(shortlists.values()), batch_size, device)
-    true_dist = dist[every, true][:, None]
+    vectors = emb.retrieval(space).double()  # distances() reads it as it is, once for every block
+    shortlists: dict[str, list[np.ndarray]] = {}
+    behind: dict[str, list[np.ndarray]] = {}
+    for pairs in query_blocks(split.n_pairs, len(split.table), cells):
+        masks, true, at = pools(pairs), split.counter[pairs], np.arange(len(pairs))
+        dist = distances(vectors, split.query[pairs])
+        true_dist = dist[at, true][:, None]
+        for name, mask in masks.items():
+            with_true = mask.copy()
+            with_true[at, true] = True
+            [rows] = pool_shortlists(dist, {name: with_true}, k).values()
+            listed = np.zeros_like(mask)
+            np.put_along_axis(listed, np.where(rows == NONE, true[:, None], rows), True, axis=1)
+            shortlists.setdefault(name, []).append(rows)
+            # not in the shortlist: after all of it, then by distance among the rest of the pool
+            behind.setdefault(name, []).append(
+                (rows != NONE).sum(axis=1) + 1 + (mask & ~listed & (dist <= true_dist)).sum(axis=1))
+    rows_of = {name: np.concatenate(parts) for name, parts in shortlists.items()}
+    margins = shortlist_margins(model, emb, split.query, list(rows_of.values()), batch_size, device)
     ranks = {}
-    for (name, rows), m in zip(shortlists.items(), margins):
-        rank, in_k = shortlist_ranks(rows, m, true, split.name)
-        listed = np.zeros_like(pools[name])
-        np.put_along_axis(listed, np.where(rows == NONE, true[:, None], rows), True, axis=1)
-        # not in the shortlist: after all of it, then by distance among the rest of the pool
-        behind = (rows != NONE).sum(axis=1) + 1 + (pools[name] & ~listed & (dist <= true_dist)).sum(axis=1)
-        ranks[name] = np.where(in_k, rank, behind)
+    for (name, rows), m in zip(rows_of.items(), margins):
+        rank, in_k = shortlist_ranks(rows, m, split.counter, split.name)
+        ranks[name] = np.where(in_k, rank, np.concatenate(behind[name]))
     return ranks
+
+
+def fixed_pools(masks: dict[str, np.ndarray]) -> PoolMasks:
+    """:func:`pool_ranks`'s ``pools`` from whole masks (name → [Q, 2Q] bool): each block reads its rows."""
+    return lambda pairs: {name: mask[pairs] for name, mask in masks.items()}
 
 
 def query_groups(seen: np.ndarray) -> dict[str, np.ndarray]:

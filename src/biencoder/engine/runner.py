@@ -35,7 +35,7 @@ from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
 from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, eval_mode,
                     is_encoder_weight, pooled_vectors)
-from .rerank import NonFiniteMargins, query_groups, retrieve, retrieve_rerank, seen_unseen
+from .rerank import NonFiniteMargins, query_groups, query_sample, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder, claim, release
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
 from .schema import flags_name, selection, untrained_classifier_note
@@ -117,13 +117,17 @@ class Runner:
         return fingerprint, pooled, {}
 
     def _eval_pairs(self) -> dict[str, np.ndarray | None]:
-        """The queries evaluated per epoch: all (None), or for train a fixed sample of ``eval.train_queries`` (the same
-        for every seed and cell, so train curves stay comparable); mining always uses every training pair."""
-        n_train, sample = self.splits["train"].n_pairs, self.cfg.eval.train_queries
-        pairs = {name: None for name in SPLITS}
-        if sample is not None and sample < n_train:
-            pairs["train"] = np.sort(np.random.default_rng(0).choice(n_train, sample, replace=False))
-        return pairs
+        """The queries evaluated per epoch, per split: all (None), or a fixed sample of ``eval.<split>_queries``
+        (:func:`rerank.query_sample`: the same for every seed and cell, so curves stay comparable). Mining always uses
+        every training pair, the pools stay whole splits, and the 8 tasks at the end score every query."""
+        return {name: query_sample(self.splits[name].n_pairs, self.cfg.eval.get(f"{name}_queries")) for name in SPLITS}
+
+    @property
+    def eval_seen(self) -> np.ndarray:
+        """[P] bool: :attr:`test_seen` of the test queries evaluated per epoch (all, or ``eval.test_queries``): what the
+        per-epoch test numbers, ``test_hits.npy`` and the baselines are split into unseen and seen by."""
+        pairs = self.eval_pairs["test"]
+        return self.test_seen if pairs is None else self.test_seen[pairs]
 
     def _zero_shot(self) -> dict[str, torch.Tensor] | None:
         """The untrained encoder's pooled val/test vectors, for the zero-shot baseline in the summary (rank 0, when
@@ -159,7 +163,7 @@ class Runner:
         except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
             raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
         if name == "test":
-            metrics.update(seen_unseen(hits, self.test_seen))
+            metrics.update(seen_unseen(hits, self.eval_seen))
         if self.selection["metric"] == "retrieval_top1":
             hits = rows[:, 0] == split.counter[np.arange(split.n_pairs) if pairs is None else pairs]
         return metrics, hits
@@ -185,12 +189,13 @@ class Runner:
 
     def baselines(self) -> dict:
         """Top-1 of the zero-shot encoder's cosine and of TF-IDF on val and test (:func:`tasks.baseline_ranks`): the
-        same queries and pools as the per-epoch top-1 (the epa task), with the unseen/seen split on test."""
+        same queries (``eval.val_queries`` / ``eval.test_queries``) and pools as the per-epoch top-1 (the epa task),
+        with the unseen/seen split on test."""
         out = {}
         for name in ("val", "test"):
-            groups = query_groups(self.test_seen) if name == "test" else {}
+            groups = query_groups(self.eval_seen) if name == "test" else {}
             out[name] = {}
-            for score, ranks in baseline_ranks(self.splits[name], self.zero_shot[name]).items():
+            for score, ranks in baseline_ranks(self.splits[name], self.zero_shot[name], self.eval_pairs[name]).items():
                 hits = ranks == 1
                 out[name][score] = {"top1": float(hits.mean()), "queries": len(hits), **{
                     f"top1_{group}": float(hits[mask].mean()) if mask.any() else None for group, mask in groups.items()}}
@@ -274,6 +279,10 @@ class Runner:
             log.info("data.dedup=false: the official splits; %d of %d test queries share a text with a training "
                      "or validation pair (reported as seen/unseen)", self.overlap["test_queries_seen"],
                      len(self.test_seen))
+        for name, pairs in self.eval_pairs.items():
+            if pairs is not None:
+                log.info("per-epoch %s metrics on a fixed sample of %d of its %d queries (eval.%s_queries)", name,
+                         len(pairs), self.splits[name].n_pairs, name)
 
     def _fit(self, state: dict | None) -> dict | None:
         start = time.time()
@@ -384,8 +393,10 @@ class Runner:
                 run={"retrieve": cfg.eval.retrieve, "k": int(cfg.eval.k), "data": cfg.data.name,
                      "dedup": bool(cfg.data.dedup), "variant": self.variant, "seed": int(cfg.seed)})
         final["wall_time_s"] = round(time.time() - start, 2)
-        self.folder.finish(final, {"test_hits": best["hits"], "test_seen": self.test_seen}, checkpoint,
-                           keep_last=cfg.trainer.keep_last)
+        arrays = {"test_hits": best["hits"], "test_seen": self.eval_seen}
+        if self.eval_pairs["test"] is not None:  # which test pairs the hits are of (eval.test_queries)
+            arrays["test_queries"] = self.eval_pairs["test"]
+        self.folder.finish(final, arrays, checkpoint, keep_last=cfg.trainer.keep_last)
         self.tracker.finish(final)
         return final
 

@@ -184,8 +184,12 @@ class EvalSchema:
     # block's leftover rows in another way: 256 and 1024 gave the same numbers to the bit on the 2-core VM)
     pair_batch_size: Optional[int] = None
     index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree
-    # per-epoch train metrics on a fixed sample of N train queries (pool: the whole split); null = all
+    # per-epoch metrics of a split on a fixed sample of N of its queries (rerank.query_sample: the same for every seed
+    # and cell; the pool stays the whole split); null = all. train: the train curve (mining always uses every pair);
+    # val: also the choice of the best epoch; test: also test_hits.npy, the unseen/seen split and the baselines
     train_queries: Optional[int] = None
+    val_queries: Optional[int] = None
+    test_queries: Optional[int] = None
     checkpoint: Optional[str] = None  # evaluate app: a run folder or a best.pt
     split: str = "test"  # evaluate app: val | test
     output: Optional[str] = None  # evaluate app: JSON path (default: <output dir>/eval.json)

@@ -18,6 +18,9 @@ from .schema import INDEXES  # the choices, owned by the schema (validate checks
 #: extra float32 neighbours re-ranked in float64: float32 rounding moves a distance by ~1e-6 relative, far less than
 #: the gap between the k-th and the (k + 16)-th neighbour
 SHORTLIST_EXTRA = 16
+#: queries per :meth:`NeighbourIndex.query` call where the caller keeps the neighbours a while (mining, the per-epoch
+#: retrieval): they hold [SEARCH_BLOCK, k] at a time, never [Q, k] (k can grow with a text shared by many pairs)
+SEARCH_BLOCK = 4096
 
 
 class NeighbourIndex:

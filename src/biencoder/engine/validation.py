@@ -176,8 +176,9 @@ def _eval(cfg: DictConfig) -> None:
     _positive(cfg, "eval.every")
     if cfg.eval.pair_batch_size is not None:
         _positive(cfg, "eval.pair_batch_size")
-    if cfg.eval.train_queries is not None:
-        _positive(cfg, "eval.train_queries")
+    for split in ("train", "val", "test"):
+        if cfg.eval[f"{split}_queries"] is not None:
+            _positive(cfg, f"eval.{split}_queries")
     _choice(cfg, "eval.score", SCORES)
 
 

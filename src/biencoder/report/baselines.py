@@ -22,6 +22,7 @@ import torch
 from ..engine.corpus import read_corpus
 from ..engine.model import build_model, pooled_vectors
 from ..engine.runtime import set_seed_everywhere
+from ..engine.rerank import query_sample
 from ..engine.tasks import BASELINES, baseline_ranks
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
@@ -45,17 +46,18 @@ def _group(run: Run, prefix: str) -> dict:
 
 
 def _key(run: Run) -> str:
-    """What a run's baselines depend on: its data and model settings (not the head) and, for a randomly initialised
-    encoder, its seed."""
+    """What a run's baselines depend on: its data and model settings (not the head), its sample of test queries
+    (``eval.test_queries``) and, for a randomly initialised encoder, its seed."""
     model = {k: v for k, v in _group(run, "model.").items() if k != "head"}
     seeded = bool(model["encoder"].get("random_init"))
-    return json.dumps([_group(run, "data."), model, run.seed if seeded else None], sort_keys=True, default=str)
+    return json.dumps([_group(run, "data."), model, run.flat.get("eval.test_queries"), run.seed if seeded else None],
+                      sort_keys=True, default=str)
 
 
 def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None, data_root: str | None = None,
                   encoder: str | None = None) -> dict[str, np.ndarray]:
-    """``{"encoder_cosine": [Q] bool, "tfidf": [Q] bool}``: whether each test query of ``run``'s split has its true
-    counter first under the baseline. ``memo`` (key: :func:`_key`) shares the work between runs. ``data_root`` and
+    """``{"encoder_cosine": [P] bool, "tfidf": [P] bool}``: whether each test query of ``run``'s split (all, or its
+    ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo`` (key: :func:`_key`) shares the work between runs. ``data_root`` and
     ``encoder`` replace the run's ``data.root`` and ``model.encoder.name_or_path`` (runs copied from another
     machine, whose paths do not exist here)."""
     memo = {} if memo is None else memo
@@ -69,7 +71,8 @@ def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None
         model, tokenizer = build_model(model_cfg, progress=False)
         with torch.no_grad():
             pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], run.flat["trainer.cache_dir"])
-        memo[key] = {name: ranks == 1 for name, ranks in baseline_ranks(split, pooled).items()}
+        pairs = query_sample(split.n_pairs, run.flat.get("eval.test_queries"))  # the run's own test queries
+        memo[key] = {name: ranks == 1 for name, ranks in baseline_ranks(split, pooled, pairs).items()}
     return memo[key]
 
 

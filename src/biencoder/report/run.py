@@ -48,8 +48,7 @@ def summary_text(final: dict, out_dir: Path) -> str:
                  "this run's queries (nothing about other seeds)"
                  + ("; zero-shot / TF-IDF: the untrained encoder's cosine and TF-IDF top-1 on the same queries "
                     "and pools" if baselines else "")
-                 + (". The train row uses a fixed sample of the training queries (eval.train_queries)."
-                    if final["best"]["train"]["queries"] < final.get("pairs", {}).get("train", 0) else "."))
+                 + _sample_note(final))
     test, overlap = final["best"]["test"], final.get("overlap", {})
     if "queries_unseen" in test:
         shown = lambda v: "–" if v is None else f"{v:.3f}"
@@ -62,6 +61,19 @@ def summary_text(final: dict, out_dir: Path) -> str:
         lines.append(format_tasks({n: final["tasks"][n] for n in ("val", "test")}))
     lines.append(f"run folder: {out_dir}")
     return "\n".join(lines)
+
+
+def _sample_note(final: dict) -> str:
+    """The end of the metrics' legend: which rows are on a fixed sample of their split's queries, and of how many."""
+    pairs = final.get("pairs", {})
+    sampled = [(name, m["queries"], pairs[name]) for name, m in final["best"].items()
+               if m["queries"] < pairs.get(name, 0)]
+    if not sampled:
+        return "."
+    listed = ", ".join(f"{name} {n} of {of} (eval.{name}_queries)" for name, n, of in sampled)
+    test = any(name == "test" for name, _, _ in sampled)
+    return (f". Rows on a fixed sample of their split's queries, the same for every seed and cell: {listed}"
+            + ("; the test baselines and the unseen/seen split are on the same sample" if test else "") + ".")
 
 
 def format_tasks(results: dict[str, dict[str, dict]]) -> str:

@@ -1,0 +1,308 @@
+"""How the frozen path grows with the data: an epoch by phase, the peak memory, and the growth exponents, on synthetic
+pair files of N pairs (``scripts/make_synthetic_pairs.py``; 60 / 20 / 20 % train / val / test).
+
+    python scripts/bench_scale.py --sizes 10000 30000 100000 [--epochs 2] [--threads 2] [--sample 2000]
+
+Each size runs in a fresh process (its own peak memory), through the runner's own epoch (:class:`Runner`, timed by its
+:attr:`~biencoder.engine.runner.Runner.phase` hook, as ``scripts/bench.py`` does): ``model=tiny`` with a frozen encoder
+(the pooled vectors computed once into ``--cache-dir``), ``eval.tasks=false`` (the 8 tasks are ArguAna's),
+``eval.baselines=true``. The data are read by ``data=pairs`` where this checkout has that reader
+(``conf/data/pairs.yaml``), else built into :class:`PairedSplit` tables here (``--reader direct``): the anchor is the
+query row, the positive its true counter, the group both rows' debate and theme, text ids by equal text, and the
+deduplication rule of :meth:`Corpus.deduplicated` (test untouched; val, then train, lose the pairs that share a text
+with a later split).
+
+Per phase: wall and CPU seconds (the mean of the epochs after the first, which warms caches and allocators; with
+``--epochs 1`` the one epoch), the process's resident-memory high-water mark during it (``VmHWM`` of
+``/proc/self/status``, reset before each phase through ``/proc/self/clear_refs``) and how far it rose over the phase.
+The growth exponent of a phase is the slope of log(seconds) on log(N), least squares over the sizes, on CPU seconds
+(steadier than wall seconds on a shared machine): 1 is linear, 2 quadratic. ``--sample Q`` adds a second run per size
+with ``eval.train_queries``, ``eval.val_queries`` and ``eval.test_queries`` = Q: what a user sets when the per-epoch
+evaluation grows too slow.
+Results: a table per run, then one JSON line per run (``--json`` writes them to a file too).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SPLITS = ("train", "val", "test")
+
+
+# -- memory -----------------------------------------------------------------------------------------------------------
+def status_kb(field: str) -> int:
+    """A ``kB`` field of ``/proc/self/status`` (``VmHWM``, ``VmRSS``); 0 where there is none (not Linux)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def reset_peak() -> bool:
+    """Reset this process's ``VmHWM`` to its current resident size (Linux ≥ 4.0); False where it cannot."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class PhaseMeter:
+    """Per phase name: wall and CPU seconds (summed over calls), the peak resident MB while it ran and how far that
+    peak rose above the resident MB it started at (``grew_mb``; maxed over calls); and the process's peak over
+    everything measured (``overall_mb``). Used as :attr:`Runner.phase`; phases nest (an epoch holds its phases)."""
+
+    def __init__(self):
+        self.wall, self.cpu, self.peak_mb, self.grew_mb, self.overall_mb = {}, {}, {}, {}, 0.0
+        self.open: list[float] = []  # the peaks of the enclosing phases so far, innermost last
+
+    def __call__(self, name: str, fn):
+        peak_so_far = status_kb("VmHWM") / 1024
+        self.overall_mb = max(self.overall_mb, peak_so_far)
+        if self.open:  # the enclosing phase's peak until now, before the reset forgets it
+            self.open[-1] = max(self.open[-1], peak_so_far)
+        reset_peak()
+        start_mb = status_kb("VmRSS") / 1024
+        self.open.append(0.0)
+        begin, begin_cpu = time.perf_counter(), time.process_time()
+        result = fn()
+        wall, cpu = time.perf_counter() - begin, time.process_time() - begin_cpu
+        peak = max(self.open.pop(), status_kb("VmHWM") / 1024)
+        if self.open:
+            self.open[-1] = max(self.open[-1], peak)
+        self.wall[name] = self.wall.get(name, 0.0) + wall
+        self.cpu[name] = self.cpu.get(name, 0.0) + cpu
+        self.peak_mb[name] = max(self.peak_mb.get(name, 0.0), peak)
+        self.grew_mb[name] = max(self.grew_mb.get(name, 0.0), peak - start_mb)
+        self.overall_mb = max(self.overall_mb, peak)
+        return result
+
+
+# -- data -------------------------------------------------------------------------------------------------------------
+def synthetic_folder(data_dir: Path, n_pairs: int, seed: int) -> Path:
+    """``<data_dir>/synthetic-<N>-s<seed>/`` with train/val/test.jsonl, generated when absent."""
+    folder = data_dir / f"synthetic-{n_pairs}-s{seed}"
+    if not all((folder / f"{name}.jsonl").exists() for name in SPLITS):
+        subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_pairs.py"), "--pairs", str(n_pairs),
+                        "--out", str(folder), "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
+    return folder
+
+
+def direct_splits(folder: Path, dedup: bool = True):
+    """(an object with ``dropped``, {split: PairedSplit}) from the pair files of ``folder``, without a reader."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from biencoder.engine.corpus import PairedSplit
+
+    rows = {name: pd.read_json(folder / f"{name}.jsonl", lines=True) for name in SPLITS}
+    dropped = {name: 0 for name in SPLITS}
+    if dedup:  # Corpus.deduplicated's rule: test untouched, val loses test's texts, train val's and test's
+        banned: set[str] = set()
+        for name in ("test", "val", "train"):
+            frame = rows[name]
+            keep = ~(frame["anchor"].isin(banned) | frame["positive"].isin(banned))
+            dropped[name] = int((~keep).sum())
+            rows[name] = frame[keep].reset_index(drop=True)
+            banned |= set(frame["anchor"]) | set(frame["positive"])
+    splits = {}
+    for name, frame in rows.items():
+        q = len(frame)
+        group = np.tile(frame["group"].astype(str).to_numpy(), 2)
+        table = pd.DataFrame({"theme": group, "debate": group, "stance": "pro",
+                              "kind": ["point"] * q + ["counter"] * q,
+                              "text": frame["anchor"].tolist() + frame["positive"].tolist(),
+                              "pair_id": [f"{name}{i:06d}" for i in range(q)] * 2})
+        table["text_id"] = pd.factorize(table["text"])[0]
+        splits[name] = PairedSplit(name=name, table=table)
+    return SimpleNamespace(dropped=dropped), splits
+
+
+def has_pairs_reader() -> bool:
+    return (REPO / "conf" / "data" / "pairs.yaml").exists()
+
+
+def compose_config(overrides: list[str]):
+    """The real configs of ``conf/`` composed with ``overrides`` and validated, as a run's are."""
+    from hydra import compose, initialize_config_dir
+
+    from biencoder.engine.validation import validate
+    from biencoder.hydra_glue import register
+
+    register()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose("config", list(overrides))
+    validate(cfg)
+    return cfg
+
+
+# -- one size, in its own process -------------------------------------------------------------------------------------
+def run_one(args) -> dict:
+    """One run of ``args.pairs`` pairs: the per-phase table of its epochs after the first, and its set-up."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from biencoder.engine import runner as runner_module
+
+    meter = PhaseMeter()
+    folder = meter("generate", lambda: synthetic_folder(args.data_dir, args.pairs, args.seed))
+    overrides = ["model=tiny", "model.encoder.freeze=true", f"trainer.cache_dir={args.cache_dir}",
+                 f"trainer.max_epochs={args.epochs}", "trainer.progress=false", "eval.tasks=false",
+                 "eval.baselines=true", f"seed={args.seed}"]
+    if args.sample:
+        overrides += [f"eval.{name}_queries={args.sample}" for name in SPLITS]
+    reader = "pairs" if args.reader == "auto" and has_pairs_reader() else args.reader
+    if reader == "pairs":
+        overrides += ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
+    else:
+        read = meter("read", lambda: direct_splits(folder))
+        runner_module.run_splits = lambda data: read  # what the runner would get from a pairs reader
+    cfg = compose_config(overrides)
+    out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
+    runner = meter("set-up", lambda: runner_module.Runner(cfg, out))
+    runner.phase = meter
+    start = time.time()
+    _, best, train_sim = meter("begin", runner.begin)
+    once = {"wall": dict(meter.wall), "cpu": dict(meter.cpu)}  # generate, read, set-up, begin
+    epoch_wall = []
+    for epoch in range(args.epochs):
+        if epoch == 1:
+            meter.wall, meter.cpu = {}, {}  # epoch 0 warms caches and allocators: its times are not the measure
+        begin = time.perf_counter()
+        train_sim, best = meter("epoch", lambda: runner.run_epoch(epoch, train_sim, best))
+        epoch_wall.append(time.perf_counter() - begin)
+    timed = max(1, args.epochs - 1)
+    phases = {kind: {k: v / timed for k, v in getattr(meter, kind).items()} for kind in ("wall", "cpu")}
+    baselines = runner.baselines
+    runner.baselines = lambda: meter("baselines", baselines)
+    final = runner._finish(best, start)
+    for kind in ("wall", "cpu"):
+        once[kind]["baselines"] = getattr(meter, kind)["baselines"]
+    return {"pairs": args.pairs, "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
+            "reader": reader, "sample": args.sample, "threads": torch.get_num_threads(), "epochs": args.epochs,
+            "phases": phases, "once": once, "peak_mb": meter.peak_mb, "grew_mb": meter.grew_mb,
+            "overall_peak_mb": meter.overall_mb, "epoch_wall": epoch_wall, "loadavg": list(os.getloadavg()),
+            "top1": {n: final["best"][n]["top1"] for n in SPLITS},
+            "baselines": {n: {s: v["top1"] for s, v in final["baselines"][n].items()} for n in ("val", "test")}}
+
+
+# -- the driver -------------------------------------------------------------------------------------------------------
+def exponent(sizes: list[int], seconds: list[float]) -> float | None:
+    """Least-squares slope of log(seconds) on log(sizes); None with fewer than 2 positive points."""
+    import numpy as np
+
+    points = [(math.log(n), math.log(s)) for n, s in zip(sizes, seconds) if s and s > 0]
+    if len(points) < 2:
+        return None
+    x, y = np.array(points).T
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def evaluation_s(result: dict, kind: str = "cpu") -> float:
+    """The per-epoch evaluation's seconds: encode and retrieve + rerank of every split."""
+    return sum(v for k, v in result["phases"][kind].items() if k.startswith(("encode ", "retrieve+rerank ")))
+
+
+def data_rise_mb(result: dict) -> float:
+    """The largest rise of resident memory over a phase of the epoch or the baselines: what the data path adds on top
+    of what the process holds (the model, the splits, their vectors)."""
+    return max(v for k, v in result["grew_mb"].items() if k not in ("generate", "read", "set-up", "begin"))
+
+
+def print_run(result: dict) -> None:
+    sizes = "/".join(str(result["split_pairs"][n]) for n in SPLITS)
+    sample = f", eval.*_queries={result['sample']}" if result["sample"] else ""
+    load = " ".join(f"{v:.1f}" for v in result["loadavg"])
+    print(f"\n{result['pairs']} pairs (train/val/test {sizes}; reader {result['reader']}{sample}; "
+          f"{result['threads']} threads; load average after the run {load})")
+    print(f"   {'phase':<30} {'wall s':>9} {'CPU s':>9} {'peak RSS MB':>12} {'rise MB':>9}")
+    for table, label in ((result["phases"], "per epoch"), (result["once"], "once")):
+        for name, seconds in table["wall"].items():
+            print(f"   {name + (' (once)' if label == 'once' else ''):<30} {seconds:>9.2f} {table['cpu'][name]:>9.2f} "
+                  f"{result['peak_mb'].get(name, 0):>12.0f} {result['grew_mb'].get(name, 0):>9.0f}")
+    print(f"   {'process peak':<30} {'':>9} {'':>9} {result['overall_peak_mb']:>12.0f}")
+    top1 = " / ".join(f"{result['top1'][n]:.3f}" for n in SPLITS)
+    print(f"   top1 train/val/test {top1}; test baselines "
+          + ", ".join(f"{k} {v:.3f}" for k, v in result["baselines"]["test"].items()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 30000, 100000], help="pairs (all splits)")
+    parser.add_argument("--epochs", type=int, default=2,
+                        help="epochs per run; with 2 or more the first is a warm-up, not timed (default 2)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    parser.add_argument("--sample", type=int, default=0,
+                        help="also run every size with eval.{train,val,test}_queries=SAMPLE")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reader", choices=("auto", "pairs", "direct"), default="auto",
+                        help="data=pairs (auto: when conf/data/pairs.yaml exists) or PairedSplit tables built here")
+    parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic")
+    parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic-cache",
+                        help="embedding cache of the synthetic texts (kept apart from ~/.cache/biencoder)")
+    parser.add_argument("--json", type=Path, help="also write the JSON lines here")
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one size in this process
+    parser.add_argument("--one-sample", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.epochs < 1:
+        print(f"--epochs {args.epochs}: use at least 1", file=sys.stderr)
+        return 2
+    if args.one is not None:
+        args.pairs, args.sample = args.one, args.one_sample
+        print("RESULT " + json.dumps(run_one(args)))
+        return 0
+    results = []
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
+    for sample in [0] + ([args.sample] if args.sample else []):
+        for n in args.sizes:
+            cmd = [sys.executable, __file__, "--one", str(n), "--one-sample", str(sample), "--epochs", str(args.epochs),
+                   "--threads", str(args.threads), "--seed", str(args.seed), "--reader", args.reader,
+                   "--data-dir", str(args.data_dir), "--cache-dir", str(args.cache_dir)]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode or not lines:
+                print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
+                print(f"{n} pairs: the run failed (exit {done.returncode})", file=sys.stderr)
+                return 1
+            results.append(json.loads(lines[-1][len("RESULT "):]))
+            print_run(results[-1])
+    print("\ngrowth exponents: slope of log(seconds) on log(N), CPU (wall); of log(MB) for the memory rise")
+    for sample in sorted({r["sample"] for r in results}):
+        group = [r for r in results if r["sample"] == sample]
+        if len(group) < 2:
+            continue
+        sizes = [r["pairs"] for r in group]
+        label = f"eval.*_queries={sample}" if sample else "every query"
+        for name, get in (("mine", lambda r, k: r["phases"][k].get("mine")),
+                          ("train", lambda r, k: r["phases"][k].get("train")),
+                          ("per-epoch evaluation", lambda r, k: evaluation_s(r, k)),
+                          ("epoch", lambda r, k: r["phases"][k].get("epoch")),
+                          ("baselines", lambda r, k: r["once"][k].get("baselines"))):
+            cpu, wall = (exponent(sizes, [get(r, kind) for r in group]) for kind in ("cpu", "wall"))
+            shown = lambda v: "n/a" if v is None else f"{v:.2f}"
+            print(f"   {label:<24} {name:<22} {shown(cpu)} ({shown(wall)})")
+        rise = exponent(sizes, [data_rise_mb(r) for r in group])
+        print(f"   {label:<24} {'memory rise (data path)':<22} {'n/a' if rise is None else f'{rise:.2f}'}")
+    lines = [json.dumps(r) for r in results]
+    print("\n" + "\n".join(lines))
+    if args.json:
+        args.json.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
