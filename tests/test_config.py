@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
 
 from biencoder.engine.schema import packaged_minilm_path
 from biencoder.engine.validation import validate
@@ -49,12 +50,11 @@ def test_unknown_variant_fails_at_composition():
     ("trainer.precision=fp16", "trainer.precision"),
     ("negatives.index=faiss", "negatives.index"),
     ("loss.name=focal", "loss.name"),
-    ("loss.scale=0", "loss.scale"),
+    ("loss=infonce loss.scale=0", "loss.scale"),
     ("loss.ce_weight=-1", "loss.ce_weight"),
-    # a key of the other loss would be silently ignored
-    ("loss.margin=0.5 loss=infonce", "loss.margin"),
-    ("loss.scale=10", "loss.scale"),
     ("+loss.temperature=0.05", "loss.temperature"),  # + lets it past the schema, not past validate
+    ("loss=infonce +loss.margin=0.5", "loss.margin"),  # ... nor a key of the other loss past validate
+    ("loss.name=infonce", "loss.name"),  # the name does not switch the option: loss=infonce does
 ])
 def test_bad_values_are_named(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -84,10 +84,15 @@ def test_typo_in_a_config_file_fails_at_composition(tmp_path):
 
     conf = shutil.copytree(CONF, tmp_path / "conf")
     (conf / "variant" / "typo.yaml").write_text("# @package _global_\nmodel:\n  head:\n    use_layrnorm: true\n")
+    compose_cfg()  # registers the schema, the loss options and the resolvers
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
         with pytest.raises(ConfigCompositionException) as err:
             compose(config_name="config", overrides=["+variant=typo"])
     assert "use_layrnorm" in str(err.value.__cause__ or err.value)
+    from biencoder.hydra_glue import _one_line
+
+    assert _one_line(err.value).startswith("In 'variant/typo': unknown config key model.head.use_layrnorm (did you "
+                                           "mean model.head.use_layernorm?)")
 
 
 def test_max_length_above_the_encoder_limit_is_named():
@@ -148,3 +153,57 @@ def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
     cfg = compose_cfg([f"+experiment={preset}", "+variant=relu", f"data.root={tmp_path}"])
     validate(cfg)
     assert {k: OmegaConf.select(cfg, k) for k in expect} == expect
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["loss=triplet_ce", "loss.scale=10"],
+     "loss.scale is a key of loss=infonce, not of loss=triplet_ce: drop it, or pick loss=infonce"),
+    (["loss=infonce", "loss.margin=0.5"],
+     "loss.margin is a key of loss=triplet_ce, not of loss=infonce: drop it, or pick loss=triplet_ce"),
+    (["loss=infonce", "loss.scal=10"],
+     "unknown config key loss.scal (did you mean loss.scale?): fix its spelling, or see every key with --cfg job"),
+])
+def test_a_key_of_the_other_loss_is_refused_by_composition_in_one_line(overrides, line):
+    """Each loss is its own option of the group (a dataclass): a key it does not read is no key of the config, so
+    it cannot be silently ignored; the one line names the key and both losses."""
+    from hydra.errors import ConfigCompositionException
+
+    from biencoder.hydra_glue import _one_line
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(overrides)
+    assert _one_line(err.value) == line
+
+
+def test_a_plain_config_is_checked_against_its_losss_option():
+    """Without Hydra: a plain DictConfig (no dataclass behind it to refuse anything) is refused by validate when it
+    holds a key of another loss; a structured one switches loss by assigning the option's dataclass."""
+    from biencoder.engine.loss import InfoNCELoss, build_loss
+    from biencoder.engine.schema import InfoNCELossSchema, Schema
+
+    plain = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(Schema)))
+    assert sorted(plain.loss) == ["ce_weight", "margin", "name", "triplet_weight"]
+    plain.loss.scale = 10.0
+    with pytest.raises(ConfigError, match=r"^loss\.scale is a key of loss=infonce, not of loss=triplet_ce: "):
+        validate(plain)
+    structured = OmegaConf.structured(Schema)
+    structured.loss = InfoNCELossSchema(scale=10.0)
+    validate(structured)
+    built = build_loss(structured.loss)
+    assert type(built) is InfoNCELoss and (built.scale, built.ce_weight, built.gather) == (10, 1, False)
+
+
+def test_a_run_saved_with_every_losss_keys_has_the_settings_of_one_saved_with_its_own():
+    """A saved config may hold both losses' keys (the other loss's at their defaults) or its own loss's alone, as
+    composed now: the settings are the same, so such runs resume and share cells; every loss's keys are there, so
+    cells of the two losses differ in loss.name (and what was changed), not in keys one of them lacks."""
+    from biencoder.engine.schema import run_settings
+
+    both = {"name": "infonce", "margin": 1.0, "triplet_weight": 1.0, "ce_weight": 0.0, "scale": 10.0, "gather": False}
+    composed = OmegaConf.to_container(compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0"]))
+    assert sorted(composed["loss"]) == ["ce_weight", "gather", "name", "scale"]
+    assert run_settings({**composed, "loss": both}) == run_settings(composed)
+    triplet = run_settings(OmegaConf.to_container(compose_cfg()))
+    assert {k for k in triplet if k.startswith("loss.")} == {f"loss.{k}" for k in both}
+    assert {k for k, v in triplet.items() if run_settings(composed).get(k) != v} == {
+        "loss.name", "loss.scale", "loss.ce_weight"}

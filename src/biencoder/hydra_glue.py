@@ -17,11 +17,11 @@ from pathlib import Path
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .engine.rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
-from .engine.schema import Schema, flags_name, flatten, register_resolvers
+from .engine.schema import LOSS_OPTIONS, Schema, flags_name, flatten, register_resolvers
 from .engine.validation import unknown_key_message
 from .errors import BiencoderError, report
 
@@ -44,9 +44,15 @@ def variant_name(cfg: DictConfig) -> str:
 
 
 def register() -> None:
-    """The schema (ConfigStore ``biencoder_schema``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``,
-    ``${variant_name:}``, ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
-    ConfigStore.instance().store(name="biencoder_schema", node=Schema)
+    """The schema (ConfigStore ``biencoder_schema``), the options of the ``loss`` group (``loss/triplet_ce``,
+    ``loss/infonce``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``, ``${variant_name:}``,
+    ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
+    store = ConfigStore.instance()
+    # the loss group fills `loss` with one option's dataclass, so composition refuses a key of another loss; the
+    # schema leaves the node to it (an option merges only into a missing node, not into another option)
+    store.store(name="biencoder_schema", node=Schema(loss=MISSING))
+    for name, option in LOSS_OPTIONS.items():
+        store.store(group="loss", name=name, node=option)
     register_resolvers()  # minilm_path, demo_root: the schema's own
     OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
     OmegaConf.register_new_resolver("run_dir", run_dir_resolver, replace=True)
@@ -124,11 +130,18 @@ def _one_line(err: BaseException) -> str:
         return str(ours)
     text = str(err).strip()
     refused = re.match(r"Could not override '([\w.]+)'", text)
-    # a key the schema lacks: our line (with the closest key), not Hydra's hint to append it with +
+    # a key the schema or the chosen loss lacks: our line (with the closest key), not Hydra's hint to add it with +
     if refused and isinstance(err.__cause__, (ConfigAttributeError, ConfigKeyError)):
-        message = unknown_key_message(refused.group(1))
+        message = unknown_key_message(refused.group(1), _loss_of(err.__cause__.object_type_str))
         if message:
             return message
+    # ... or one a config file sets: the same line, after the file's name
+    in_file = re.match(r"(In '[^']+'): Config(?:Key|Attribute)Error raised while composing config:", text)
+    key, owner = re.search(r"full_key: ([\w.]+)", text), re.search(r"object_type=(\w+)", text)
+    if in_file and key:
+        message = unknown_key_message(key.group(1), _loss_of(owner.group(1) if owner else None))
+        if message:
+            return f"{in_file.group(1)}: {message}"
     lines = text.splitlines()
     first = lines[0] if text else type(err).__name__
     hints = [_HINT.sub(lambda m: m.group(2), line.strip()) for line in lines[1:] if _HINT.match(line.strip())]
@@ -145,6 +158,11 @@ def _one_line(err: BaseException) -> str:
         key = next((line.split(":", 1)[1].strip() for line in cause_text if line.strip().startswith("full_key:")), None)
         first += f": {cause_text[0]}" + (f" (key {key})" if key and key not in cause_text[0] else "")
     return first
+
+
+def _loss_of(object_type: str | None) -> str | None:
+    """The loss whose option (a dataclass of :data:`LOSS_OPTIONS`) is named ``object_type``, or None."""
+    return next((name for name, option in LOSS_OPTIONS.items() if option.__name__ == object_type), None)
 
 
 def _into_null(overrides: list[str]) -> str:
