@@ -66,15 +66,12 @@ CONF = REPO / "conf"
 FAST = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8"]
 
 
-def compose_cfg(overrides=(), config_name="config"):
-    """Compose the real configs of conf/ (as the CLI would, without a run folder)."""
-    from hydra import compose, initialize_config_dir
+def compose_cfg(overrides=(), config_name="config", **kwargs):
+    """Compose the real configs of conf/ (as the CLI would, without a run folder):
+    :func:`biencoder.hydra_glue.compose_config`, imported when a test composes."""
+    from biencoder.hydra_glue import compose_config
 
-    from biencoder.hydra_glue import register
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+    return compose_config(overrides, config_name, **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -79,15 +79,12 @@ def test_typo_in_a_config_file_fails_at_composition(tmp_path):
     """A variant file with a misspelt flag must not silently train the plain head."""
     import shutil
 
-    from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
 
     conf = shutil.copytree(CONF, tmp_path / "conf")
     (conf / "variant" / "typo.yaml").write_text("# @package _global_\nmodel:\n  head:\n    use_layrnorm: true\n")
-    compose_cfg()  # registers the schema, the loss options and the resolvers
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        with pytest.raises(ConfigCompositionException) as err:
-            compose(config_name="config", overrides=["+variant=typo"])
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(["+variant=typo"], config_dir=conf)
     assert "use_layrnorm" in str(err.value.__cause__ or err.value)
     from biencoder.hydra_glue import _one_line
 
@@ -207,3 +204,13 @@ def test_a_run_saved_with_every_losss_keys_has_the_settings_of_one_saved_with_it
     assert {k for k in triplet if k.startswith("loss.")} == {f"loss.{k}" for k in both}
     assert {k for k, v in triplet.items() if run_settings(composed).get(k) != v} == {
         "loss.name", "loss.scale", "loss.ce_weight"}
+
+
+def test_one_helper_composes_the_configs():
+    """The tests, the bench and the scripts compose conf/ through biencoder.hydra_glue.compose_config, which
+    registers the schema, the loss options and the resolvers first: no second copy to fall behind it."""
+    from conftest import REPO
+
+    call = "initialize_config_dir" + "("
+    files = [p for folder in ("src", "tests", "scripts") for p in (REPO / folder).rglob("*.py")]
+    assert [str(p.relative_to(REPO)) for p in files if call in p.read_text()] == ["src/biencoder/hydra_glue.py"]

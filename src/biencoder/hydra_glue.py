@@ -14,6 +14,7 @@ import sys
 import threading
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -59,6 +60,16 @@ def register() -> None:
     OmegaConf.register_new_resolver("job_dir", job_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("new_dir", new_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("hydra_subdir", hydra_subdir_resolver, replace=True)
+
+
+def compose_config(overrides=(), config_name: str = "config", config_dir: str | Path | None = None,
+                   hydra_config: bool = False) -> DictConfig:
+    """The configs of ``conf/`` (or of ``config_dir``) composed with ``overrides`` as the apps compose them, without
+    a run folder: the schema, the loss options and the resolvers registered first. ``hydra_config``: with the
+    ``hydra`` node (launcher, sweeper). Not validated (:func:`biencoder.engine.validation.validate`)."""
+    register()
+    with initialize_config_dir(config_dir=str(config_dir or conf_dir()), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 #: what Hydra writes into a job's folder besides ``<job name>.log`` (``hydra.output_subdir``)

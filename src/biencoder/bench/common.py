@@ -259,15 +259,11 @@ def corpus_found(root: Path) -> bool:
 
 
 def compose_config(overrides: list[str]):
-    """The real configs of ``conf/`` composed with ``overrides`` and validated, as a run's are (Hydra is imported
-    here, not at module level)."""
-    from hydra import compose, initialize_config_dir
-
+    """The real configs of ``conf/`` composed with ``overrides`` (:func:`biencoder.hydra_glue.compose_config`) and
+    validated, as a run's are (Hydra is imported here, not at module level: importing the bench loads no Hydra)."""
     from biencoder.engine.validation import validate
-    from biencoder.hydra_glue import conf_dir, register
+    from biencoder.hydra_glue import compose_config as compose
 
-    register()
-    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("config", list(overrides))
+    cfg = compose(overrides)
     validate(cfg)
     return cfg
