@@ -214,3 +214,29 @@ def test_one_helper_composes_the_configs():
     call = "initialize_config_dir" + "("
     files = [p for folder in ("src", "tests", "scripts") for p in (REPO / folder).rglob("*.py")]
     assert [str(p.relative_to(REPO)) for p in files if call in p.read_text()] == ["src/biencoder/hydra_glue.py"]
+
+
+@pytest.mark.parametrize("overrides, name", [
+    ([], "plain"), (["model.head.use_relu=true"], "relu"), (["+variant=ln"], "ln"),
+    (["+variant=ln", "model.head.use_relu=true"], "ln"),  # the choice names it, whatever the flags say
+])
+def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, name):
+    from biencoder.engine.schema import variant_name
+
+    cfg = compose_cfg(overrides, hydra_config=True)
+    assert variant_name(cfg, OmegaConf.select(cfg, "hydra.runtime.choices.variant")) == name
+    assert cfg.hydra.run.dir.endswith(f"_{name}_s0")  # the folder's name: ${variant_name:}
+
+
+def test_one_function_names_the_variant(monkeypatch):
+    """The run folder's name, the app's variant and the runner's default come from engine.schema.variant_name; only
+    it reads the head flags."""
+    from biencoder import hydra_glue
+    from biencoder.engine import schema
+    from conftest import REPO
+
+    monkeypatch.setattr(schema, "variant_name", lambda cfg, choice=None: f"named-{choice}")
+    cfg = compose_cfg(["+variant=ln"], hydra_config=True)
+    assert cfg.hydra.run.dir.endswith("_named-ln_s0") and hydra_glue.variant_name(cfg) == "named-None"
+    callers = [p.name for p in (REPO / "src" / "biencoder").rglob("*.py") if "flags_name(" in p.read_text()]
+    assert callers == ["schema.py"]

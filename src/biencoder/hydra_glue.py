@@ -21,27 +21,24 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from .engine import schema
 from .engine.rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
-from .engine.schema import LOSS_OPTIONS, Schema, flags_name, flatten, register_resolvers
+from .engine.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
 from .engine.validation import unknown_key_message
 from .errors import BiencoderError, report
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:
-    choice = OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None)
-    if choice:
-        return str(choice)
-    head = _root_.model.head
-    return flags_name(head.use_layernorm is True, head.use_relu is True)
+    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.schema.variant_name`) as the folder names
+    it, with the ``+variant=`` choice of the config being composed."""
+    return schema.variant_name(_root_, OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None))
 
 
 def variant_name(cfg: DictConfig) -> str:
-    """Name of the run's variant: the ``+variant=`` choice when Hydra runs, else derived from the head flags."""
-    if HydraConfig.initialized():
-        choice = HydraConfig.get().runtime.choices.get("variant")
-        if choice:
-            return str(choice)
-    return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
+    """The run's variant (:func:`~biencoder.engine.schema.variant_name`), with the ``+variant=`` choice of the
+    running Hydra app, if any."""
+    choice = HydraConfig.get().runtime.choices.get("variant") if HydraConfig.initialized() else None
+    return schema.variant_name(cfg, choice)
 
 
 def register() -> None:

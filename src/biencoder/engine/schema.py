@@ -278,6 +278,15 @@ def register_resolvers() -> None:
 register_resolvers()
 
 
+def variant_name(cfg, choice: str | None = None) -> str:
+    """A run's variant: ``choice`` (the ``+variant=`` option it was composed with) when given, else the ablation cell
+    its head flags describe (:func:`flags_name`). The one rule for the run folder's name (``${variant_name:}``), the
+    apps and the runner."""
+    if choice:
+        return str(choice)
+    return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
+
+
 def flags_name(use_layernorm: bool, use_relu: bool) -> str:
     """The ablation cell a pair of head flags belongs to: ln_relu, ln, relu or plain."""
     return {(True, True): "ln_relu", (True, False): "ln", (False, True): "relu"}.get(
