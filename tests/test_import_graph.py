@@ -149,6 +149,17 @@ def test_the_schema_and_validation_import_what_the_map_says(graph):
     assert loaded(["biencoder.engine.schema"], ("hydra", "torch")) == []
 
 
+def test_the_engine_reads_no_node_of_hydras():
+    """The resolvers that read Hydra's own nodes (``hydra.sweep.dir``, ``hydra.runtime.output_dir``, the ``.hydra``
+    folder) live in hydra_glue: no string in the engine's code names one."""
+    import ast
+
+    named = sorted(f"{path.name}: {node.value}" for path in (SRC / "biencoder" / "engine").rglob("*.py")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Constant) and str(node.value).startswith(("hydra.", ".hydra")))
+    assert named == []
+
+
 def test_importing_the_engine_loads_no_hydra(graph):
     """A fresh Python that imports every module of biencoder.engine has no Hydra module in sys.modules: the engine
     runs from Python with a plain config object (the contract says no engine module imports Hydra; this says that

@@ -22,7 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .engine import schema
-from .engine.rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
+from .engine.rundir import discard_if_ours, new_dir_resolver, run_dir_resolver
 from .engine.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
 from .engine.validation import unknown_key_message
 from .errors import BiencoderError, report
@@ -39,6 +39,21 @@ def variant_name(cfg: DictConfig) -> str:
     running Hydra app, if any."""
     choice = HydraConfig.get().runtime.choices.get("variant") if HydraConfig.initialized() else None
     return schema.variant_name(cfg, choice)
+
+
+def job_dir_resolver(subdir: str, *, _root_: DictConfig) -> str:
+    """``hydra.sweep.subdir``: returned unchanged; notes whether ``<sweep dir>/<subdir>`` existed before the job."""
+    new_dir_resolver(os.path.join(str(OmegaConf.select(_root_, "hydra.sweep.dir")), subdir))
+    return subdir
+
+
+def hydra_subdir_resolver(*, _root_: DictConfig) -> str | None:
+    """``hydra.output_subdir``: ``.hydra``, or None (Hydra writes nothing) when the job's folder already holds one:
+    a resumed run keeps the record of how it was started, and a refused resume leaves its folder as it was."""
+    output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir", default=None)
+    if output_dir and (Path(output_dir) / ".hydra").is_dir():
+        return None
+    return ".hydra"
 
 
 def register() -> None:
