@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from biencoder.engine.layout import arguana_root
+
 REPO = Path(__file__).resolve().parents[1]
-REAL_ROOT = Path(os.environ.get("ARGUANA_ROOT", REPO.parent / "shared" / "data" / "arguana-counterargs-corpus"))
+#: the real corpus where data=arguana reads it (absolute: subprocesses run elsewhere)
+REAL_ROOT = arguana_root().absolute()
 
 
 def write_corpus(root: Path, layout: dict) -> Path:

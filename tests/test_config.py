@@ -240,3 +240,18 @@ def test_one_function_names_the_variant(monkeypatch):
     assert cfg.hydra.run.dir.endswith("_named-ln_s0") and hydra_glue.variant_name(cfg) == "named-None"
     callers = [p.name for p in (REPO / "src" / "biencoder").rglob("*.py") if "flags_name(" in p.read_text()]
     assert callers == ["schema.py"]
+
+
+def test_one_default_folder_for_the_real_corpus(monkeypatch):
+    """data=arguana, the tests' real corpus and the bench's --corpus read the same default: ARGUANA_ROOT, else
+    data/arguana-counterargs-corpus (engine.layout.arguana_root)."""
+    import conftest
+    from biencoder.bench import common
+    from biencoder.engine.layout import arguana_root
+
+    monkeypatch.delenv("ARGUANA_ROOT", raising=False)
+    assert compose_cfg(["data=arguana"]).data.root == str(arguana_root()) == "data/arguana-counterargs-corpus"
+    monkeypatch.setenv("ARGUANA_ROOT", "/corpora/arguana")
+    assert compose_cfg(["data=arguana"]).data.root == str(arguana_root()) == "/corpora/arguana"
+    monkeypatch.undo()
+    assert common.DEFAULT_CORPUS == arguana_root() and conftest.REAL_ROOT == arguana_root().absolute()

@@ -22,6 +22,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .engine import schema
+from .engine.layout import arguana_root
 from .engine.rundir import discard_if_ours, new_dir_resolver, run_dir_resolver
 from .engine.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
 from .engine.validation import unknown_key_message
@@ -59,7 +60,7 @@ def hydra_subdir_resolver(*, _root_: DictConfig) -> str | None:
 def register() -> None:
     """The schema (ConfigStore ``biencoder_schema``), the options of the ``loss`` group (``loss/triplet_ce``,
     ``loss/infonce``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``, ``${variant_name:}``,
-    ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
+    ``${arguana_root:}``, ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
     store = ConfigStore.instance()
     # the loss group fills `loss` with one option's dataclass, so composition refuses a key of another loss; the
     # schema leaves the node to it (an option merges only into a missing node, not into another option)
@@ -67,6 +68,7 @@ def register() -> None:
     for name, option in LOSS_OPTIONS.items():
         store.store(group="loss", name=name, node=option)
     register_resolvers()  # minilm_path, demo_root: the schema's own
+    OmegaConf.register_new_resolver("arguana_root", lambda: str(arguana_root()), replace=True)
     OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
     OmegaConf.register_new_resolver("run_dir", run_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_resolver, replace=True)
