@@ -138,14 +138,10 @@ def has_pairs_reader() -> bool:
 
 def compose_config(overrides: list[str]):
     """The real configs of ``conf/`` composed with ``overrides`` and validated, as a run's are."""
-    from hydra import compose, initialize_config_dir
-
     from biencoder.engine.validation import validate
-    from biencoder.hydra_glue import register
+    from biencoder.hydra_glue import compose_config as compose
 
-    register()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("config", list(overrides))
+    cfg = compose(overrides)
     validate(cfg)
     return cfg
 

@@ -17,8 +17,11 @@ SESSION_HOME = Path(tempfile.mkdtemp(prefix="biencoder-tests-home-"))
 os.environ.update(HOME=str(SESSION_HOME), XDG_CACHE_HOME=str(SESSION_HOME / ".cache"),
                   BIENCODER_CACHE_DIR=str(SESSION_HOME / "embedding-cache"))
 
+from biencoder.engine.layout import arguana_root  # noqa: E402  (after HOME is set)
+
 REPO = Path(__file__).resolve().parents[1]
-REAL_ROOT = Path(os.environ.get("ARGUANA_ROOT", REPO.parent / "shared" / "data" / "arguana-counterargs-corpus"))
+#: the real corpus where data=arguana reads it (absolute: subprocesses run elsewhere)
+REAL_ROOT = arguana_root().absolute()
 
 
 def user_cache_writes(home: Path = SESSION_HOME) -> list[str]:
@@ -101,15 +104,12 @@ CONF = REPO / "conf"
 FAST = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8"]
 
 
-def compose_cfg(overrides=(), config_name="config"):
-    """Compose the real configs of conf/ (as the CLI would, without a run folder)."""
-    from hydra import compose, initialize_config_dir
+def compose_cfg(overrides=(), config_name="config", **kwargs):
+    """Compose the real configs of conf/ (as the CLI would, without a run folder):
+    :func:`biencoder.hydra_glue.compose_config`, imported when a test composes."""
+    from biencoder.hydra_glue import compose_config
 
-    from biencoder.hydra_glue import register
-
-    register()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name=config_name, overrides=list(overrides))
+    return compose_config(overrides, config_name, **kwargs)
 
 
 @pytest.fixture(scope="session")

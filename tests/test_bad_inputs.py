@@ -89,6 +89,8 @@ CASES = [
      "unknown config key trainer.epochs (did you mean trainer.max_epochs?)"),
     ("unknown key added with +", lambda t: [*module("train"), *FAST, "+trainer.max_epoch=2"], None,
      "did you mean trainer.max_epochs?"),
+    ("a key of the other loss", lambda t: [*module("train"), *FAST, "loss=triplet_ce", "loss.scale=10"], None,
+     "loss.scale is a key of loss=infonce, not of loss=triplet_ce"),
     ("a group without +", lambda t: [*module("train"), *FAST, "variant=ln"], None, "use +variant=ln"),
     ("a logger's key without the logger", lambda t: [*module("train"), *FAST, "+logger.mlflow.experiment=x"], None,
      "add logger=mlflow"),

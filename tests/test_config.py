@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 import yaml
 from hydra.errors import MissingConfigException
+from omegaconf import OmegaConf
 
 from biencoder.engine.schema import packaged_minilm_path
 from biencoder.engine.validation import validate
@@ -49,12 +50,11 @@ def test_unknown_variant_fails_at_composition():
     ("trainer.precision=fp16", "trainer.precision"),
     ("negatives.index=faiss", "negatives.index"),
     ("loss.name=focal", "loss.name"),
-    ("loss.scale=0", "loss.scale"),
+    ("loss=infonce loss.scale=0", "loss.scale"),
     ("loss.ce_weight=-1", "loss.ce_weight"),
-    # a key of the other loss would be silently ignored
-    ("loss.margin=0.5 loss=infonce", "loss.margin"),
-    ("loss.scale=10", "loss.scale"),
     ("+loss.temperature=0.05", "loss.temperature"),  # + lets it past the schema, not past validate
+    ("loss=infonce +loss.margin=0.5", "loss.margin"),  # ... nor a key of the other loss past validate
+    ("loss.name=infonce", "loss.name"),  # the name does not switch the option: loss=infonce does
 ])
 def test_bad_values_are_named(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -79,15 +79,17 @@ def test_typo_in_a_config_file_fails_at_composition(tmp_path):
     """A variant file with a misspelt flag must not silently train the plain head."""
     import shutil
 
-    from hydra import compose, initialize_config_dir
     from hydra.errors import ConfigCompositionException
 
     conf = shutil.copytree(CONF, tmp_path / "conf")
     (conf / "variant" / "typo.yaml").write_text("# @package _global_\nmodel:\n  head:\n    use_layrnorm: true\n")
-    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        with pytest.raises(ConfigCompositionException) as err:
-            compose(config_name="config", overrides=["+variant=typo"])
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(["+variant=typo"], config_dir=conf)
     assert "use_layrnorm" in str(err.value.__cause__ or err.value)
+    from biencoder.hydra_glue import _one_line
+
+    assert _one_line(err.value).startswith("In 'variant/typo': unknown config key model.head.use_layrnorm (did you "
+                                           "mean model.head.use_layernorm?)")
 
 
 def test_max_length_above_the_encoder_limit_is_named():
@@ -148,3 +150,108 @@ def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
     cfg = compose_cfg([f"+experiment={preset}", "+variant=relu", f"data.root={tmp_path}"])
     validate(cfg)
     assert {k: OmegaConf.select(cfg, k) for k in expect} == expect
+
+
+@pytest.mark.parametrize("overrides, line", [
+    (["loss=triplet_ce", "loss.scale=10"],
+     "loss.scale is a key of loss=infonce, not of loss=triplet_ce: drop it, or pick loss=infonce"),
+    (["loss=infonce", "loss.margin=0.5"],
+     "loss.margin is a key of loss=triplet_ce, not of loss=infonce: drop it, or pick loss=triplet_ce"),
+    (["loss=infonce", "loss.scal=10"],
+     "unknown config key loss.scal (did you mean loss.scale?): fix its spelling, or see every key with --cfg job"),
+])
+def test_a_key_of_the_other_loss_is_refused_by_composition_in_one_line(overrides, line):
+    """Each loss is its own option of the group (a dataclass): a key it does not read is no key of the config, so
+    it cannot be silently ignored; the one line names the key and both losses."""
+    from hydra.errors import ConfigCompositionException
+
+    from biencoder.hydra_glue import _one_line
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(overrides)
+    assert _one_line(err.value) == line
+
+
+def test_a_plain_config_is_checked_against_its_losss_option():
+    """Without Hydra: a plain DictConfig (no dataclass behind it to refuse anything) is refused by validate when it
+    holds a key of another loss; a structured one switches loss by assigning the option's dataclass."""
+    from biencoder.engine.loss import InfoNCELoss, build_loss
+    from biencoder.engine.schema import InfoNCELossSchema, Schema
+
+    plain = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(Schema)))
+    assert sorted(plain.loss) == ["ce_weight", "margin", "name", "triplet_weight"]
+    plain.loss.scale = 10.0
+    with pytest.raises(ConfigError, match=r"^loss\.scale is a key of loss=infonce, not of loss=triplet_ce: "):
+        validate(plain)
+    structured = OmegaConf.structured(Schema)
+    structured.loss = InfoNCELossSchema(scale=10.0)
+    validate(structured)
+    built = build_loss(structured.loss)
+    assert type(built) is InfoNCELoss and (built.scale, built.ce_weight, built.gather) == (10, 1, False)
+
+
+def test_a_run_saved_with_every_losss_keys_has_the_settings_of_one_saved_with_its_own():
+    """A saved config may hold both losses' keys (the other loss's at their defaults) or its own loss's alone, as
+    composed now: the settings are the same, so such runs resume and share cells; every loss's keys are there, so
+    cells of the two losses differ in loss.name (and what was changed), not in keys one of them lacks."""
+    from biencoder.engine.schema import run_settings
+
+    both = {"name": "infonce", "margin": 1.0, "triplet_weight": 1.0, "ce_weight": 0.0, "scale": 10.0, "gather": False}
+    composed = OmegaConf.to_container(compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0"]))
+    assert sorted(composed["loss"]) == ["ce_weight", "gather", "name", "scale"]
+    assert run_settings({**composed, "loss": both}) == run_settings(composed)
+    triplet = run_settings(OmegaConf.to_container(compose_cfg()))
+    assert {k for k in triplet if k.startswith("loss.")} == {f"loss.{k}" for k in both}
+    assert {k for k, v in triplet.items() if run_settings(composed).get(k) != v} == {
+        "loss.name", "loss.scale", "loss.ce_weight"}
+
+
+def test_one_helper_composes_the_configs():
+    """The tests, the bench and the scripts compose conf/ through biencoder.hydra_glue.compose_config, which
+    registers the schema, the loss options and the resolvers first: no second copy to fall behind it."""
+    from conftest import REPO
+
+    call = "initialize_config_dir" + "("
+    files = [p for folder in ("src", "tests", "scripts") for p in (REPO / folder).rglob("*.py")]
+    assert [str(p.relative_to(REPO)) for p in files if call in p.read_text()] == ["src/biencoder/hydra_glue.py"]
+
+
+@pytest.mark.parametrize("overrides, name", [
+    ([], "plain"), (["model.head.use_relu=true"], "relu"), (["+variant=ln"], "ln"),
+    (["+variant=ln", "model.head.use_relu=true"], "ln"),  # the choice names it, whatever the flags say
+])
+def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, name):
+    from biencoder.engine.schema import variant_name
+
+    cfg = compose_cfg(overrides, hydra_config=True)
+    assert variant_name(cfg, OmegaConf.select(cfg, "hydra.runtime.choices.variant")) == name
+    assert cfg.hydra.run.dir.endswith(f"_{name}_s0")  # the folder's name: ${variant_name:}
+
+
+def test_one_function_names_the_variant(monkeypatch):
+    """The run folder's name, the app's variant and the runner's default come from engine.schema.variant_name; only
+    it reads the head flags."""
+    from biencoder import hydra_glue
+    from biencoder.engine import schema
+    from conftest import REPO
+
+    monkeypatch.setattr(schema, "variant_name", lambda cfg, choice=None: f"named-{choice}")
+    cfg = compose_cfg(["+variant=ln"], hydra_config=True)
+    assert cfg.hydra.run.dir.endswith("_named-ln_s0") and hydra_glue.variant_name(cfg) == "named-None"
+    callers = [p.name for p in (REPO / "src" / "biencoder").rglob("*.py") if "flags_name(" in p.read_text()]
+    assert callers == ["schema.py"]
+
+
+def test_one_default_folder_for_the_real_corpus(monkeypatch):
+    """data=arguana, the tests' real corpus and the bench's --corpus read the same default: ARGUANA_ROOT, else
+    data/arguana-counterargs-corpus (engine.layout.arguana_root)."""
+    import conftest
+    from biencoder.bench import common
+    from biencoder.engine.layout import arguana_root
+
+    monkeypatch.delenv("ARGUANA_ROOT", raising=False)
+    assert compose_cfg(["data=arguana"]).data.root == str(arguana_root()) == "data/arguana-counterargs-corpus"
+    monkeypatch.setenv("ARGUANA_ROOT", "/corpora/arguana")
+    assert compose_cfg(["data=arguana"]).data.root == str(arguana_root()) == "/corpora/arguana"
+    monkeypatch.undo()
+    assert common.DEFAULT_CORPUS == arguana_root() and conftest.REAL_ROOT == arguana_root().absolute()

@@ -70,3 +70,20 @@ def test_the_command_shows_no_progress_bars_off_a_terminal(tmp_path, capfd):
     printed = capfd.readouterr()
     assert "it/s" not in printed.err + printed.out and "sentence-transformers model:" in printed.out
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_the_exported_head_flags_are_the_runs_config(tmp_path, monkeypatch, tiny_model_and_tokenizer):
+    """The classifier's config.json takes use_layernorm / use_relu from the checkpoint's model config, the record of
+    the run, not from the module types of the rebuilt model (here made to disagree with it)."""
+    import json
+
+    from omegaconf import OmegaConf
+
+    from biencoder.engine import export as engine_export
+
+    model, tokenizer = tiny_model_and_tokenizer  # a plain head: Identity, Identity
+    model_cfg = OmegaConf.to_container(compose_cfg(["model=tiny", "+variant=ln_relu"]).model, resolve=True)
+    monkeypatch.setattr(engine_export, "load_checkpoint", lambda *args, **kwargs: (model, tokenizer, model_cfg, {}))
+    exported = export("a run", tmp_path / "st")
+    config = json.loads((exported / "pair_classifier" / "config.json").read_text())
+    assert (config["use_layernorm"], config["use_relu"]) == (True, True)

@@ -141,11 +141,23 @@ def test_the_architecture_map_names_every_module(graph):
 
 def test_the_schema_and_validation_import_what_the_map_says(graph):
     """The schema imports nothing of biencoder but errors (and, by contract, neither Hydra nor torch: a fresh Python
-    that imports it has neither); validation imports loss only when validate runs, since loss imports torch."""
+    that imports it has neither); no engine module imports another inside a function (validation reads each loss's
+    keys from the schema, not from the loss module)."""
     assert graph["biencoder.engine.schema"].top == ["biencoder.errors"]
-    assert graph["biencoder.engine.schema"].local == []
-    assert graph["biencoder.engine.validation"].local == ["biencoder.engine.loss"]
+    assert {n: m.local for n, m in graph.items() if n.startswith("biencoder.engine") and m.local} == {}
+    assert "biencoder.engine.loss" not in graph["biencoder.engine.validation"].top
     assert loaded(["biencoder.engine.schema"], ("hydra", "torch")) == []
+
+
+def test_the_engine_reads_no_node_of_hydras():
+    """The resolvers that read Hydra's own nodes (``hydra.sweep.dir``, ``hydra.runtime.output_dir``, the ``.hydra``
+    folder) live in hydra_glue: no string in the engine's code names one."""
+    import ast
+
+    named = sorted(f"{path.name}: {node.value}" for path in (SRC / "biencoder" / "engine").rglob("*.py")
+                   for node in ast.walk(ast.parse(path.read_text()))
+                   if isinstance(node, ast.Constant) and str(node.value).startswith(("hydra.", ".hydra")))
+    assert named == []
 
 
 def test_importing_the_engine_loads_no_hydra(graph):

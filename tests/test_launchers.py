@@ -32,15 +32,9 @@ def test_joblib_sweep_runs_two_jobs(tmp_path):
 
 def test_slurm_preset_composes():
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from conftest import CONF
-
-    compose_cfg()  # registers the schema and resolvers
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu"],
-                      return_hydra_config=True)
+    cfg = compose_cfg(["hydra/launcher=slurm", "hydra.launcher.partition=gpu"], hydra_config=True)
     launcher = OmegaConf.to_container(cfg.hydra.launcher)
     assert launcher["_target_"].endswith("SlurmLauncher")
     assert launcher["partition"] == "gpu" and launcher["gpus_per_node"] == 1 and launcher["timeout_min"] == 240

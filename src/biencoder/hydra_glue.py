@@ -14,45 +14,79 @@ import sys
 import threading
 from pathlib import Path
 
+from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from .engine.rundir import discard_if_ours, hydra_subdir_resolver, job_dir_resolver, new_dir_resolver, run_dir_resolver
-from .engine.schema import Schema, flags_name, flatten, register_resolvers
+from .engine import schema
+from .engine.layout import arguana_root
+from .engine.rundir import claim, discard_if_ours, new_dir_resolver, run_dir_resolver, writes_run_folders
+from .engine.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
 from .engine.validation import unknown_key_message
 from .errors import BiencoderError, report
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:
-    choice = OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None)
-    if choice:
-        return str(choice)
-    head = _root_.model.head
-    return flags_name(head.use_layernorm is True, head.use_relu is True)
+    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.schema.variant_name`) as the folder names
+    it, with the ``+variant=`` choice of the config being composed."""
+    return schema.variant_name(_root_, OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None))
 
 
 def variant_name(cfg: DictConfig) -> str:
-    """Name of the run's variant: the ``+variant=`` choice when Hydra runs, else derived from the head flags."""
-    if HydraConfig.initialized():
-        choice = HydraConfig.get().runtime.choices.get("variant")
-        if choice:
-            return str(choice)
-    return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
+    """The run's variant (:func:`~biencoder.engine.schema.variant_name`), with the ``+variant=`` choice of the
+    running Hydra app, if any."""
+    choice = HydraConfig.get().runtime.choices.get("variant") if HydraConfig.initialized() else None
+    return schema.variant_name(cfg, choice)
+
+
+def job_dir_resolver(subdir: str, *, _root_: DictConfig) -> str:
+    """``hydra.sweep.subdir``: returned unchanged; notes whether ``<sweep dir>/<subdir>`` existed before the job, and
+    claims it if it did (a resumed sweep's job, before Hydra writes into it)."""
+    path = new_dir_resolver(os.path.join(str(OmegaConf.select(_root_, "hydra.sweep.dir")), subdir))
+    if os.path.isdir(path) and writes_run_folders():
+        claim(path)
+    return subdir
+
+
+def hydra_subdir_resolver(*, _root_: DictConfig) -> str | None:
+    """``hydra.output_subdir``: ``.hydra``, or None (Hydra writes nothing) when the job's folder already holds one:
+    a resumed run keeps the record of how it was started, and a refused resume leaves its folder as it was."""
+    output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir", default=None)
+    if output_dir and (Path(output_dir) / ".hydra").is_dir():
+        return None
+    return ".hydra"
 
 
 def register() -> None:
-    """The schema (ConfigStore ``biencoder_schema``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``,
-    ``${variant_name:}``, ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
-    ConfigStore.instance().store(name="biencoder_schema", node=Schema)
+    """The schema (ConfigStore ``biencoder_schema``), the options of the ``loss`` group (``loss/triplet_ce``,
+    ``loss/infonce``) and the resolvers ``${minilm_path:}``, ``${demo_root:}``, ``${variant_name:}``,
+    ``${arguana_root:}``, ``${run_dir:...}``, ``${job_dir:...}``, ``${new_dir:...}``; safe to call more than once."""
+    store = ConfigStore.instance()
+    # the loss group fills `loss` with one option's dataclass, so composition refuses a key of another loss; the
+    # schema leaves the node to it (an option merges only into a missing node, not into another option)
+    store.store(name="biencoder_schema", node=Schema(loss=MISSING))
+    for name, option in LOSS_OPTIONS.items():
+        store.store(group="loss", name=name, node=option)
     register_resolvers()  # minilm_path, demo_root: the schema's own
+    OmegaConf.register_new_resolver("arguana_root", lambda: str(arguana_root()), replace=True)
     OmegaConf.register_new_resolver("variant_name", _variant_resolver, replace=True)
     OmegaConf.register_new_resolver("run_dir", run_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("job_dir", job_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("new_dir", new_dir_resolver, replace=True)
     OmegaConf.register_new_resolver("hydra_subdir", hydra_subdir_resolver, replace=True)
+
+
+def compose_config(overrides=(), config_name: str = "config", config_dir: str | Path | None = None,
+                   hydra_config: bool = False) -> DictConfig:
+    """The configs of ``conf/`` (or of ``config_dir``) composed with ``overrides`` as the apps compose them, without
+    a run folder: the schema, the loss options and the resolvers registered first. ``hydra_config``: with the
+    ``hydra`` node (launcher, sweeper). Not validated (:func:`biencoder.engine.validation.validate`)."""
+    register()
+    with initialize_config_dir(config_dir=str(config_dir or conf_dir()), version_base="1.3"):
+        return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
 
 
 #: what Hydra writes into a job's folder besides ``<job name>.log`` (``hydra.output_subdir``)
@@ -124,11 +158,18 @@ def _one_line(err: BaseException) -> str:
         return str(ours)
     text = str(err).strip()
     refused = re.match(r"Could not override '([\w.]+)'", text)
-    # a key the schema lacks: our line (with the closest key), not Hydra's hint to append it with +
+    # a key the schema or the chosen loss lacks: our line (with the closest key), not Hydra's hint to add it with +
     if refused and isinstance(err.__cause__, (ConfigAttributeError, ConfigKeyError)):
-        message = unknown_key_message(refused.group(1))
+        message = unknown_key_message(refused.group(1), _loss_of(err.__cause__.object_type_str))
         if message:
             return message
+    # ... or one a config file sets: the same line, after the file's name
+    in_file = re.match(r"(In '[^']+'): Config(?:Key|Attribute)Error raised while composing config:", text)
+    key, owner = re.search(r"full_key: ([\w.]+)", text), re.search(r"object_type=(\w+)", text)
+    if in_file and key:
+        message = unknown_key_message(key.group(1), _loss_of(owner.group(1) if owner else None))
+        if message:
+            return f"{in_file.group(1)}: {message}"
     lines = text.splitlines()
     first = lines[0] if text else type(err).__name__
     hints = [_HINT.sub(lambda m: m.group(2), line.strip()) for line in lines[1:] if _HINT.match(line.strip())]
@@ -145,6 +186,11 @@ def _one_line(err: BaseException) -> str:
         key = next((line.split(":", 1)[1].strip() for line in cause_text if line.strip().startswith("full_key:")), None)
         first += f": {cause_text[0]}" + (f" (key {key})" if key and key not in cause_text[0] else "")
     return first
+
+
+def _loss_of(object_type: str | None) -> str | None:
+    """The loss whose option (a dataclass of :data:`LOSS_OPTIONS`) is named ``object_type``, or None."""
+    return next((name for name, option in LOSS_OPTIONS.items() if option.__name__ == object_type), None)
 
 
 def _into_null(overrides: list[str]) -> str:

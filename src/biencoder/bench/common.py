@@ -14,14 +14,14 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from biencoder.engine.layout import CorpusError, resolve_root
+from biencoder.engine.layout import ARGUANA_ROOT_ENV, CorpusError, arguana_root, resolve_root
 from biencoder.engine.model import BiModel, Embeddings
 from biencoder.engine.search import NeighbourIndex
 
 #: the folder that holds the ``biencoder`` package (``src/`` in a checkout): the sweep's subprocesses import from it
 SRC = Path(__file__).resolve().parents[2]
-#: ``--corpus``'s default: ``ARGUANA_ROOT``, else the shared data folder beside a checkout
-DEFAULT_CORPUS = Path(os.environ.get("ARGUANA_ROOT", SRC.parent.parent / "shared/data/arguana-counterargs-corpus"))
+#: ``--corpus``'s default: where data=arguana reads the corpus (``ARGUANA_ROOT``, else data/arguana-counterargs-corpus)
+DEFAULT_CORPUS = arguana_root()
 #: dense bf16 peak (TFLOP/s, no sparsity) of GPUs this was run on; others print MFU as n/a
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L4": 121.0, "A10": 125.0}
 
@@ -254,20 +254,16 @@ def corpus_found(root: Path) -> bool:
     if not is_corpus(root):
         print(f"   skipped (no ArguAna corpus at {root}; set ARGUANA_ROOT or pass --corpus)")
         return False
-    os.environ["ARGUANA_ROOT"] = str(root)
+    os.environ[ARGUANA_ROOT_ENV] = str(root)
     return True
 
 
 def compose_config(overrides: list[str]):
-    """The real configs of ``conf/`` composed with ``overrides`` and validated, as a run's are (Hydra is imported
-    here, not at module level)."""
-    from hydra import compose, initialize_config_dir
-
+    """The real configs of ``conf/`` composed with ``overrides`` (:func:`biencoder.hydra_glue.compose_config`) and
+    validated, as a run's are (Hydra is imported here, not at module level: importing the bench loads no Hydra)."""
     from biencoder.engine.validation import validate
-    from biencoder.hydra_glue import conf_dir, register
+    from biencoder.hydra_glue import compose_config as compose
 
-    register()
-    with initialize_config_dir(config_dir=conf_dir(), version_base="1.3"):
-        cfg = compose("config", list(overrides))
+    cfg = compose(overrides)
     validate(cfg)
     return cfg

@@ -22,7 +22,7 @@ import torch
 
 from ..errors import ConfigError
 from . import distributed
-from .model import BiModel, bimodel, is_encoder_weight
+from .model import BiModel, bimodel, build_model, is_encoder_weight
 from .state import RunFolderError, set_rng_states
 
 
@@ -41,8 +41,6 @@ def load_checkpoint(path: str | Path, progress: bool = True,
     Checkpoints from before ``encoder_config`` was saved are rebuilt from ``model_cfg``'s encoder path instead.
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
-
-    from .model import build_model
 
     path = Path(path)
     file = path / "best.pt" if path.is_dir() else path

@@ -103,7 +103,7 @@ def _export(run: str | Path, out: Path) -> Path:
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(("norm.", "out."))}
         save_file(state, str(head_dir / "model.safetensors"))
         config = {"fusion": model.fusion, "sim_dim": sim_dim, "hidden": hidden,
-                  "use_layernorm": isinstance(model.norm, nn.LayerNorm), "use_relu": isinstance(model.act, nn.ReLU),
+                  "use_layernorm": model_cfg["head"]["use_layernorm"], "use_relu": model_cfg["head"]["use_relu"],
                   "pooling": model_cfg["pooling"], "max_length": model_cfg["max_length"], "run": settings}
         (head_dir / "config.json").write_text(strict_json(config, indent=2) + "\n")
         if out.exists():

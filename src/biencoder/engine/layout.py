@@ -12,12 +12,17 @@ Stray files are ignored with a :class:`CorpusWarning` (dot-files silently); what
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from pathlib import Path
 
 from ..errors import BiencoderError
 
+#: where the real corpus is when no config or option says: ``$ARGUANA_ROOT``, else this folder (relative to the
+#: working directory); the one definition, read by data=arguana (``${arguana_root:}``), the tests and the bench
+ARGUANA_ROOT_ENV = "ARGUANA_ROOT"
+DEFAULT_ARGUANA_ROOT = "data/arguana-counterargs-corpus"
 #: the corpus's split folders, in order
 SPLITS = ("training", "validation", "test")
 EXTRACTED = "02-extracted-arguments"
@@ -32,6 +37,11 @@ class CorpusError(BiencoderError, ValueError):
 
 class CorpusWarning(UserWarning):
     """A stray file in the corpus that is ignored."""
+
+
+def arguana_root() -> Path:
+    """The real corpus's default folder: ``$ARGUANA_ROOT``, else ``data/arguana-counterargs-corpus``."""
+    return Path(os.environ.get(ARGUANA_ROOT_ENV, DEFAULT_ARGUANA_ROOT))
 
 
 def resolve_root(root: str | Path) -> Path:

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from .model import BiModel, Embeddings
+from .schema import loss_keys
 
 
 @dataclass
@@ -228,14 +229,10 @@ class InfoNCELoss(nn.Module):
         return LossOutput(total, parts, features, head_input)
 
 
-#: ``loss.name`` → the loss and the ``loss.*`` keys it reads (every other ``loss.*`` key must keep its default)
-LOSSES = {
-    "triplet_ce": (TripletCELoss, ("margin", "triplet_weight", "ce_weight")),
-    "infonce": (InfoNCELoss, ("scale", "ce_weight", "gather")),
-}
+#: ``loss.name`` → the loss (its keys and defaults: :data:`biencoder.engine.schema.LOSS_OPTIONS`)
+LOSSES = {"triplet_ce": TripletCELoss, "infonce": InfoNCELoss}
 
 
 def build_loss(loss_cfg) -> nn.Module:
     """The loss named by ``loss_cfg.name`` (see :data:`LOSSES`), built from the ``loss.*`` keys it reads."""
-    cls, keys = LOSSES[loss_cfg.name]
-    return cls(**{key: loss_cfg[key] for key in keys})
+    return LOSSES[loss_cfg.name](**{key: loss_cfg[key] for key in loss_keys(loss_cfg.name)})

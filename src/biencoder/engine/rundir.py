@@ -279,24 +279,6 @@ def run_dir_resolver(resume: Any, default: str) -> str:
     return new_dir_resolver(default)
 
 
-def job_dir_resolver(subdir: str, *, _root_: DictConfig) -> str:
-    """``hydra.sweep.subdir``: returned unchanged; notes whether ``<sweep dir>/<subdir>`` existed before the job, and
-    claims it if it did (a resumed sweep's job, before Hydra writes into it)."""
-    path = new_dir_resolver(os.path.join(str(OmegaConf.select(_root_, "hydra.sweep.dir")), subdir))
-    if os.path.isdir(path) and writes_run_folders():
-        claim(path)
-    return subdir
-
-
-def hydra_subdir_resolver(*, _root_: DictConfig) -> str | None:
-    """``hydra.output_subdir``: ``.hydra``, or None (Hydra writes nothing) when the job's folder already holds one:
-    a resumed run keeps the record of how it was started, and a refused resume leaves its folder as it was."""
-    output_dir = OmegaConf.select(_root_, "hydra.runtime.output_dir", default=None)
-    if output_dir and (Path(output_dir) / ".hydra").is_dir():
-        return None
-    return ".hydra"
-
-
 def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
     """``cfg`` with every interpolation resolved, as ``config_resolved.yaml`` records it: ``trainer.device`` and
     ``trainer.precision`` as the runtime resolved them (``cpu``/``cuda``, ``fp32``/``bf16``; never ``auto``),

@@ -38,7 +38,7 @@ from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encod
 from .rerank import NonFiniteMargins, query_groups, query_sample, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder, claim, release
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .schema import flags_name, selection, untrained_classifier_note
+from .schema import selection, untrained_classifier_note, variant_name
 from .validation import validate
 from .state import rng_states
 from .tasks import baseline_ranks, evaluate_tasks
@@ -59,7 +59,7 @@ class Runner:
 
     ``runtime``: the start-up decision of device, precision and process group (:func:`start_up`, made here when
     None); the runner never asks torch again. ``variant``: the cell's name (the app passes Hydra's ``+variant=``
-    choice; default: named after the head flags, :func:`schema.flags_name`). The config is trusted: :func:`run`
+    choice; default: named after the head flags, :func:`schema.variant_name`). The config is trusted: :func:`run`
     validates it once.
     """
 
@@ -72,7 +72,7 @@ class Runner:
         self.device, self.amp_dtype = self.runtime.device, self.runtime.autocast_dtype
         self.pair_batch_size = self.runtime.pair_batch_size(cfg.eval.pair_batch_size)
         self.main = distributed.is_main()
-        self.variant = variant or flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
+        self.variant = variant_name(cfg, variant)
         self.selection = selection(cfg.loss.ce_weight)  # what picks the best epoch (final.json's "selection")
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from omegaconf import OmegaConf
+from omegaconf import MISSING, OmegaConf
 
 from ..errors import ConfigError
 
@@ -142,14 +142,37 @@ class TrainerSchema:
 
 @dataclass
 class LossSchema:
-    """Keys of both losses (biencoder.engine.loss.LOSSES says which loss reads which); a key the chosen loss does not
-    read must keep its default (:func:`validate`)."""
-    name: str = "triplet_ce"     # triplet_ce | infonce
-    margin: float = 1.0          # triplet_ce
-    triplet_weight: float = 1.0  # triplet_ce
-    ce_weight: float = 1.0       # both: the pair classifier's cross-entropy
-    scale: float = 20.0          # infonce: 1 / temperature on cosine similarities
-    gather: bool = False         # infonce: under DDP, every process's candidates are negatives for every query
+    """The ``loss`` config group: one dataclass per option (Hydra's structured config groups), so a key of another
+    loss is refused by composition (:func:`biencoder.hydra_glue.register` stores each option under ``loss/<name>``)
+    and by :func:`biencoder.engine.validation.validate` on a plain config. ``name`` says which option it is."""
+    name: str = MISSING
+
+
+@dataclass
+class TripletCELossSchema(LossSchema):
+    """``loss=triplet_ce``, the default (:class:`biencoder.engine.loss.TripletCELoss`)."""
+    name: str = "triplet_ce"
+    margin: float = 1.0
+    triplet_weight: float = 1.0
+    ce_weight: float = 1.0  # the pair classifier's cross-entropy
+
+
+@dataclass
+class InfoNCELossSchema(LossSchema):
+    """``loss=infonce`` (:class:`biencoder.engine.loss.InfoNCELoss`)."""
+    name: str = "infonce"
+    ce_weight: float = 1.0  # the pair classifier's cross-entropy; 0 = InfoNCE alone
+    scale: float = 20.0     # 1 / temperature on cosine similarities
+    gather: bool = False    # under DDP, every process's candidates are negatives for every query
+
+
+#: ``loss.name`` -> its option of the ``loss`` config group
+LOSS_OPTIONS: dict[str, type[LossSchema]] = {"triplet_ce": TripletCELossSchema, "infonce": InfoNCELossSchema}
+
+
+def loss_keys(name: str) -> tuple[str, ...]:
+    """The ``loss.*`` keys that loss ``name`` reads: its option's fields but ``name``."""
+    return tuple(f.name for f in fields(LOSS_OPTIONS[name]) if f.name != "name")
 
 
 @dataclass
@@ -224,7 +247,7 @@ class Schema:
     data: DataSchema = field(default_factory=DataSchema)
     model: ModelSchema = field(default_factory=ModelSchema)
     trainer: TrainerSchema = field(default_factory=TrainerSchema)
-    loss: LossSchema = field(default_factory=LossSchema)
+    loss: LossSchema = field(default_factory=TripletCELossSchema)  # the loss group's option (loss=infonce)
     negatives: NegativesSchema = field(default_factory=NegativesSchema)
     eval: EvalSchema = field(default_factory=EvalSchema)
     logger: LoggerSchema = field(default_factory=LoggerSchema)
@@ -257,6 +280,15 @@ def register_resolvers() -> None:
 
 
 register_resolvers()
+
+
+def variant_name(cfg, choice: str | None = None) -> str:
+    """A run's variant: ``choice`` (the ``+variant=`` option it was composed with) when given, else the ablation cell
+    its head flags describe (:func:`flags_name`). The one rule for the run folder's name (``${variant_name:}``), the
+    apps and the runner."""
+    if choice:
+        return str(choice)
+    return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
 
 
 def flags_name(use_layernorm: bool, use_relu: bool) -> str:
@@ -328,6 +360,13 @@ def run_settings(config: dict) -> dict:
     # a default read from the environment (${oc.env:...}: the cache and log folders) counts as it resolves now;
     # other interpolations (the packaged encoder's folder, the demo corpus) need the resolvers and are left out
     known = {k: _resolve_env(v) if isinstance(v, str) and v.startswith("${oc.env:") else v for k, v in defaults.items()}
+    # every loss's keys, each at its option's default where the config lacks it (a key of another loss than the
+    # run's takes no part in the run): runs of either loss, saved with their own loss's keys or with every loss's,
+    # compare key by key
+    own = (config.get("loss") or {}).get("name")
+    for name in sorted(LOSS_OPTIONS, key=lambda name: name == own):  # the run's own loss last: its defaults win
+        option = OmegaConf.to_container(OmegaConf.structured(LOSS_OPTIONS[name]))
+        known.update({f"loss.{key}": value for key, value in option.items() if key != "name"})
     return {**{k: v for k, v in known.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib.util
+import json
 import math
 import time
 from pathlib import Path
@@ -45,8 +47,6 @@ def selected(cfg: DictConfig) -> list[str]:
 
 def check_packages(cfg: DictConfig) -> None:
     """A selected logger whose package is missing: one line naming the extra (before any folder is touched)."""
-    import importlib.util
-
     for name in selected(cfg):
         if importlib.util.find_spec(PACKAGES[name]) is None:
             raise ConfigError(f"logger={name} needs the {PACKAGES[name]} package: pip install -e '.[tracking]' "

@@ -2,13 +2,14 @@
 before anything is touched; :func:`check_known_keys` refuses a key the schema does not know.
 
 Types and unknown keys are also refused by Hydra's composition against :mod:`.schema`; these checks add ranges,
-choices and combinations, and run on plain ``DictConfig`` objects too (the engine without Hydra). ``validate``
-imports :mod:`.loss` when it runs (for :data:`~biencoder.engine.loss.LOSSES`, which says which loss reads which key):
-``loss`` imports torch, which the schema's importers (the plot) do not need.
+choices and combinations, and run on plain ``DictConfig`` objects too (the engine without Hydra): there a key of
+another loss is refused against the chosen loss's option (:data:`~biencoder.engine.schema.LOSS_OPTIONS`), as
+composition refuses it.
 """
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 
@@ -19,7 +20,7 @@ from .schema import (
     DEVICES,
     FUSIONS,
     INDEXES,
-    LossSchema,
+    LOSS_OPTIONS,
     LoggerSchema,
     MlflowSchema,
     POOLINGS,
@@ -31,6 +32,7 @@ from .schema import (
     TensorBoardSchema,
     Schema,
     flatten,
+    loss_keys,
 )
 
 
@@ -60,9 +62,13 @@ FREE_FORM = ("model.encoder.random_init.",)
 
 def check_known_keys(cfg: DictConfig) -> None:
     """Refuse any key the schema does not know, including ones added with ``+key=...`` (which Hydra lets past the
-    schema); name the closest known key when there is one."""
+    schema), and a key of another loss than ``loss.name``; name the closest known key when there is one."""
+    loss = OmegaConf.select(cfg, "loss.name", default=None)
+    option = OmegaConf.get_type(cfg, "loss") if "loss" in cfg else None
+    if option in LOSS_OPTIONS.values() and loss in LOSS_OPTIONS and LOSS_OPTIONS[loss] is not option:
+        raise ConfigError(f"loss.name={loss} does not switch the loss: pick it with loss={loss} (the config group)")
     for key in sorted(flatten(OmegaConf.to_container(cfg, resolve=False))):
-        message = unknown_key_message(key)
+        message = unknown_key_message(key, loss)
         if message:
             raise ConfigError(message)
 
@@ -70,23 +76,31 @@ def check_known_keys(cfg: DictConfig) -> None:
 @functools.lru_cache(maxsize=1)
 def _known_keys() -> tuple[frozenset[str], frozenset[str]]:
     """(every key of the schema, every prefix of one): built once per process, not once per key checked."""
-    # optional subtrees (the loggers) count with their keys, whether or not a run selects them
+    # optional subtrees (the loggers) count with their keys, whether or not a run selects them; so do every loss's
     every = Schema(logger=LoggerSchema(tensorboard=TensorBoardSchema(), mlflow=MlflowSchema()))
-    known = frozenset(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
+    known = set(flatten(OmegaConf.to_container(OmegaConf.structured(every), resolve=False)))
+    known.update(f"loss.{key}" for name in LOSS_OPTIONS for key in loss_keys(name))
     # an unselected optional subtree (logger.mlflow: null) is a known prefix
-    return known, frozenset(k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1))
+    return frozenset(known), frozenset(k.rsplit(".", i)[0] for k in known for i in range(1, k.count(".") + 1))
 
 
-def unknown_key_message(key: str) -> str | None:
+def unknown_key_message(key: str, loss: str | None = None) -> str | None:
     """The one line for a config key the schema does not know (with the closest known key, if any), or None when it
-    is known. Also used for Hydra's own refusal of ``trainer.epochs=3``, whose hint (``+trainer.epochs=3``) would only
-    lead to this line (:mod:`biencoder.hydra_glue`)."""
-    import difflib
-
+    is known. With ``loss`` (the chosen ``loss.name``), a ``loss.*`` key of another loss is not known either: the
+    line names the key and the losses it belongs to. Also used for Hydra's own refusal of ``trainer.epochs=3``,
+    whose hint (``+trainer.epochs=3``) would only lead to this line, and of ``loss=infonce loss.margin=1``
+    (:mod:`biencoder.hydra_glue`)."""
     known, prefixes = _known_keys()
+    parent, _, leaf = key.rpartition(".")
+    if parent == "loss" and loss in LOSS_OPTIONS and leaf != "name" and leaf not in loss_keys(loss):
+        owners = [name for name in LOSS_OPTIONS if leaf in loss_keys(name)]
+        if owners:
+            return f"{key} is a key of loss={'|'.join(owners)}, not of loss={loss}: drop it, or pick loss={owners[0]}"
+        # misspelt: the closest key is one of the chosen loss's
+        known = frozenset(k for k in known if not k.startswith("loss.")) | {
+            f"loss.{k}" for k in ("name", *loss_keys(loss))}
     if key in known or key in prefixes or key.startswith(FREE_FORM):
         return None
-    parent, _, leaf = key.rpartition(".")
     siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
     close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.75)
     hint = f" (did you mean {parent + '.' if parent else ''}{close[0]}?)" if close else ""
@@ -94,24 +108,16 @@ def unknown_key_message(key: str) -> str | None:
 
 
 def _loss(cfg: DictConfig) -> None:
-    """``loss.name`` is a known loss, its keys are in range, and no key of the other loss was changed (it would
-    be silently ignored)."""
-    from .loss import LOSSES  # loss.py imports torch and the model: kept out of the schema's import (no circle)
-
-    _choice(cfg, "loss.name", tuple(LOSSES))
-    _positive(cfg, "loss.margin", kind=float, minimum=0)
-    _positive(cfg, "loss.triplet_weight", kind=float, minimum=0)
-    _positive(cfg, "loss.ce_weight", kind=float, minimum=0)
-    _positive(cfg, "loss.scale", kind=float, minimum=0)
-    if cfg.loss.scale == 0:
+    """``loss.name`` is a known loss and its keys are in range (a key of another loss: :func:`check_known_keys`)."""
+    _choice(cfg, "loss.name", tuple(LOSS_OPTIONS))
+    reads = loss_keys(cfg.loss.name)
+    for key in ("margin", "triplet_weight", "ce_weight", "scale"):
+        if key in reads:
+            _positive(cfg, f"loss.{key}", kind=float, minimum=0)
+    if "scale" in reads and cfg.loss.scale == 0:
         raise ConfigError("loss.scale=0 is not valid: every score would be 0; use a number > 0 (20 is the usual one)")
-    _bool(cfg, "loss.gather")
-    reads = LOSSES[cfg.loss.name][1]
-    for key, default in vars(LossSchema()).items():
-        if key != "name" and key not in reads and cfg.loss[key] != default:
-            users = [name for name, (_, keys) in LOSSES.items() if key in keys]
-            raise ConfigError(f"loss.{key}={cfg.loss[key]!r} has no effect with loss={cfg.loss.name}: it belongs to "
-                              f"loss={'|'.join(users)}; drop it or pick that loss")
+    if "gather" in reads:
+        _bool(cfg, "loss.gather")
 
 
 def validate(cfg: DictConfig) -> None:
