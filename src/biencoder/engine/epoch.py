@@ -72,7 +72,7 @@ class EpochSums:
     The loss parts are summed in float64 on every step. The step statistics (:data:`STEP_STATISTICS`: the head
     statistics, about 20 passes over the step's [2B, F] head tensors, and the gradient norms, a foreach loop over
     the parameters on a CPU) are a sample: the first step of every ``every`` (``trainer.stats_every``), averaged over
-    the sampled steps; ``every=1`` gives them all (BENCHMARKS section 7, seventh and eighth passes).
+    the sampled steps; ``every=1`` gives them all.
     """
 
     def __init__(self, every: int):
@@ -159,7 +159,7 @@ class EpochTrainer:
         self.flat = [FlatParameters(params, model.unused_parameters()) for params, _ in groups]
         self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
         # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
-        # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor; BENCHMARKS section 7)
+        # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor)
         self.optimizer = torch.optim.AdamW([{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups)],
                                            weight_decay=cfg.trainer.weight_decay, fused=True)
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none

@@ -3,7 +3,7 @@
 :class:`FlatParameters` makes a group's parameters views of one buffer and their gradients views of a second;
 backward adds into those views in place, and AdamW's fused kernel runs over the one flat tensor. On a CPU that kernel
 loops over the tensors of its list, about 7 ops each (each reads its step counter): 753 of the 4244 ops of a
-MiniLM-sized training step (BENCHMARKS.md section 7, tenth pass). FSDP's ``FlatParameter`` and DeepSpeed's contiguous
+MiniLM-sized training step (``scripts/bench.py --items steps``). FSDP's ``FlatParameter`` and DeepSpeed's contiguous
 gradients are the same idea.
 
 Two kinds of parameter stay as they are (*loose*), so that training computes what it computed per parameter, to

@@ -37,7 +37,7 @@ class Embeddings:
 
     def index(self, rows) -> "Embeddings":
         """The rows ``rows`` (ints, a repeat allowed), with ``index_select``: on a CPU 3x faster than ``tensor[rows]``
-        (aten::index), the same values (BENCHMARKS section 7, sixth pass)."""
+        (aten::index), the same values."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.sim.device)
         return Embeddings(self.sim.index_select(0, rows), self.pooled.index_select(0, rows))
 
@@ -87,7 +87,7 @@ class PairHead(nn.Module):
         """:meth:`pair_features` of (emb[rows_a[i]], emb[rows_b[i]]) written into ``out`` [≥ B, n_features] (no
         autograd; ``out`` of the embeddings' dtype): the rows are gathered straight into their places, with no
         intermediate tensors. The same values; the margins of a split's shortlists took 13–42 % less time on a CPU
-        (BENCHMARKS section 7, eleventh pass). Returns ``out[:B]``."""
+        (``scripts/bench.py --items eval``). Returns ``out[:B]``."""
         if out.shape[0] < len(rows_a) or out.shape[1] != self.out.in_features:
             raise ValueError(f"a buffer of {tuple(out.shape)} cannot hold the features of {len(rows_a)} pairs "
                              f"({self.out.in_features} each)")

@@ -1,4 +1,4 @@
-"""Retrieve k, then rerank: the one retrieve-then-rerank of ``../shared/docs/protocol.md`` and its rank metrics.
+"""Retrieve k, then rerank: the one retrieve-then-rerank of ``docs/protocol.md`` and its rank metrics.
 
 For a query the candidates are a pool (the per-epoch pool: every argument of the split that belongs to a pair,
 except the query itself and the counters whose text equals its true counter's; or one of the 8 tasks' pools, each a

@@ -81,7 +81,7 @@ class Runtime:
     def record(self) -> dict:
         """What the run record (``final.json``) states about the process that computed it. ``cpu_threads`` (torch's
         intra-op threads, ``OMP_NUM_THREADS``): on a CPU another count splits the sums differently, so same-seed
-        numbers agree to the last digit only at the same count (README, "Same seed, same numbers?")."""
+        numbers agree to the last digit only at the same count (docs/reproducibility.md)."""
         return {"device": self.device.type, "device_name": self.device_name, "precision": self.precision,
                 "deterministic": self.deterministic, "processes": self.world_size,
                 "cpu_threads": torch.get_num_threads()}

@@ -34,7 +34,7 @@ class NeighbourIndex:
             2048 on a GPU (fewer launches).
         refine: queries per float64 re-ranking of the shortlists, default 32 on a CPU (their [32, k + 16, D] float64
             rows stay in cache: a mining-shaped search of 2796 queries took 88 ms against 105 ms re-ranking 256 at once,
-            medians, BENCHMARKS section 7), the whole block on a GPU.
+            medians), the whole block on a GPU.
     """
 
     def __init__(self, data: np.ndarray, kind: str = "balltree", device: str | torch.device = "cpu",
