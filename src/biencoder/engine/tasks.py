@@ -82,14 +82,24 @@ def tfidf_scores(split: PairedSplit) -> np.ndarray:
 BASELINES = {"encoder_cosine": "zero-shot", "tfidf": "TF-IDF"}
 
 
+def pool_mask(split: PairedSplit) -> np.ndarray:
+    """[Q, 2Q] bool: the false candidates of each query in the per-epoch top-1's pool (:meth:`PairedSplit.is_candidate`
+    less the true counter); with ``data.pool=all`` on ArguAna, the epa task's."""
+    mask = split.is_candidate(np.broadcast_to(np.arange(len(split.texts)), (split.n_pairs, len(split.texts))))
+    mask[np.arange(split.n_pairs), split.counter] = False
+    return mask
+
+
 def baseline_ranks(split: PairedSplit, pooled: torch.Tensor) -> dict[str, np.ndarray]:
-    """Per query, the rank of its true counter in the epa pool (the per-epoch top-1's pool) under each of
-    :data:`BASELINES`: ``{"encoder_cosine": [Q], "tfidf": [Q]}``, ranks from 1 (ties count against).
+    """Per query, the rank of its true counter in the per-epoch top-1's pool (:func:`pool_mask`; ArguAna's epa pool
+    with ``data.pool=all``) under each of :data:`BASELINES`: ``{"encoder_cosine": [Q], "tfidf": [Q]}``, ranks from 1
+    (ties count against). Needs no theme, debate or stance: pair files get their baselines too.
 
     ``pooled``: [2Q, H] pooled vectors of the split's rows from the untrained encoder (zero-shot cosine); TF-IDF is
-    fit on the split's texts. The mean of ``rank == 1`` is what ``evaluate_tasks(split, score)["epa"]`` reports.
+    fit on the split's texts. On ArguAna the mean of ``rank == 1`` is what ``evaluate_tasks(split, score)["epa"]``
+    reports.
     """
-    mask = task_masks(candidate_types(split))["epa"]
+    mask = pool_mask(split)
     scores = {"encoder_cosine": _cosine(pooled[split.query], pooled), "tfidf": tfidf_scores(split)}
     return {name: query_ranks(s, mask, split.counter) for name, s in scores.items()}
 
