@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..engine.corpus import read_corpus
+from ..engine.corpus import run_splits
 from ..engine.model import build_model, pooled_vectors
 from ..engine.runtime import set_seed_everywhere
 from ..engine.rerank import query_sample
@@ -66,7 +66,7 @@ def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None
         data, model_cfg = _group(run, "data."), _group(run, "model.")
         data["root"] = data_root or data["root"]
         model_cfg["encoder"]["name_or_path"] = encoder or model_cfg["encoder"]["name_or_path"]
-        split = read_corpus(data["root"]).used(data["dedup"]).paired("test", data["max_debates"])
+        split = run_splits(data)[1]["test"]  # the ArguAna folders or the run's pair files, its dedup and pool
         set_seed_everywhere(run.seed)  # as the runner does before building the model: the same random_init encoder
         model, tokenizer = build_model(model_cfg, progress=False)
         with torch.no_grad():
