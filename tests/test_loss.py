@@ -278,3 +278,15 @@ def test_each_losss_own_defaults_are_the_schemas():
     for name, (cls, keys) in LOSSES.items():
         own = inspect.signature(cls).parameters
         assert {key: own[key].default for key in keys} == {key: schema[key] for key in keys}, name
+
+
+def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer):
+    """loss.margin reaches the triplet term, on Euclidean (p=2) distances of vectors with two non-zero coordinates:
+    d(a, p) = |(3, 4)| = 5, d(a, n) = 4.9, so triplet = 5 − 4.9 + margin."""
+    model, _ = tiny_model_and_tokenizer
+    sim = lambda *x: torch.tensor([list(x) + [0.0] * (128 - len(x))])
+    pooled = torch.zeros(1, 32)
+    point, counter, negative = (Embeddings(sim(*x), pooled) for x in ((0.0,), (3.0, 4.0), (0.0, 4.9)))
+    for margin in (0.25, 1.0):
+        triplet = TripletCELoss(margin=margin)(model, point, counter, negative).parts["triplet"].item()
+        assert triplet == pytest.approx(0.1 + margin, abs=1e-4)  # torch adds eps=1e-6 inside the distance

@@ -93,8 +93,47 @@ def test_only_the_hard_pairs_are_searched_and_they_get_what_a_search_of_all_give
 @pytest.mark.parametrize("rate", [0.0, 1.0])
 def test_a_pair_without_an_eligible_negative_is_refused_at_any_rate(rate):
     split = paired_split(["a", "a"], ["b", "b"])  # two texts: every argument is a point's or its counter's
-    with pytest.raises(ValueError, match="no eligible negative"):
+    with pytest.raises(ValueError, match="^a pair has no eligible negative"):
         mine_negatives(np.zeros((4, 2)), split, rate, np.random.default_rng(0), n_neighbors=1)
+
+
+@pytest.mark.parametrize("points, counters", [(["a", "a"], ["a", "a"]),  # one text in all
+                                              (["a", "a"], ["a", "b"])])  # pair 0 may take b, pair 1 nothing
+def test_one_pair_without_an_eligible_negative_is_enough_to_refuse(points, counters):
+    with pytest.raises(ValueError, match="^a pair has no eligible negative"):
+        mine_negatives(np.zeros((4, 2)), paired_split(points, counters), 0.0, np.random.default_rng(0), n_neighbors=1)
+
+
+def test_a_split_smaller_than_the_neighbours_fetched():
+    """3 pairs (6 rows) and the default 10 neighbours: one search of all 6 rows finds every hard negative."""
+    split = paired_split(["p0", "p1", "p2"], ["c0", "c1", "c2"])
+    sim = np.array([[0.0], [10.0], [20.0], [1.0], [11.0], [21.0]])  # rows: p0 p1 p2 c0 c1 c2
+    mined = mine_negatives(sim, split, 0.0, np.random.default_rng(0))
+    # p0 (0): p1 at 10 before c1 at 11 | p1 (10): c0 at 9 before p2 at 10 | p2 (20): c1 at 9 before p1 at 10
+    assert mined.row.tolist() == [1, 3, 4] and mined.distance.tolist() == [10.0, 9.0, 9.0]
+
+
+def test_random_negatives_are_drawn_from_every_eligible_row():
+    split = paired_split(["p0", "p1", "p2"], ["c0", "c1", "c2"])
+    drawn = {pair: set() for pair in range(3)}
+    for seed in range(100):
+        mined = mine_negatives(np.zeros((6, 1)), split, 1.0, np.random.default_rng(seed))
+        assert mined.is_random.all() and mined.stats()["random_rate"] == 1.0
+        for pair, row in enumerate(mined.row):
+            drawn[pair].add(int(row))
+    # every row but the pair's own point and counter (rows: p0 p1 p2 c0 c1 c2)
+    assert drawn == {0: {1, 2, 4, 5}, 1: {0, 2, 3, 5}, 2: {0, 1, 3, 4}}
+
+
+def test_float32_vectors_are_measured_in_float64():
+    """The runner hands in the float32 sim vectors: the negatives' distances (neg_distance of metrics.jsonl) are
+    measured in float64 all the same."""
+    split = paired_split([f"p{i}" for i in range(20)], [f"c{i}" for i in range(20)])
+    sim = np.random.default_rng(5).normal(size=(40, 8)).astype(np.float32)
+    mined = mine_negatives(sim, split, 0.5, np.random.default_rng(1))
+    wide = sim.astype(np.float64)
+    assert mined.distance.dtype == np.float64
+    np.testing.assert_array_equal(mined.distance, np.linalg.norm(wide[split.query] - wide[mined.row], axis=1))
 
 
 def test_the_random_draw_is_the_first_thing_mining_takes_from_the_rng():
