@@ -219,3 +219,24 @@ def test_sorted_unique_is_numpys_unique():
         got = sorted_unique(values)
         np.testing.assert_array_equal(got, np.unique(values))
         assert got.dtype == values.dtype
+
+
+def test_nan_margins_in_the_within_group_top1_stop_a_run_as_diverged(tmp_path, monkeypatch):
+    """Pair files with groups: the within-group shortlists score other (query, candidate) pairs than the per-epoch
+    ones, so NaN margins there alone must also end the run as diverged, naming the split, never as a bare error."""
+    import json
+
+    import biencoder.engine.groups as groups
+    from biencoder.engine.epoch import Diverged
+    from biencoder.engine.runner import run
+    from conftest import FAST, compose_cfg
+
+    def nan_margins(model, emb, queries, row_lists, *args):
+        return [np.full(rows.shape, np.nan, np.float32) for rows in row_lists]
+
+    monkeypatch.setattr(groups, "shortlist_margins", nan_margins)
+    out = tmp_path / "run"
+    with pytest.raises(Diverged, match=r"epoch 0: non-finite train classifier margins \((\d+) of \1\)"):
+        run(compose_cfg(FAST + ["data=pairs_demo", "trainer.max_epochs=1", "eval.tasks=false"]), out)
+    final = json.loads((out / "final.json").read_text())
+    assert final["status"] == "diverged" and final["what"].startswith("train classifier margins (")

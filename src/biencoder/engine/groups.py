@@ -67,7 +67,7 @@ def group_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 1
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     rows, false = group_shortlists(emb.retrieval(space).numpy(), split, k, index, device, pairs)
     [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], batch_size, device)
-    rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs])
+    rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
     hits = rank == 1
     metrics = {"top1_group": float(hits.mean()), "recall_at_k_group": float(in_k.mean()),
                "candidates_group": float(false.mean())}

@@ -114,7 +114,7 @@ def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     pool = split.pool_rows  # data.pool=positives: only the positives are searched
     # what a search may find that the pool leaves out: the query itself (when it is searched), its true counter's twins
-    extra = int(len(pool) == len(sim)) + int(split.twins_of_true_counter().max())
+    extra = int(split.pool == "all") + int(split.twins_of_true_counter().max())
     sim = np.asarray(sim, dtype=np.float64)
     searched = sim if len(pool) == len(sim) else sim[pool]
     k = min(k, len(searched) - extra)

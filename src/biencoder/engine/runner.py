@@ -177,16 +177,17 @@ class Runner:
         rows = self.fixed_shortlists(name, emb)
         if rows is None:  # searched here rather than inside retrieve_rerank: the nearest neighbours are a hit too
             rows, _ = retrieve(emb.retrieval(cfg.retrieve).numpy(), split, cfg.k, cfg.index, self.device, pairs)
+        seen = self.eval_seen if name == "test" else None
         try:
             metrics, hits = retrieve_rerank(self.model, emb, split, cfg.k, self.pair_batch_size, self.device,
                                             index=cfg.index, pairs=pairs, space=cfg.retrieve, rows=rows)
+            if split.groups is not None:  # pair files with a group column: the within-group top-1 too
+                metrics.update(group_rerank(self.model, emb, split, cfg.k, self.pair_batch_size, self.device,
+                                            cfg.index, pairs, cfg.retrieve, seen)[0])
         except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
             raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
-        if name == "test":
-            metrics.update(seen_unseen(hits, self.eval_seen))
-        if split.groups is not None:  # pair files with a group column: the within-group top-1 too
-            metrics.update(group_rerank(self.model, emb, split, cfg.k, self.pair_batch_size, self.device, cfg.index,
-                                        pairs, cfg.retrieve, self.eval_seen if name == "test" else None)[0])
+        if seen is not None:
+            metrics.update(seen_unseen(hits, seen))
         if self.selection["metric"] == "retrieval_top1":
             hits = rows[:, 0] == split.counter[np.arange(split.n_pairs) if pairs is None else pairs]
         return metrics, hits
