@@ -1,6 +1,15 @@
-"""``python -m biencoder.corpus stats <root> [--json]`` (``biencoder-corpus``): the counts of an ArguAna counterargs
-corpus per split, the cross-split overlap and what ``data.dedup`` drops. The reader is :mod:`biencoder.engine.corpus`;
-its public names stay importable from here (``from biencoder.corpus import read_corpus``).
+"""``biencoder-corpus`` (``python -m biencoder.corpus``): what a run's data holds, and ArguAna as pair files.
+
+* ``stats <root>``: the counts of an ArguAna counterargs corpus per split, the cross-split overlap and what
+  ``data.dedup`` drops. ``stats train.jsonl val.jsonl test.jsonl`` (or a folder holding ``train.*``, ``val.*``,
+  ``test.*``, or one file with a split column): the same for pair files (``data=pairs``: pairs, duplicated pairs,
+  distinct texts, given negatives and groups per split, overlap, what dedup drops, and each file's sha256).
+* ``export-pairs <corpus> <folder>``: an ArguAna-layout corpus (``demo``: the bundled one) as ``train.jsonl``,
+  ``val.jsonl`` and ``test.jsonl`` (anchor = point, positive = counter, group = theme/debate), then read back to show
+  that both readers give the same paired splits.
+
+The readers are :mod:`biencoder.engine.corpus` and :mod:`biencoder.engine.pairs`; the public names stay importable
+from here (``from biencoder.corpus import read_corpus``).
 """
 
 from __future__ import annotations
@@ -9,9 +18,11 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from .engine.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
 from .engine.layout import EXTRACTED, CorpusError, resolve_root
+from .engine.pairs import EXPORTED, SUFFIXES, PairFiles, export_pairs, read_pairs
 from .engine.schema import demo_root
 from .errors import command
 
@@ -28,34 +39,116 @@ def format_stats(counts: dict[str, dict[str, int]]) -> str:
     return "\n".join(lines)
 
 
-@command
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m biencoder.corpus", description="Counts of an ArguAna counterargs corpus per split.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    stats = sub.add_parser("stats", help="count themes, debates, points, counters and pairs per split")
-    stats.add_argument("root", help=f"corpus root (holding {EXTRACTED}/) or that folder itself; 'demo' for the bundled one")
-    stats.add_argument("--json", action="store_true",
-                       help="print one JSON object: splits (counts per split), overlap, dedup_dropped")
-    args = parser.parse_args(argv)
+def pair_sources(paths: list[str], fmt: str | None = None, columns: dict | None = None) -> dict | None:
+    """The ``data`` config of the pair files ``paths`` name (three files: train, val, test; one file with a split
+    column; or a folder holding ``train.*``, ``val.*`` and ``test.*``), or None when ``paths`` is one ArguAna root."""
+    base = {"layout": "pairs", "format": fmt, "columns": columns or {}}
+    if len(paths) == 3:
+        return {**base, **dict(zip(("train", "val", "test"), paths))}
+    if len(paths) != 1:
+        raise CorpusError(f"{len(paths)} paths: pass one corpus root, one folder or file of pairs, or three pair "
+                          "files (train, val, test)")
+    path = Path(paths[0])
+    if path.is_file():
+        return {**base, "file": str(path)}
+    if str(path) == "demo" or not path.is_dir():
+        return None  # the ArguAna reader says what is wrong with it
+    found = {name: sorted(f for f in path.iterdir() if f.stem == name and f.suffix.lower() in SUFFIXES)
+             for name in ("train", "val", "test")}
+    if not all(found.values()):
+        return None
+    return {**base, **{name: str(files[0]) for name, files in found.items()}}
 
+
+def _print_overlap(overlap: dict, debates: bool) -> None:
+    print("\ncross-split overlap (the same text in two splits" + (": a debate filed under two themes)" if debates else ")"))
+    print(f"{'':18} {'pairs (both texts as a pair of b)':>38} {'texts':>16}" + (f" {'debates (URL)':>15}" if debates else ""))
+    for key, o in overlap.items():
+        print(f"{key:18} {o['pairs']:>26} of {o['of_pairs']:<9} {o['texts']:>6} of {o['of_texts']:<6}"
+              + (f" {o['debates']:>5} of {o['of_debates']:<6}" if debates else ""))
+
+
+def stats(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    corpus = read_corpus(args.root)
+    if any("=" not in c for c in args.column):
+        raise CorpusError(f"--column {next(c for c in args.column if '=' not in c)}: use ROLE=NAME, e.g. --column "
+                          "anchor=question")
+    columns = dict(c.split("=", 1) for c in args.column)
+    data = pair_sources(args.paths, args.format, columns)
+    corpus: Corpus | PairFiles = read_pairs(data) if data else read_corpus(args.paths[0])
     overlap = corpus.overlap()
+    dropped = corpus.deduplicated(check=False).dropped if data else corpus.deduplicated().dropped
     if args.json:
-        print(json.dumps({"splits": corpus.counts, "overlap": overlap,
-                          "dedup_dropped": corpus.deduplicated().dropped}, indent=2))
+        print(json.dumps({"splits": corpus.counts, "overlap": overlap, "dedup_dropped": dropped,
+                          **({"files": corpus.files} if data else {})}, indent=2))
+        return 0
+    if data:
+        for role, f in corpus.files.items():
+            print(f"{role}: {f['path']}  ({f['bytes']} bytes, sha256 {f['sha256']})")
+        print(f"(read in {time.perf_counter() - start:.2f} s; duplicated_pairs: rows that repeat an earlier anchor and "
+              "positive, each its own query)")
     else:
         print(f"{corpus.root}  (read in {time.perf_counter() - start:.2f} s)")
-        print(format_stats(corpus.counts))
-        print("\ncross-split overlap (the same text in two splits: a debate filed under two themes)")
-        print(f"{'':18} {'pairs (point+counter as a pair of b)':>38} {'texts':>16} {'debates (URL)':>15}")
-        for key, o in overlap.items():
-            print(f"{key:18} {o['pairs']:>26} of {o['of_pairs']:<9} {o['texts']:>6} of {o['of_texts']:<6} "
-                  f"{o['debates']:>5} of {o['of_debates']:<6}")
-        dropped = corpus.deduplicated().dropped
-        print(f"\ndata.dedup=true (the default) drops train {dropped['train']} of {corpus.counts['train']['pairs']}, "
-              f"val {dropped['val']} of {corpus.counts['val']['pairs']}, test 0 pairs")
+    print(format_stats(corpus.counts))
+    _print_overlap(overlap, debates=not data)
+    print(f"\ndata.dedup=true (the default) drops train {dropped['train']} of {corpus.counts['train']['pairs']}, "
+          f"val {dropped['val']} of {corpus.counts['val']['pairs']}, test 0 pairs")
     return 0
+
+
+def same_splits(corpus: Corpus, pairs: PairFiles) -> list[str]:
+    """Where the paired splits of ``corpus`` and of its exported ``pairs`` differ (texts and their order), official
+    and deduplicated; empty when they agree."""
+    out = []
+    for dedup in (False, True):
+        a, b = corpus.used(dedup), pairs.used(dedup)
+        for name in ("train", "val", "test"):
+            if a.paired(name).texts != b.paired(name).texts:
+                out.append(f"{name} ({'deduplicated' if dedup else 'official'}: {a.paired(name).n_pairs} pairs in the "
+                           f"corpus, {b.paired(name).n_pairs} in the files)")
+    return out
+
+
+def export(args: argparse.Namespace) -> int:
+    corpus = read_corpus(args.corpus)
+    written = export_pairs(corpus, args.folder)
+    pairs = read_pairs({"layout": "pairs", **{name: str(path) for name, path in written.items()}})
+    for name, path in written.items():
+        print(f"{path}  ({corpus.counts[name]['pairs']} pairs)")
+    differ = same_splits(corpus, pairs)
+    if differ:
+        print("note: the files give other paired splits than the corpus in " + "; ".join(differ) + ": ArguAna's "
+              "dedup also removes texts of points without a counter, which pair files do not hold")
+    else:
+        dedup = corpus.deduplicated()
+        print("read back: the same paired splits as the corpus, official ("
+              + "/".join(str(corpus.counts[n]["pairs"]) for n in EXPORTED) + ") and deduplicated ("
+              + "/".join(str(len(dedup.split_pairs(n))) for n in EXPORTED) + f"); train on them with data=pairs "
+              f"data.train={written['train']} data.val={written['val']} data.test={written['test']}")
+    return 0
+
+
+@command
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m biencoder.corpus",
+                                     description="What an ArguAna corpus or a set of pair files holds; ArguAna as pair files.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    stats_parser = sub.add_parser("stats", help="counts per split, the cross-split overlap and what data.dedup drops")
+    stats_parser.add_argument("paths", nargs="+", metavar="path",
+                              help=f"an ArguAna corpus root (holding {EXTRACTED}/) or that folder, 'demo' for the "
+                                   "bundled one; or pair files: train val test, a folder holding train.*, val.* and "
+                                   "test.*, or one file with a split column")
+    stats_parser.add_argument("--json", action="store_true",
+                              help="print one JSON object: splits (counts per split), overlap, dedup_dropped (files)")
+    stats_parser.add_argument("--format", choices=sorted(set(SUFFIXES.values())), help="pair files: their format "
+                                                                                       "(default: from the suffix)")
+    stats_parser.add_argument("--column", action="append", default=[], metavar="ROLE=NAME",
+                              help="pair files: the column of a role, as data.columns.<role> (e.g. anchor=question)")
+    export_parser = sub.add_parser("export-pairs", help="write an ArguAna-layout corpus as train/val/test.jsonl pairs")
+    export_parser.add_argument("corpus", help="an ArguAna corpus root, or 'demo' for the bundled one")
+    export_parser.add_argument("folder", help="a new or empty folder for train.jsonl, val.jsonl and test.jsonl")
+    args = parser.parse_args(argv)
+    return stats(args) if args.command == "stats" else export(args)
 
 
 if __name__ == "__main__":

@@ -88,6 +88,10 @@ def _checked(cfg: DictConfig) -> tuple[str, str]:
     except CorpusError:
         raise ConfigError(f"eval.split={cfg.eval.split!r} is not valid: use val or test (or train; the folder "
                           "names validation/training work too)") from None
+    if cfg.data.layout != "arguana":
+        raise ConfigError(f"data={cfg.data.name}: biencoder-evaluate runs the 8 official tasks, which need ArguAna's "
+                          "debates, sides and themes (data=arguana or data=demo); a run on pair files has its top-1 "
+                          "and baselines in its final.json")
     if cfg.eval.checkpoint is None and cfg.eval.score in NEEDS_TRAINED:
         raise ConfigError(f"eval.score={cfg.eval.score} needs trained weights: pass eval.checkpoint=<run folder or "
                           "best.pt>, or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")

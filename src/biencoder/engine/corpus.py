@@ -1,5 +1,7 @@
 """The ArguAna counterargs corpus as tables (Wachsmuth, Syed & Stein, ACL 2018): :func:`read_corpus` (the folders are
-read by :mod:`.layout`), its pairs, the cross-split overlap and deduplication, and the paired splits a run uses.
+read by :mod:`.layout`), its pairs, the cross-split overlap and deduplication, and the paired splits
+(:class:`~.paired.PairedSplit`) a run uses; :func:`run_splits`, the one entry that reads a run's data, whichever
+reader ``data.layout`` names (this one, or :mod:`.pairs` for pair files).
 
 A *pair* is a point and the counter with the same split, theme, debate, stance and number.
 
@@ -17,82 +19,15 @@ import numpy as np
 import pandas as pd
 
 from .layout import SPLITS, CorpusError, read_split, resolve_root
+from .paired import SPLIT_NAMES, PairedSplit, seen_queries, split_name
+from .pairs import PairFiles, read_pairs
 from .schema import demo_root
 
-#: the names printed everywhere (logs, metrics, tables, JSON) -> the corpus's folder names; either is accepted
-SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}
-
-
-def split_name(name: str) -> str:
-    """The printed name (``train``/``val``/``test``) of a split given in either spelling (``validation`` too)."""
-    for short, folder in SPLIT_NAMES.items():
-        if name in (short, folder):
-            return short
-    raise CorpusError(f"unknown split '{name}': use one of "
-                      + ", ".join(f"{short} (or {folder})" if short != folder else short for short, folder in SPLIT_NAMES.items()))
-
+__all__ = ["ARGUMENT_COLUMNS", "PAIR_COLUMNS", "SPLIT_NAMES", "Corpus", "CorpusError", "PairedSplit", "read_corpus",
+           "run_splits", "seen_queries", "split_name"]  # the paired splits' names stay importable from here
 
 ARGUMENT_COLUMNS = ["split", "theme", "debate", "stance", "number", "kind", "conclusion", "premise", "text", "path"]
 PAIR_COLUMNS = ["split", "theme", "debate", "stance", "pair_id", "point_text", "counter_text"]
-
-
-@dataclass(frozen=True)
-class PairedSplit:
-    """The arguments of one split that belong to pairs, in a fixed order.
-
-    ``table`` has 2·Q rows: row ``i`` (i < Q) is the point of pair ``i`` and row ``Q + i`` is its counter.
-    Columns: theme, debate, stance, kind, text, text_id (equal texts share an id), pair_id.
-    ``query[i] = i`` and ``counter[i] = Q + i`` are kept explicit so callers never rely on the layout.
-    """
-
-    name: str
-    table: pd.DataFrame
-
-    @property
-    def n_pairs(self) -> int:
-        return len(self.table) // 2
-
-    @property
-    def query(self) -> np.ndarray:
-        """[Q] row of each pair's point."""
-        return np.arange(self.n_pairs)
-
-    @property
-    def counter(self) -> np.ndarray:
-        """[Q] row of each pair's counter."""
-        return np.arange(self.n_pairs, 2 * self.n_pairs)
-
-    @property
-    def texts(self) -> list[str]:
-        return self.table["text"].tolist()
-
-    @property
-    def text_id(self) -> np.ndarray:
-        """[2Q] integer id per row; rows with identical text share it."""
-        return self.table["text_id"].to_numpy()
-
-    @property
-    def is_counter(self) -> np.ndarray:
-        """[2Q] bool, True for counter rows."""
-        return (self.table["kind"] == "counter").to_numpy()
-
-    def twins_of_true_counter(self) -> np.ndarray:
-        """[Q] how many *other* counters share each query's true-counter text (0 for most)."""
-        counts = np.bincount(self.text_id[self.is_counter], minlength=len(self.table))
-        return counts[self.text_id[self.counter]] - 1
-
-    def is_candidate(self, rows: np.ndarray, pairs: np.ndarray | None = None) -> np.ndarray:
-        """[P, K] bool for table rows [P, K]: one row of candidates per query, for the pairs ``pairs`` (indices
-        into the split's pairs; default all, in order).
-
-        False for the query itself and for counters whose text equals the query's true counter's text, except
-        the true counter: the protocol's pool rule, shared by the per-epoch evaluation and the 8 tasks.
-        """
-        rows = np.asarray(rows)
-        pairs = np.arange(self.n_pairs) if pairs is None else np.asarray(pairs)
-        text, true = self.text_id, self.counter[pairs][:, None]
-        twin = self.is_counter[rows] & (text[rows] == text[true]) & (rows != true)
-        return (rows != self.query[pairs][:, None]) & ~twin
 
 
 @dataclass(frozen=True)
@@ -169,11 +104,11 @@ class Corpus:
         """The corpus a run uses: :meth:`deduplicated` when ``dedup`` (``data.dedup``), else the official splits."""
         return self.deduplicated() if dedup else self
 
-    def paired(self, split: str, max_debates: int | None = None) -> PairedSplit:
+    def paired(self, split: str, max_debates: int | None = None, pool: str = "all") -> PairedSplit:
         """The :class:`PairedSplit` of ``split`` (``train``/``val``/``test`` or the folder name).
 
         ``max_debates`` keeps only the pairs of the first N debates (by theme/debate name): a quick slice whose
-        pools are still whole debates.
+        pools are still whole debates. ``pool``: ``data.pool`` (:class:`PairedSplit`).
         """
         split = split_name(split)
         pairs = self.pairs[self.pairs["split"] == SPLIT_NAMES[split]]
@@ -185,23 +120,23 @@ class Corpus:
         table = pd.concat([points, counters], ignore_index=True)[["theme", "debate", "stance", "kind", "text"]]
         table["pair_id"] = np.tile(pairs["pair_id"].to_numpy(), 2)
         table["text_id"] = pd.factorize(table["text"])[0]
-        return PairedSplit(name=split, table=table)
+        return PairedSplit(name=split, table=table, pool=pool)
 
 
-def run_splits(data) -> tuple[Corpus, dict[str, PairedSplit]]:
-    """The corpus a run uses and its paired splits ``{"train", "val", "test"}``, from the ``data`` config group
-    (``root``, ``dedup``, ``max_debates``; a DictConfig or a dict): the one definition of which pairs, and so which
-    texts, a run reads and encodes (the runner, and ``scripts/bench.py``'s embedding-cache check)."""
+def run_splits(data) -> tuple[Corpus | PairFiles, dict[str, PairedSplit]]:
+    """The corpus a run uses and its paired splits ``{"train", "val", "test"}``, from the ``data`` config group (a
+    DictConfig or a dict): the one definition of which pairs, and so which texts, a run reads and encodes (the
+    runner, the baselines of ``biencoder-plot``, ``scripts/bench.py``'s embedding-cache check).
+
+    ``data.layout=arguana`` reads the folders under ``root`` (``max_debates`` slices them); ``pairs`` reads pair files
+    (:func:`.pairs.read_pairs`). Either way ``dedup`` removes the cross-split overlap by text and ``pool`` is the
+    candidate pool of the per-epoch top-1. Keys a run saved before they existed take their schema defaults."""
+    pool = data.get("pool", "all")
+    if data.get("layout", "arguana") == "pairs":
+        pairs = read_pairs(data).used(data["dedup"])
+        return pairs, {name: pairs.paired(name, pool) for name in SPLIT_NAMES}
     corpus = read_corpus(data["root"]).used(data["dedup"])
-    return corpus, {name: corpus.paired(name, data["max_debates"]) for name in SPLIT_NAMES}
-
-
-def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:
-    """[Q] bool: the query's point or counter text occurs among the texts of the pairs in ``used`` (the training
-    and validation pairs a run actually used). False everywhere after :meth:`Corpus.deduplicated`."""
-    texts = set().union(*(set(u.texts) for u in used)) if used else set()
-    t = split.table["text"].to_numpy()
-    return np.array([(t[p] in texts) or (t[c] in texts) for p, c in zip(split.query, split.counter)], dtype=bool)
+    return corpus, {name: corpus.paired(name, data["max_debates"], pool) for name in SPLIT_NAMES}
 
 
 def read_corpus(root: str | Path) -> Corpus:

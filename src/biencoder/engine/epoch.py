@@ -57,8 +57,11 @@ class TripletCollate:
 
 
 def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
-    """[Q, 3] table rows (point, counter, negative) for this epoch: always built from the freshly mined ones."""
-    return np.stack([split.query, split.counter, negatives.row], axis=1)
+    """[Q + G, 3] training rows (point, counter, negative) for this epoch: one per pair with its freshly mined negative,
+    then one per given negative of pair files (:attr:`PairedSplit.given_triplets`, rows ``2Q + j``; G = 0 without)."""
+    mined = np.stack([split.query, split.counter, negatives.row], axis=1)
+    given = split.given_triplets
+    return np.concatenate([mined, given]) if len(given) else mined
 
 
 def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
@@ -141,8 +144,9 @@ class EpochTrainer:
     Args:
         cfg: the run's config (``trainer``, ``negatives``, ``loss``, ``seed``).
         model: the :class:`BiModel`, already on ``device``.
-        split: the training split; ``pooled`` its cached pooled vectors [2Q, hidden] on the device (frozen encoder),
-            else ``tokens`` its tokenised texts.
+        split: the training split; ``pooled`` its cached pooled vectors [2Q + E, hidden] on the device (frozen
+            encoder), else ``tokens`` its tokenised texts: the table's rows, then its given negatives'
+            (:attr:`PairedSplit.extra_texts`, E = 0 without).
         amp_dtype: the autocast dtype (None: fp32). ``progress``: show the step bar.
     """
 
@@ -164,7 +168,8 @@ class EpochTrainer:
                                            weight_decay=cfg.trainer.weight_decay, fused=True)
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
-        self.steps_per_epoch = math.ceil(math.ceil(split.n_pairs / distributed.world_size()) / cfg.trainer.batch_size)
+        self.n_triplets = split.n_pairs + len(split.given_triplets)  # mined, then given (triplet_rows)
+        self.steps_per_epoch = math.ceil(math.ceil(self.n_triplets / distributed.world_size()) / cfg.trainer.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
             cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio))
         self.rng = np.random.default_rng(cfg.seed)  # mining's random negatives
@@ -231,7 +236,7 @@ class EpochTrainer:
         ``index_select``, in the order of a seeded permutation: no DataLoader, no copy of the split. Trained encoder:
         :meth:`loader`.
         """
-        text_id = torch.tensor(self.split.text_id, device=self.device)
+        text_id = torch.tensor(self.split.training_text_id, device=self.device)
         if not self.frozen:
             for batch in self.loader(epoch, negatives):
                 rows = batch.pop("rows")
@@ -248,13 +253,13 @@ class EpochTrainer:
                                              "text_id": text_id.index_select(0, batch)}
 
     def _order(self, epoch: int) -> np.ndarray:
-        """This rank's pairs for ``epoch`` in training order: a seeded permutation (its shard under DDP)."""
+        """This rank's triplets for ``epoch`` in training order: a seeded permutation (its shard under DDP)."""
         if distributed.world_size() > 1:
-            sampler = DistributedSampler(range(self.split.n_pairs), num_replicas=distributed.world_size(),
+            sampler = DistributedSampler(range(self.n_triplets), num_replicas=distributed.world_size(),
                                          rank=distributed.rank(), shuffle=True, seed=int(self.cfg.seed))
             sampler.set_epoch(epoch)
             return np.fromiter(iter(sampler), dtype=np.int64)
-        return torch.randperm(self.split.n_pairs, generator=self.loader_generator).numpy()
+        return torch.randperm(self.n_triplets, generator=self.loader_generator).numpy()
 
     def train_epoch(self, epoch: int, negatives: MinedNegatives) -> dict[str, float]:
         """One pass over the training pairs with this epoch's negatives; returns mean loss parts and internals.

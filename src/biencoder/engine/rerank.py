@@ -49,8 +49,9 @@ def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1
 
 
 def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
-    """[B, 2Q] bool: the false candidates of the per-epoch pool (= the epa task's) of the queries ``pairs`` [B]
-    (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true counter."""
+    """[B, 2Q] bool: the false candidates of the per-epoch pool (``data.pool``; with ``all`` on ArguAna the epa task's)
+    of the queries ``pairs`` [B] (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true
+    counter."""
     pairs = np.asarray(pairs)
     mask = split.is_candidate(np.broadcast_to(np.arange(len(split.table)), (len(pairs), len(split.table))), pairs)
     mask[np.arange(len(pairs)), split.counter[pairs]] = False
@@ -84,22 +85,27 @@ def rank_summary(rank: np.ndarray) -> dict[str, float | None]:
 # -- shortlists -----------------------------------------------------------------------------------------------------
 def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree",
              device="cpu", pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest per-epoch pool members per query (a BallTree, or exact search, over all rows of ``split``).
+    """The k nearest per-epoch pool members per query (a BallTree, or exact search, over the rows of ``split`` its pool
+    draws from: every row, or the positives with ``data.pool=positives``).
 
     Args: sim [2Q, D] (the retrieval space); ``pairs``: the queries (indices of pairs; default all). Returns (rows
     [P, k'], distances [P, k']) nearest first, k' = min(k, smallest pool).
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
-    extra = 1 + int(split.twins_of_true_counter().max())  # the query itself and its true counter's twins
-    k = min(k, len(sim) - extra)
+    pool = split.pool_rows  # data.pool=positives: only the positives are searched
+    # what a search may find that the pool leaves out: the query itself (when it is searched), its true counter's twins
+    extra = int(len(pool) == len(sim)) + int(split.twins_of_true_counter().max())
     sim = np.asarray(sim, dtype=np.float64)
-    tree = NeighbourIndex(sim, index, device)
+    searched = sim if len(pool) == len(sim) else sim[pool]
+    k = min(k, len(searched) - extra)
+    tree = NeighbourIndex(searched, index, device)
     rows, dist = [], []
     # a block of queries at a time: each query's neighbours are its own (both indexes search row by row), and the
     # k + extra of a block are dropped to k before the next, so a text shared by many pairs (extra ~ Q) costs
     # [SEARCH_BLOCK, k + extra], never [Q, k + extra]
     for block in query_blocks(len(pairs), 1, SEARCH_BLOCK):
-        d, r = tree.query(sim[split.query[pairs[block]]], k + extra)
+        d, found = tree.query(sim[split.query[pairs[block]]], k + extra)
+        r = found if searched is sim else pool[found]
         # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
         r, d = first_kept(r, d, split.is_candidate(r, pairs[block]), k)
         rows.append(r)

@@ -34,6 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
+from .pairs import data_files
 from .runtime import Runtime
 from .schema import is_non_result_key, resume_folder, resume_requested, run_settings
 from .state import (
@@ -124,8 +125,13 @@ def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
     ``trainer.precision`` as the runtime resolved them (``cpu``/``cuda``, ``fp32``/``bf16``; never ``auto``),
     ``eval.pair_batch_size`` as used (null: the device's), and
     ``runtime``: the record of the process (device name, precision, determinism, processes). The precision is thus
-    a setting summaries group by; ``runtime.`` is a non-result prefix."""
+    a setting summaries group by; ``runtime.`` is a non-result prefix. Pair files add ``data_files``: path, bytes
+    and sha256 of each (:func:`biencoder.engine.pairs.data_files`), so a run resumed, or a cell summarised, on other
+    contents of a file is refused or kept apart (the sha256 is a result key; the path is not)."""
     config = OmegaConf.to_container(cfg, resolve=True)
+    files = data_files(cfg.data)
+    if files:
+        config["data_files"] = files
     if runtime is not None:
         config["trainer"].update(device=runtime.device.type, precision=runtime.precision)
         config["eval"]["pair_batch_size"] = runtime.pair_batch_size(config["eval"]["pair_batch_size"])

@@ -30,8 +30,10 @@ from .cache import encoder_fingerprint
 from .checkpoint import checkpoint_payload, restore_last, training_state
 from .corpus import run_splits, seen_queries
 from .epoch import Diverged, EpochTrainer
+from .groups import group_rerank
 from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, eval_mode,
                     is_encoder_weight, pooled_vectors)
+from .paired import POOL_TEXT
 from .rerank import query_groups, query_sample, retrieve, retrieve_rerank, seen_unseen
 from .rundir import RunFolder
 from .runtime import Runtime, decide, set_seed_everywhere, show_progress
@@ -43,6 +45,9 @@ from .tracking import Tracker, check_packages
 
 log = logging.getLogger("biencoder")
 SPLITS = ("train", "val", "test")
+#: final.json's ``tasks_skipped`` and the summary's line when the data cannot have the 8 official tasks
+NO_TASKS = ("no 8-task table: the official tasks type candidates by ArguAna's debates, sides and themes, which pair "
+            "files do not have; the per-epoch top-1 (and top1_group where the files have groups) is this data's result")
 T = TypeVar("T")
 
 
@@ -80,11 +85,13 @@ class Runner:
         self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
                         "test_queries_seen": int(self.test_seen.sum()),
                         "test_queries_unseen": int((~self.test_seen).sum())}
+        # pair files: where the data came from (path, size, sha256 per file) and the rows that repeat a pair
+        self.data_files, self.counts = getattr(corpus, "files", {}), corpus.counts
         self.progress = shown and self.main
         self.frozen = bool(cfg.model.encoder.freeze)
         self.fingerprint, self.pooled, self.tokens = self._inputs()
-        self.trainer = EpochTrainer(cfg, self.model, self.splits["train"], self.pooled.get("train"),
-                                    self.tokens.get("train"), self.device, self.amp_dtype, self.progress)
+        self.trainer = EpochTrainer(cfg, self.model, self.splits["train"], *self._training_inputs(),
+                                    self.device, self.amp_dtype, self.progress)
         self.eval_pairs = self._eval_pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
         self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, taken once (_weights_on_cpu)
@@ -104,13 +111,26 @@ class Runner:
         fingerprint = encoder_fingerprint(self.model.encoder)
         if not self.main:
             distributed.barrier()  # rank 0 fills the cache first, the others read it
-        pooled = {name: pooled_vectors(self.model, self.tokenizer, s.texts, cfg.model.max_length, cfg.trainer.cache_dir,
-                                       cfg.trainer.eval_batch_size, self.device, self.amp_dtype, self.progress,
-                                       f"encode {name}", fingerprint).to(self.device)
+        # the training split's given negatives (pair files) are encoded with it: rows 2Q + j of the trainer's vectors
+        pooled = {name: pooled_vectors(self.model, self.tokenizer, s.texts + (s.extra_texts if name == "train" else []),
+                                       cfg.model.max_length, cfg.trainer.cache_dir, cfg.trainer.eval_batch_size,
+                                       self.device, self.amp_dtype, self.progress, f"encode {name}",
+                                       fingerprint).to(self.device)
                   for name, s in self.splits.items()}
         if self.main:
             distributed.barrier()
         return fingerprint, pooled, {}
+
+    def _training_inputs(self) -> tuple[torch.Tensor | None, TokenizedTexts | None]:
+        """(pooled vectors, token ids) the trainer gathers its triplets from: the training split's rows, then its given
+        negatives (:attr:`PairedSplit.extra_texts`); :attr:`pooled` and :attr:`tokens` keep the split's rows only."""
+        train = self.splits["train"]
+        if self.frozen:
+            pooled, self.pooled["train"] = self.pooled["train"], self.pooled["train"][:len(train.texts)]
+            return pooled, None
+        if not train.extra_texts:
+            return None, self.tokens["train"]
+        return None, TokenizedTexts(train.texts + train.extra_texts, self.tokenizer, self.cfg.model.max_length)
 
     def _eval_pairs(self) -> dict[str, np.ndarray | None]:
         """The queries evaluated per epoch, per split: all (None), or a fixed sample of ``eval.<split>_queries``
@@ -154,6 +174,10 @@ class Runner:
                                         rows=self.fixed_shortlists(name, emb))
         if name == "test":
             metrics.update(seen_unseen(hits, self.eval_seen))
+        if self.splits[name].groups is not None:  # pair files with a group column: the within-group top-1 too
+            metrics.update(group_rerank(self.model, emb, self.splits[name], self.cfg.eval.k, self.pair_batch_size,
+                                        self.device, self.cfg.eval.index, self.eval_pairs[name], self.cfg.eval.retrieve,
+                                        self.eval_seen if name == "test" else None)[0])
         return metrics, hits
 
     def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
@@ -246,6 +270,12 @@ class Runner:
             log.info("data.dedup=false: the official splits; %d of %d test queries share a text with a training "
                      "or validation pair (reported as seen/unseen)", self.overlap["test_queries_seen"],
                      len(self.test_seen))
+        for role, f in self.data_files.items():
+            log.info("data.%s: %s (%d bytes, sha256 %s)", role, f["path"], f["bytes"], f["sha256"])
+        if self.data_files:
+            log.info("pairs that repeat an earlier anchor and positive (each is its own query) %s; given negatives "
+                     "%s; per-epoch pool (data.pool=%s): %s", {n: c["duplicated_pairs"] for n, c in self.counts.items()},
+                     {n: c["with_negative"] for n, c in self.counts.items()}, cfg.data.pool, POOL_TEXT[cfg.data.pool])
         for name, pairs in self.eval_pairs.items():
             if pairs is not None:
                 log.info("per-epoch %s metrics on a fixed sample of %d of its %d queries (eval.%s_queries)", name,
@@ -345,9 +375,13 @@ class Runner:
         final = {"status": "done", "variant": self.variant, "seed": int(cfg.seed), "data": cfg.data.name,
                  "model": cfg.model.name, "best_epoch": best["epoch"], "best": best["metrics"],
                  "epochs": cfg.trainer.max_epochs, "pairs": {n: s.n_pairs for n, s in self.splits.items()},
-                 "overlap": self.overlap, "runtime": self.runtime.record()}
-        if cfg.eval.tasks:
+                 "overlap": self.overlap, "pool": cfg.data.pool, "runtime": self.runtime.record()}
+        if self.data_files:
+            final["data_files"] = self.data_files
+        if cfg.eval.tasks and self.splits["val"].supports_tasks:
             final["tasks"] = self._tasks(best)
+        elif cfg.eval.tasks:
+            final["tasks_skipped"] = NO_TASKS
         if self.zero_shot is not None:
             final["baselines"] = self.baselines()
         checkpoint = None

@@ -31,6 +31,12 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 #: nearest-neighbour searches (biencoder.engine.search.NeighbourIndex)
 INDEXES = ("balltree", "exact")
+#: data.layout: the ArguAna folders (engine/layout.py) or pair files (engine/pairs.py)
+LAYOUTS = ("arguana", "pairs")
+#: data.pool: the per-epoch top-1's candidates (engine/paired.py, PairedSplit)
+POOLS = ("all", "positives")
+#: data.format: how a pair file is read (null: from its suffix, engine/pairs.py)
+PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
 
 
 #: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
@@ -44,11 +50,15 @@ INDEXES = ("balltree", "exact")
 #: cells and resume under today's default. ``trainer.stats_every`` says which steps the logged ``head_*`` and
 #: ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
 #: ``trainer.head_stats_every`` is its retired name (2026-11-24): runs that recorded it resume and share cells too.
-NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "trainer.resume", "trainer.progress", "trainer.num_workers",
-                   "trainer.cache_dir", "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every",
-                   "trainer.device", "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint",
-                   "eval.output", "eval.split", "negatives.index", "eval.index", "trainer.stats_every",
-                   "trainer.head_stats_every", "runtime.")
+#: The pair files' paths (``data.train`` ...) are where the data lies, like ``data.root``; what they hold is the
+#: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.pairs.data_files`), a result key
+#: (runs on different contents never share a cell); ``data_files.<split>.path`` and ``.bytes`` follow from them.
+NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "data.train", "data.val", "data.test", "data.file",
+                   "trainer.resume", "trainer.progress", "trainer.num_workers", "trainer.cache_dir",
+                   "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every", "trainer.device",
+                   "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint", "eval.output", "eval.split",
+                   "negatives.index", "eval.index", "trainer.stats_every", "trainer.head_stats_every", "runtime.",
+                   *(f"data_files.{role}.{key}" for role in ("train", "val", "test", "file") for key in ("path", "bytes")))
 
 
 def is_non_result_key(key: str) -> bool:
@@ -102,13 +112,36 @@ class ModelSchema:
 
 
 @dataclass
+class ColumnsSchema:
+    """data=pairs: the column of each role in the pair files (sentence-transformers' names by default)."""
+    anchor: str = "anchor"
+    positive: str = "positive"
+    negative: Optional[str] = "negative"  # optional: extra given negatives, read when the file has it; null = never
+    group: Optional[str] = "group"  # optional: per-query pools of the within-group top-1; null = never read
+    split: str = "split"  # data.file only: train | val | test (training | validation too) per row
+
+
+@dataclass
 class DataSchema:
     name: str = "demo"
-    root: str = "${demo_root:}"  # the small corpus bundled with the package (original text, ArguAna layout)
-    max_debates: Optional[int] = None  # keep only the first N debates of each split (quick slices)
+    # arguana: the ArguAna folders under data.root | pairs: query -> positive pair files (data.train/val/test or
+    # data.file; docs/own-data.md)
+    layout: str = "arguana"
+    # arguana: the small corpus bundled with the package (original text, ArguAna layout); null with data=pairs
+    root: Optional[str] = "${demo_root:}"
+    max_debates: Optional[int] = None  # arguana: keep only the first N debates of each split (quick slices)
     # remove the cross-split text overlap (protocol.md: debates filed under two themes): test untouched; val drops
     # pairs with a text in test; train drops pairs with a text in val or test. false = the official splits
     dedup: bool = True
+    # the per-epoch top-1's candidate pool: all (every point/anchor and counter/positive of the split but the query)
+    # | positives (the counters/positives only, as in question answering)
+    pool: str = "all"
+    train: Optional[str] = None  # pairs: one file per split (.jsonl, .csv, .tsv, .parquet) ...
+    val: Optional[str] = None
+    test: Optional[str] = None
+    file: Optional[str] = None  # ... or one file with a split column (data.columns.split)
+    format: Optional[str] = None  # pairs: jsonl | csv | tsv | parquet; null = from each file's suffix
+    columns: ColumnsSchema = field(default_factory=ColumnsSchema)
 
 
 @dataclass
@@ -248,12 +281,20 @@ def demo_root() -> Path:
     return Path(__file__).resolve().parents[1] / "data" / "demo"  # src/biencoder/data/demo
 
 
+def pairs_demo() -> Path:
+    """Folder of the example pair files shipped inside the package (``train.jsonl``, ``val.jsonl``, ``test.jsonl``:
+    the demo corpus written by ``biencoder-corpus export-pairs demo``)."""
+    return Path(__file__).resolve().parents[1] / "data" / "pairs_demo"
+
+
 def register_resolvers() -> None:
-    """The resolvers the schema's own defaults use, ``${minilm_path:}`` and ``${demo_root:}`` (OmegaConf only):
+    """The resolvers the schema's own defaults use, ``${minilm_path:}`` and ``${demo_root:}``, and ``data=pairs_demo``'s
+    ``${pairs_demo:}`` (OmegaConf only):
     registered when this module is imported, so a plain ``OmegaConf.structured(Schema)`` resolves without Hydra.
     Safe to call more than once (:func:`biencoder.hydra_glue.register` adds the Hydra-side ones)."""
     OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
     OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
+    OmegaConf.register_new_resolver("pairs_demo", lambda: str(pairs_demo()), replace=True)
 
 
 register_resolvers()

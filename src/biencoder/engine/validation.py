@@ -16,6 +16,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from ..errors import ConfigError
 from .schema import (
+    LAYOUTS,
+    PAIR_FORMATS,
+    POOLS,
+    ColumnsSchema,
     DEVICES,
     FUSIONS,
     INDEXES,
@@ -182,9 +186,45 @@ def _eval(cfg: DictConfig) -> None:
     _choice(cfg, "eval.score", SCORES)
 
 
+#: the data keys only pair files read (data.layout=pairs)
+PAIR_KEYS = ("train", "val", "test", "file", "format")
+
+
 def _data(cfg: DictConfig) -> None:
-    if not isinstance(cfg.data.root, str) or not cfg.data.root:
-        raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
+    _choice(cfg, "data.layout", LAYOUTS)
+    _choice(cfg, "data.pool", POOLS)
     _bool(cfg, "data.dedup")
     if cfg.data.max_debates is not None:
         _positive(cfg, "data.max_debates")
+    if cfg.data.layout == "pairs":
+        _pair_files(cfg)
+        return
+    if not isinstance(cfg.data.root, str) or not cfg.data.root:
+        raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
+    changed = [f"data.{k}={cfg.data[k]}" for k in PAIR_KEYS if cfg.data[k] is not None] + [
+        f"data.columns.{k}={v}" for k, v in cfg.data.columns.items() if v != getattr(ColumnsSchema(), k)]
+    if changed:
+        raise ConfigError(f"{changed[0]} is read only from pair files, and data={cfg.data.name} is the ArguAna layout: "
+                          "use data=pairs (docs/own-data.md), or drop it")
+
+
+def _pair_files(cfg: DictConfig) -> None:
+    """data.layout=pairs: one file per split or one file with a split column, a known format, two named columns."""
+    data = cfg.data
+    if data.max_debates is not None:
+        raise ConfigError(f"data.max_debates={data.max_debates} slices ArguAna's debates; pair files have none: cut "
+                          "the files instead, or drop it")
+    if data.format is not None:
+        _choice(cfg, "data.format", PAIR_FORMATS)
+    given = [k for k in ("train", "val", "test") if data[k] is not None]
+    if data.file is not None and given:
+        raise ConfigError(f"data.file and data.{given[0]} are both set: pass one file per split (data.train, data.val, "
+                          "data.test) or one file with a split column (data.file), not both")
+    if data.file is None and len(given) < 3:
+        missing = [f"data.{k}" for k in ("train", "val", "test") if k not in given]
+        raise ConfigError(f"data=pairs needs {', '.join(missing)}: one file per split (e.g. data.train=train.jsonl "
+                          "data.val=val.jsonl data.test=test.jsonl), or data.file=<one file with a split column>")
+    for role in ("anchor", "positive", "split"):
+        if not isinstance(data.columns[role], str) or not data.columns[role]:
+            raise ConfigError(f"data.columns.{role}={data.columns[role]!r} is not a column name: name the column that "
+                              f"holds the {role} texts")

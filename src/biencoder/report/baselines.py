@@ -19,10 +19,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..engine.corpus import read_corpus
+from ..engine.corpus import run_splits
 from ..engine.model import build_model, pooled_vectors
-from ..engine.runtime import set_seed_everywhere
 from ..engine.rerank import query_sample
+from ..engine.runtime import set_seed_everywhere
 from ..engine.tasks import BASELINES, baseline_ranks
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
@@ -57,16 +57,16 @@ def _key(run: Run) -> str:
 def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None, data_root: str | None = None,
                   encoder: str | None = None) -> dict[str, np.ndarray]:
     """``{"encoder_cosine": [P] bool, "tfidf": [P] bool}``: whether each test query of ``run``'s split (all, or its
-    ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo`` (key: :func:`_key`) shares the work between runs. ``data_root`` and
-    ``encoder`` replace the run's ``data.root`` and ``model.encoder.name_or_path`` (runs copied from another
-    machine, whose paths do not exist here)."""
+    ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo``
+    (key: :func:`_key`) shares the work between runs. ``data_root`` and ``encoder`` replace the run's ``data.root``
+    and ``model.encoder.name_or_path`` (runs copied from another machine, whose paths do not exist here)."""
     memo = {} if memo is None else memo
     key = _key(run)
     if key not in memo:
         data, model_cfg = _group(run, "data."), _group(run, "model.")
         data["root"] = data_root or data["root"]
         model_cfg["encoder"]["name_or_path"] = encoder or model_cfg["encoder"]["name_or_path"]
-        split = read_corpus(data["root"]).used(data["dedup"]).paired("test", data["max_debates"])
+        split = run_splits(data)[1]["test"]  # the ArguAna folders or the run's pair files, its dedup and pool
         set_seed_everywhere(run.seed)  # as the runner does before building the model: the same random_init encoder
         model, tokenizer = build_model(model_cfg, progress=False)
         with torch.no_grad():

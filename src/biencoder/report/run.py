@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..engine.paired import POOL_TEXT
 from ..engine.tasks import TASKS
 from .statistics import wilson
 
@@ -28,8 +29,9 @@ def summary_text(final: dict, out_dir: Path) -> str:
             b = baselines[name]
             row += f"  | {b['encoder_cosine']['top1']:>9.3f} {b['tfidf']['top1']:>8.3f}"
         lines.append(row)
-    lines.append(f"top1: the true counter ranks first after the classifier reranks the k={k} nearest (pool: every "
-                 "argument of the split, as in the epa task); retr@1: the nearest is the true counter; R@k: it is "
+    true = "true positive" if "data_files" in final else "true counter"
+    lines.append(f"top1: the {true} ranks first after the classifier reranks the k={k} nearest (pool: "
+                 f"{_pool(final)}); retr@1: the nearest is the {true}; R@k: it is "
                  "among the k; MRR: mean 1/rank after reranking (0 outside the k); 95% CI: Wilson interval over "
                  "this run's queries (nothing about other seeds)"
                  + ("; zero-shot / TF-IDF: the untrained encoder's cosine and TF-IDF top-1 on the same queries "
@@ -42,9 +44,12 @@ def summary_text(final: dict, out_dir: Path) -> str:
                      f"(n={test['queries_unseen']}); seen: {shown(test['top1_seen'])} (n={test['queries_seen']}); "
                      + ("data.dedup dropped " + ", ".join(f"{k} {v}" for k, v in overlap.get("dropped_pairs", {}).items())
                         + " pairs" if overlap.get("dedup") else "official splits (data.dedup=false)"))
+    lines += _group_lines(final)
     if "tasks" in final:
         lines.append(f"8 tasks, score={final['tasks']['score']}, best-by-val weights:")
         lines.append(format_tasks({n: final["tasks"][n] for n in ("val", "test")}))
+    elif "tasks_skipped" in final:
+        lines.append(final["tasks_skipped"])
     lines.append(f"run folder: {out_dir}")
     return "\n".join(lines)
 
@@ -60,6 +65,27 @@ def _sample_note(final: dict) -> str:
     test = any(name == "test" for name, _, _ in sampled)
     return (f". Rows on a fixed sample of their split's queries, the same for every seed and cell: {listed}"
             + ("; the test baselines and the unseen/seen split are on the same sample" if test else "") + ".")
+
+
+def _pool(final: dict) -> str:
+    """What the per-epoch top-1's pool holds, as the summary names it (``data.pool``; pair files say so)."""
+    pool = final.get("pool", "all")
+    if "data_files" not in final and pool == "all":
+        return "every argument of the split, as in the epa task"
+    return f"{POOL_TEXT[pool]}, data.pool={pool}"
+
+
+def _group_lines(final: dict) -> list[str]:
+    """The within-group top-1 (pair files with a group column) at the best epoch, when the run has it."""
+    best = final["best"]
+    if "top1_group" not in best.get("test", {}):
+        return []
+    shown = lambda v: "–" if v is None else f"{v:.3f}"
+    test = best["test"]
+    return [f"within-group top1 (the pool cut to the query's group; false candidates per query "
+            + " / ".join(f"{n} {best[n]['candidates_group']:.1f}" for n in best) + "): "
+            + ", ".join(f"{n} {best[n]['top1_group']:.3f}" for n in best)
+            + f"; test unseen {shown(test.get('top1_group_unseen'))}, seen {shown(test.get('top1_group_seen'))}"]
 
 
 def format_tasks(results: dict[str, dict[str, dict]]) -> str:

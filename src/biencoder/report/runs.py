@@ -3,7 +3,8 @@
 A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml`` or Hydra's ``.hydra/config.yaml``),
 and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Runs whose settings differ in anything
 but the seed, the head flags (what the variant says) and the settings that change no result
-(:data:`biencoder.engine.schema.NON_RESULT_KEYS`) never share a cell.
+(:data:`biencoder.engine.schema.NON_RESULT_KEYS`) never share a cell: runs on pair files whose contents differ
+(``data_files.<split>.sha256`` in their config) are never averaged together, whatever the files' paths.
 """
 
 from __future__ import annotations
@@ -128,18 +129,23 @@ def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
     named = {k[:-len(".name")] for k in varying if k.endswith(".name")}
     shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
     for run in runs:
-        run.cell = " ".join([run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k))}" for k in shown])
+        run.cell = " ".join([run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k), k)}"
+                                             for k in shown])
         run.settings = {k: run.flat.get(k) for k in varying}
     return varying
 
 
 def _label_key(key: str, keys: list[str]) -> str:
+    if key.startswith("data_files."):
+        return key[len("data_files."):]  # train.sha256: which file's contents differ
     if key.endswith(".name"):
         return key[:-len(".name")]
     return key.split(".")[-1] if _unique_leaf(key, keys) else key
 
 
-def _label_value(value) -> str:
+def _label_value(value, key: str = "") -> str:
+    if key.endswith(".sha256") and isinstance(value, str):
+        return value[:12]  # a data file's hash: 12 hex digits tell versions apart in a label
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
