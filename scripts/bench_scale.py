@@ -173,21 +173,20 @@ def run_one(args) -> dict:
     runner.phase = meter
     start = time.time()
     _, best, train_sim = meter("begin", runner.begin)
-    once = {"wall": dict(meter.wall), "cpu": dict(meter.cpu)}  # generate, read, set-up, begin
+    once = {"wall": meter.wall, "cpu": meter.cpu}  # generate, read, set-up, begin
     epoch_wall = []
     for epoch in range(args.epochs):
-        if epoch == 1:
-            meter.wall, meter.cpu = {}, {}  # epoch 0 warms caches and allocators: its times are not the measure
+        if epoch <= 1:  # with 2+ epochs, epoch 0 warms caches and allocators: its times are not the measure
+            meter.wall, meter.cpu = {}, {}
         begin = time.perf_counter()
         train_sim, best = meter("epoch", lambda: runner.run_epoch(epoch, train_sim, best))
         epoch_wall.append(time.perf_counter() - begin)
     timed = max(1, args.epochs - 1)
     phases = {kind: {k: v / timed for k, v in getattr(meter, kind).items()} for kind in ("wall", "cpu")}
+    meter.wall, meter.cpu = once["wall"], once["cpu"]
     baselines = runner.baselines
     runner.baselines = lambda: meter("baselines", baselines)
     final = runner._finish(best, start)
-    for kind in ("wall", "cpu"):
-        once[kind]["baselines"] = getattr(meter, kind)["baselines"]
     return {"pairs": args.pairs, "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
             "reader": reader, "sample": args.sample, "threads": torch.get_num_threads(), "epochs": args.epochs,
             "phases": phases, "once": once, "peak_mb": meter.peak_mb, "grew_mb": meter.grew_mb,

@@ -49,8 +49,9 @@ def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1
 
 
 def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
-    """[B, 2Q] bool: the false candidates of the per-epoch pool (= the epa task's) of the queries ``pairs`` [B]
-    (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true counter."""
+    """[B, 2Q] bool: the false candidates of the per-epoch pool (``data.pool``; with ``all`` on ArguAna the epa task's)
+    of the queries ``pairs`` [B] (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true
+    counter."""
     pairs = np.asarray(pairs)
     mask = split.is_candidate(np.broadcast_to(np.arange(len(split.table)), (len(pairs), len(split.table))), pairs)
     mask[np.arange(len(pairs)), split.counter[pairs]] = False
@@ -124,8 +125,8 @@ def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree
     # k + extra of a block are dropped to k before the next, so a text shared by many pairs (extra ~ Q) costs
     # [SEARCH_BLOCK, k + extra], never [Q, k + extra]
     for block in query_blocks(len(pairs), 1, SEARCH_BLOCK):
-        d, r = tree.query(sim[split.query[pairs[block]]], k + extra)
-        r = r if searched is sim else pool[r]
+        d, found = tree.query(sim[split.query[pairs[block]]], k + extra)
+        r = found if searched is sim else pool[found]
         # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
         r, d = first_kept(r, d, split.is_candidate(r, pairs[block]), k)
         rows.append(r)

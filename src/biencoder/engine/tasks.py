@@ -146,16 +146,17 @@ def block_ranks(split: PairedSplit, scorer: Scorer, pools: PoolMasks, pairs: np.
 
 def baseline_ranks(split: PairedSplit, pooled: torch.Tensor, pairs: np.ndarray | None = None,
                    cells: int = BLOCK_CELLS) -> dict[str, np.ndarray]:
-    """Per query of ``pairs`` (indices of pairs; default all), the rank of its true counter in the epa pool (the
-    per-epoch top-1's pool) under each of :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1
-    (ties count against).
+    """Per query of ``pairs`` (indices of pairs; default all), the rank of its true counter in the per-epoch top-1's
+    pool (:func:`~biencoder.engine.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each of
+    :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1 (ties count against). Needs no theme,
+    debate or stance: pair files get their baselines too.
 
     ``pooled``: [2Q, H] pooled vectors of the split's rows from the untrained encoder (zero-shot cosine); TF-IDF is
-    fit on the split's texts. The mean of ``rank == 1`` is what ``evaluate_tasks(split, score)["epa"]`` reports.
-    Scored ``cells`` query × row cells at a time.
+    fit on the split's texts. On ArguAna the mean of ``rank == 1`` is what ``evaluate_tasks(split, score)["epa"]``
+    reports. Scored ``cells`` query × row cells at a time.
     """
-    pools = lambda block: {"epa": pool_mask(split, block)}
-    return {name: block_ranks(split, scorer, pools, pairs, cells)["epa"]
+    pools = lambda block: {"pool": pool_mask(split, block)}
+    return {name: block_ranks(split, scorer, pools, pairs, cells)["pool"]
             for name, scorer in (("encoder_cosine", cosine_scorer(split, pooled)), ("tfidf", tfidf_scorer(split)))}
 
 

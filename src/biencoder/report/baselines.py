@@ -21,8 +21,8 @@ import torch
 
 from ..engine.corpus import run_splits
 from ..engine.model import build_model, pooled_vectors
-from ..engine.runtime import set_seed_everywhere
 from ..engine.rerank import query_sample
+from ..engine.runtime import set_seed_everywhere
 from ..engine.tasks import BASELINES, baseline_ranks
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
@@ -57,9 +57,9 @@ def _key(run: Run) -> str:
 def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None, data_root: str | None = None,
                   encoder: str | None = None) -> dict[str, np.ndarray]:
     """``{"encoder_cosine": [P] bool, "tfidf": [P] bool}``: whether each test query of ``run``'s split (all, or its
-    ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo`` (key: :func:`_key`) shares the work between runs. ``data_root`` and
-    ``encoder`` replace the run's ``data.root`` and ``model.encoder.name_or_path`` (runs copied from another
-    machine, whose paths do not exist here)."""
+    ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo``
+    (key: :func:`_key`) shares the work between runs. ``data_root`` and ``encoder`` replace the run's ``data.root``
+    and ``model.encoder.name_or_path`` (runs copied from another machine, whose paths do not exist here)."""
     memo = {} if memo is None else memo
     key = _key(run)
     if key not in memo:
