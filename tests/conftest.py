@@ -20,6 +20,11 @@ os.environ.update(HOME=str(SESSION_HOME), XDG_CACHE_HOME=str(SESSION_HOME / ".ca
 from biencoder.engine.layout import arguana_root  # noqa: E402  (after HOME is set)
 
 REPO = Path(__file__).resolve().parents[1]
+# the real corpus: $ARGUANA_ROOT, else a checkout's neighbour ../shared/data/arguana-counterargs-corpus (as CI lays
+# it out); set for the whole session so the command lines the tests start read the same folder
+_SHARED = REPO.parent / "shared" / "data" / "arguana-counterargs-corpus"
+if "ARGUANA_ROOT" not in os.environ and _SHARED.is_dir():
+    os.environ["ARGUANA_ROOT"] = str(_SHARED)
 #: the real corpus where data=arguana reads it (absolute: subprocesses run elsewhere)
 REAL_ROOT = arguana_root().absolute()
 
