@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from biencoder.report import statistics
 from biencoder.report.stability import run_outcomes
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.tables import paired_comparisons, summary_table
@@ -28,7 +29,7 @@ RESULTS = REPO / "results"
 GPU = RESULTS / "gpu-h100-2026-11-23"
 CELLS = ("plain", "ln", "relu", "ln_relu")  # the row order of the docs' tables
 TASKS = ("sdoc", "sdc", "sdoa", "sda", "stc", "sta", "epc", "epa")
-N_BOOT = 10000  # plot_top1.py's default, with which the committed tables were made
+N_BOOT = statistics.N_BOOT  # the one setting every table uses, with which the committed tables were made
 
 
 # -- how the docs write numbers -----------------------------------------------------------------------------------
@@ -73,19 +74,21 @@ def section(text: str, heading: str) -> str:
 
 def baseline_tables(path: Path) -> dict[str, dict]:
     """``compare_baselines.py`` output (one or more tables) → {query group: {"zero-shot": top-1, "TF-IDF": top-1,
-    (cell, baseline): row}}, each row {"mean", "diff", "low", "high", "p_holm", "verdict"}."""
+    (cell, baseline): row}}, each row {"mean", "diff", "low", "high", "p_holm", "verdict"}. A table's header names
+    its query group (``test queries (unseen)``); each row the baseline's own top-1 (``vs top1``)."""
     out, group = {}, None
     for line in path.read_text().splitlines():
-        head = re.match(r"test queries: (\w+) .*zero-shot top-1 ([\d.]+), TF-IDF top-1 ([\d.]+)", line)
+        cols = [c.strip() for c in line.strip("|").split("|")]
+        head = re.fullmatch(r"test queries \((\w+)\)", cols[2]) if len(cols) == 11 else None
         if head:
             group = head[1]
-            out[group] = {"zero-shot": float(head[2]), "TF-IDF": float(head[3])}
+            out[group] = {}
             continue
-        cols = [c.strip() for c in line.strip("|").split("|")]
-        if len(cols) == 9 and cols[0] in CELLS:
-            low, high = (float(v) for v in cols[5].strip("[]").split(","))
-            out[group][cols[0], cols[3]] = {"mean": float(cols[2]), "diff": float(cols[4]), "low": low,
-                                            "high": high, "p_holm": float(cols[7]), "verdict": cols[8]}
+        if len(cols) == 11 and cols[0] in CELLS:
+            low, high = (float(v) for v in cols[7].strip("[]").split(","))
+            out[group][cols[4]] = float(cols[5])
+            out[group][cols[0], cols[4]] = {"mean": float(cols[3]), "diff": float(cols[6]), "low": low,
+                                            "high": high, "p_holm": float(cols[9].split()[0]), "verdict": cols[10]}
     return out
 
 
@@ -173,7 +176,8 @@ def expected(dedup, official) -> dict[str, list[str]]:
     for cell in CELLS[1:]:
         c = paired.loc[cell]
         results.append(f"| {cell} | plain | 5 matched | {num(c.diff_test_top1, sign=True)} | [{num(c.ci_low, sign=True)}, "
-                       f"{num(c.ci_high, sign=True)}] | {pvalue(c.p)} | {pvalue(c.p_holm)} | {c.verdict} |")
+                       f"{num(c.ci_high, sign=True)}] | {pvalue(c.p)} [{pvalue(c.p_low)}, {pvalue(c.p_high)}] | "
+                       f"{pvalue(c.p_holm)} [{pvalue(c.p_holm_low)}, {pvalue(c.p_holm_high)}] | {c.verdict} |")
     for cell in CELLS:
         assert num(base[cell, "zero-shot"]["mean"]) == num(mean[cell])  # the script read the same runs
         rows = [base[cell, b] for b in ("zero-shot", "TF-IDF")]
