@@ -150,3 +150,37 @@ def test_sorted_unique_is_numpys_unique():
         got = sorted_unique(values)
         np.testing.assert_array_equal(got, np.unique(values))
         assert got.dtype == values.dtype
+
+
+def test_pool_ranks_of_two_queries_beyond_their_shortlist(line):
+    """k=1 with C2 moved to 27: for q2 (at 20) C1 ties its counter at 7 and, the lower row, takes the one place;
+    for q3 (at 30) C2 does. Each one's rank counts only its own pool members nearer than its counter."""
+    split, emb, model = line
+    emb.sim[6, 0] = 27.0
+    ranks = pool_ranks(model, emb, split, {"all": per_epoch_pool(split)}, k=1)["all"]
+    # q2: the one listed + 1, nothing unlisted within 7 → 2 | q3: C2 listed + 1 + P2 (10), C1 (17), P1 (20) → 5
+    assert ranks.tolist() == [1, 1, 2, 5]
+
+
+def test_per_epoch_rerank_of_some_queries(line):
+    """``pairs`` (eval.sample's queries): the metrics of those queries alone, each in the whole split's pool."""
+    split, emb, model = line
+    metrics, hits = retrieve_rerank(model, emb, split, k=2, index="exact", pairs=np.array([0, 2]))
+    # as in test_per_epoch_rerank_by_hand: q0 a hit, q2 its counter second after reranking; both nearest first
+    assert hits.tolist() == [True, False]
+    assert metrics == {"top1": 0.5, "retrieval_top1": 1.0, "recall_at_k": 1.0, "mrr": (1 + 1 / 2) / 2,
+                       "queries": 2, "k": 2}
+
+
+def test_distances_are_computed_from_the_differences():
+    """Far from the origin, ||a||² + ||b||² − 2ab loses the small distances to cancellation; the differences keep
+    them (float64, to the last digits), so equal vectors are at distance exactly 0. No query: no row."""
+    rng = np.random.default_rng(0)
+    x = 1e4 + 1e-3 * rng.normal(size=(40, 16))  # more rows than torch's cut-over to the matrix-product form
+    x[1] = x[0]
+    got = distances(torch.from_numpy(x), np.arange(40))
+    expected = np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=-1))
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)
+    assert got[0, 1] == got[1, 0] == got[0, 0] == 0.0
+    none = distances(torch.from_numpy(x), np.array([], dtype=np.int64))
+    assert none.shape == (0, 40)
