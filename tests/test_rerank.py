@@ -184,3 +184,32 @@ def test_distances_are_computed_from_the_differences():
     assert got[0, 1] == got[1, 0] == got[0, 0] == 0.0
     none = distances(torch.from_numpy(x), np.array([], dtype=np.int64))
     assert none.shape == (0, 40)
+
+
+def test_first_kept_keeps_the_neighbours_order():
+    """Of 40 neighbours (more than numpy's unstable sorts leave in order), the first k kept, nearest first; NONE
+    (distance inf) fills the places of a query with fewer kept."""
+    from biencoder.engine.rerank import first_kept
+
+    rng = np.random.default_rng(0)
+    keep = rng.random((50, 40)) < 0.6
+    rows = rng.permutation(2000).reshape(50, 40)
+    dist = np.sort(rng.random((50, 40)), axis=1)
+    got_rows, got_dist = first_kept(rows, dist, keep, 25)
+    assert (keep.sum(axis=1) < 25).any() and (keep.sum(axis=1) > 25).any()
+    for i in range(50):
+        n = min(25, keep[i].sum())
+        assert got_rows[i].tolist() == rows[i][keep[i]][:n].tolist() + [NONE] * (25 - n)
+        assert got_dist[i].tolist() == dist[i][keep[i]][:n].tolist() + [np.inf] * (25 - n)
+
+
+def test_a_k_above_the_smallest_pool_is_cut_to_it(line):
+    """k=10 on 8 rows: q0's pool (all but itself and C3, its counter's twin) has 6 members, the smallest; every query
+    gets 6, nearest first (q1 has 7: P0 and P2 tie at 10, the lower row first, C2 at 10.5 is the one left out)."""
+    split, emb, model = line
+    rows, dist = retrieve(emb.sim.numpy(), split, k=10, index="exact")
+    assert rows.shape == (4, 6)
+    assert rows[1].tolist() == [5, 4, 7, 0, 2, 6] and dist[1].tolist() == [3.0, 9.0, 9.5, 10.0, 10.0, 10.5]
+    metrics, _ = retrieve_rerank(model, emb, split, k=10, index="exact")
+    assert metrics["k"] == 6 and metrics["recall_at_k"] == 1.0
+
