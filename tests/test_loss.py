@@ -272,12 +272,14 @@ def test_each_losss_own_defaults_are_the_schemas():
     import inspect
 
     from biencoder.engine.loss import LOSSES
-    from biencoder.engine.schema import LossSchema
+    from biencoder.engine.schema import LOSS_OPTIONS, loss_keys
 
-    schema = {f.name: f.default for f in dataclasses.fields(LossSchema)}
-    for name, (cls, keys) in LOSSES.items():
+    assert set(LOSSES) == set(LOSS_OPTIONS)
+    for name, cls in LOSSES.items():
+        schema = {f.name: f.default for f in dataclasses.fields(LOSS_OPTIONS[name])}
         own = inspect.signature(cls).parameters
-        assert {key: own[key].default for key in keys} == {key: schema[key] for key in keys}, name
+        keys = loss_keys(name)
+        assert keys and {key: own[key].default for key in keys} == {key: schema[key] for key in keys}, name
 
 
 def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer):

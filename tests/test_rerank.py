@@ -240,3 +240,65 @@ def test_nan_margins_in_the_within_group_top1_stop_a_run_as_diverged(tmp_path, m
         run(compose_cfg(FAST + ["data=pairs_demo", "trainer.max_epochs=1", "eval.tasks=false"]), out)
     final = json.loads((out / "final.json").read_text())
     assert final["status"] == "diverged" and final["what"].startswith("train classifier margins (")
+
+def test_pool_ranks_of_two_queries_beyond_their_shortlist(line):
+    """k=1 with C2 moved to 27: for q2 (at 20) C1 ties its counter at 7 and, the lower row, takes the one place;
+    for q3 (at 30) C2 does. Each one's rank counts only its own pool members nearer than its counter."""
+    split, emb, model = line
+    emb.sim[6, 0] = 27.0
+    ranks = pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=1)["all"]
+    # q2: the one listed + 1, nothing unlisted within 7 → 2 | q3: C2 listed + 1 + P2 (10), C1 (17), P1 (20) → 5
+    assert ranks.tolist() == [1, 1, 2, 5]
+
+
+def test_per_epoch_rerank_of_some_queries(line):
+    """``pairs`` (eval.sample's queries): the metrics of those queries alone, each in the whole split's pool."""
+    split, emb, model = line
+    metrics, hits = retrieve_rerank(model, emb, split, k=2, index="exact", pairs=np.array([0, 2]))
+    # as in test_per_epoch_rerank_by_hand: q0 a hit, q2 its counter second after reranking; both nearest first
+    assert hits.tolist() == [True, False]
+    assert metrics == {"top1": 0.5, "retrieval_top1": 1.0, "recall_at_k": 1.0, "mrr": (1 + 1 / 2) / 2,
+                       "queries": 2, "k": 2}
+
+
+def test_distances_are_computed_from_the_differences():
+    """Far from the origin, ||a||² + ||b||² − 2ab loses the small distances to cancellation; the differences keep
+    them (float64, to the last digits), so equal vectors are at distance exactly 0. No query: no row."""
+    rng = np.random.default_rng(0)
+    x = 1e4 + 1e-3 * rng.normal(size=(40, 16))  # more rows than torch's cut-over to the matrix-product form
+    x[1] = x[0]
+    got = distances(torch.from_numpy(x), np.arange(40))
+    expected = np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).sum(axis=-1))
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=0)
+    assert got[0, 1] == got[1, 0] == got[0, 0] == 0.0
+    none = distances(torch.from_numpy(x), np.array([], dtype=np.int64))
+    assert none.shape == (0, 40)
+
+
+def test_first_kept_keeps_the_neighbours_order():
+    """Of 40 neighbours (more than numpy's unstable sorts leave in order), the first k kept, nearest first; NONE
+    (distance inf) fills the places of a query with fewer kept."""
+    from biencoder.engine.rerank import first_kept
+
+    rng = np.random.default_rng(0)
+    keep = rng.random((50, 40)) < 0.6
+    rows = rng.permutation(2000).reshape(50, 40)
+    dist = np.sort(rng.random((50, 40)), axis=1)
+    got_rows, got_dist = first_kept(rows, dist, keep, 25)
+    assert (keep.sum(axis=1) < 25).any() and (keep.sum(axis=1) > 25).any()
+    for i in range(50):
+        n = min(25, keep[i].sum())
+        assert got_rows[i].tolist() == rows[i][keep[i]][:n].tolist() + [NONE] * (25 - n)
+        assert got_dist[i].tolist() == dist[i][keep[i]][:n].tolist() + [np.inf] * (25 - n)
+
+
+def test_a_k_above_the_smallest_pool_is_cut_to_it(line):
+    """k=10 on 8 rows: q0's pool (all but itself and C3, its counter's twin) has 6 members, the smallest; every query
+    gets 6, nearest first (q1 has 7: P0 and P2 tie at 10, the lower row first, C2 at 10.5 is the one left out)."""
+    split, emb, model = line
+    rows, dist = retrieve(emb.sim.numpy(), split, k=10, index="exact")
+    assert rows.shape == (4, 6)
+    assert rows[1].tolist() == [5, 4, 7, 0, 2, 6] and dist[1].tolist() == [3.0, 9.0, 9.5, 10.0, 10.0, 10.5]
+    metrics, _ = retrieve_rerank(model, emb, split, k=10, index="exact")
+    assert metrics["k"] == 6 and metrics["recall_at_k"] == 1.0
+

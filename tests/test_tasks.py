@@ -6,7 +6,8 @@ import torch
 
 from biencoder.engine.corpus import read_corpus
 from biencoder.engine.model import Embeddings
-from biencoder.engine.tasks import TASKS, candidate_types, evaluate_tasks, pool_sizes, query_ranks, task_masks
+from biencoder.engine.tasks import (TASKS, candidate_types, evaluate_tasks, pool_sizes, query_ranks, task_masks,
+                                    tfidf_scores)
 from biencoder.tasks import main
 from conftest import grid_layout
 
@@ -94,9 +95,24 @@ def test_tfidf_prefers_shared_words(make_corpus):
     words = iter(["apple", "bread", "cider", "dates", "eggs", "flour", "grape", "honey"] * 3)
     side = lambda: [(f"{w} {w} claim\nwe claim it", f"{w} rebuttal") for w in (next(words), next(words))]
     layout = {s: {"theme": {"debate": {"pro": side(), "con": side()}}} for s in ("training", "validation", "test")}
-    result = evaluate_tasks(read_corpus(make_corpus(layout)).paired("test"), "tfidf")
+    split = read_corpus(make_corpus(layout)).paired("test")
+    result = evaluate_tasks(split, "tfidf")
     # each point shares only its rare word with its own counter, and only common words with the rest
     assert result["epa"]["accuracy_at_1"] == 1.0 and set(result) == set(TASKS)
+    assert tfidf_scores(split).dtype == np.float32  # the module's memory bound: [Q, 2Q] float32 scores
+
+
+def test_zero_shot_cosine_ranks_by_angle_not_length(grid):
+    """encoder_cosine is the cosine of the pooled vectors. Point i is e_i + u (u shared by all), its counter a tenth
+    of it: cosine 1 with its point, against 1/2 for every other row. A dot product would put the other points
+    (dot 1) before the true counter (dot 0.2)."""
+    rows = len(grid.table)
+    pooled = torch.zeros(rows, 64)
+    pooled[:, 63] = 1.0  # u
+    pooled[grid.query, grid.query] = 1.0
+    pooled[grid.counter] = 0.1 * pooled[grid.query]
+    result = evaluate_tasks(grid, "encoder_cosine", emb=Embeddings(torch.zeros(rows, 128), pooled))
+    assert all(r["accuracy_at_1"] == 1.0 and r["mrr"] == 1.0 for r in result.values())
 
 
 def test_cli_json(capsys):
