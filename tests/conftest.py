@@ -180,3 +180,20 @@ def hold(folder: Path):
     proc = subprocess.Popen([sys.executable, "-c", HOLD, str(folder)], stdout=subprocess.PIPE, text=True, cwd=REPO)
     assert proc.stdout.readline().strip() == "held", "the holder could not take the folder"
     return proc
+
+
+def poison_classifier(monkeypatch, at_epoch: int = 1) -> None:
+    """A run that diverges: the pair classifier's output weights turn NaN when epoch ``at_epoch`` starts."""
+    import torch
+
+    from biencoder.engine.epoch import EpochTrainer
+
+    original = EpochTrainer.train_epoch
+
+    def poisoned(self, epoch, negatives):
+        if epoch == at_epoch:
+            with torch.no_grad():
+                self.model.out.weight.fill_(float("nan"))
+        return original(self, epoch, negatives)
+
+    monkeypatch.setattr(EpochTrainer, "train_epoch", poisoned)

@@ -154,17 +154,9 @@ def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
 
 # -- guards ---------------------------------------------------------------------------------------------------
 def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
-    from biencoder.engine.epoch import EpochTrainer
+    from conftest import poison_classifier
 
-    original = EpochTrainer.train_epoch
-
-    def poisoned(self, epoch, negatives):
-        if epoch == 1:
-            with torch.no_grad():
-                self.model.out.weight.fill_(float("nan"))
-        return original(self, epoch, negatives)
-
-    monkeypatch.setattr(EpochTrainer, "train_epoch", poisoned)
+    poison_classifier(monkeypatch, at_epoch=1)
     out = tmp_path / "run"
     with pytest.raises(Diverged, match="epoch 1: non-finite loss"):
         run(compose_cfg(FAST + ["trainer.max_epochs=3"]), out)

@@ -89,19 +89,13 @@ def test_records_written_before_read_the_same(tmp_path):
 def test_a_diverged_run_writes_strict_json_that_the_report_reads(tmp_path, monkeypatch):
     """The record of a run stopped by a NaN loss: strict JSON, loss parts null and named; the report reads it, and the
     same record written with bare NaN (before), as the same diverged run with NaN loss parts."""
-    from biencoder.engine.epoch import Diverged, EpochTrainer
+    from biencoder.engine.epoch import Diverged
     from biencoder.engine.runner import run
     from biencoder.report.runs import find_runs
 
-    original = EpochTrainer.train_epoch
+    from conftest import poison_classifier
 
-    def poisoned(self, epoch, negatives):
-        if epoch == 1:
-            with torch.no_grad():
-                self.model.out.weight.fill_(float("nan"))
-        return original(self, epoch, negatives)
-
-    monkeypatch.setattr(EpochTrainer, "train_epoch", poisoned)
+    poison_classifier(monkeypatch, at_epoch=1)
     new = tmp_path / "new"
     with pytest.raises(Diverged):
         run(compose_cfg(FAST + ["trainer.max_epochs=2", "eval.tasks=false"]), new)
