@@ -174,3 +174,17 @@ def test_rank_summary_by_hand():
 def test_an_unknown_score_is_named(grid):
     with pytest.raises(ValueError, match="^unknown score 'cosine'$"):
         evaluate_tasks(grid, "cosine", emb=Embeddings(torch.zeros(32, 128), torch.zeros(32, 32)))
+
+
+def test_baseline_ranks_are_the_epa_ranks_of_the_two_baselines(grid):
+    """The summary's zero-shot and TF-IDF top-1 are the epa task's accuracy@1 under each score, query by query."""
+    from biencoder.engine.tasks import BASELINES, baseline_ranks
+
+    pooled = torch.from_numpy(np.random.default_rng(6).normal(size=(len(grid.table), 32))).float()
+    ranks = baseline_ranks(grid, pooled)
+    assert set(ranks) == set(BASELINES) == {"encoder_cosine", "tfidf"}
+    emb = Embeddings(torch.zeros(len(grid.table), 128), pooled)
+    for score, rank in ranks.items():
+        epa = evaluate_tasks(grid, score, emb=emb)["epa"]
+        assert rank.shape == (16,) and len(set(rank.tolist())) >= 2  # ranks differ: a real comparison
+        assert ((rank == 1).mean(), (1 / rank).mean()) == (epa["accuracy_at_1"], epa["mrr"])
