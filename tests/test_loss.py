@@ -292,3 +292,14 @@ def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer)
     for margin in (0.25, 1.0):
         triplet = TripletCELoss(margin=margin)(model, point, counter, negative).parts["triplet"].item()
         assert triplet == pytest.approx(0.1 + margin, abs=1e-4)  # torch adds eps=1e-6 inside the distance
+
+
+def test_build_loss_reads_the_keys_of_the_chosen_loss():
+    from biencoder.engine.loss import build_loss
+    from conftest import compose_cfg
+
+    triplet = build_loss(compose_cfg(["loss.margin=0.5", "loss.triplet_weight=2", "loss.ce_weight=0.25"]).loss)
+    assert isinstance(triplet, TripletCELoss) and triplet.triplet.margin == 0.5
+    assert (triplet.triplet_weight, triplet.ce_weight) == (2.0, 0.25)
+    infonce = build_loss(compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0", "loss.gather=true"]).loss)
+    assert isinstance(infonce, InfoNCELoss) and (infonce.scale, infonce.ce_weight, infonce.gather) == (10.0, 0.0, True)

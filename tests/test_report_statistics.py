@@ -139,3 +139,72 @@ def test_counting_patterns_resamples_like_counting_queries():
         exact = np.sqrt(values.mean(axis=0).var() / values.shape[1])
         assert stats.mean() == pytest.approx(values.mean(), abs=3 * exact / 200)
         assert stats.std() == pytest.approx(exact, rel=0.02)
+
+def test_resampling_is_seeded_and_its_seed_is_0_by_default():
+    """Every table resamples with the default seed (0): the same call gives the same interval and p, another seed
+    another one."""
+    rng = np.random.default_rng(3)
+    a, b = rng.integers(0, 2, (2, 300)).astype(float), rng.integers(0, 2, (2, 300)).astype(float)
+    ci = bootstrap_ci(a, n_boot=500)
+    assert ci == bootstrap_ci(a, n_boot=500) == bootstrap_ci(a, n_boot=500, seed=0)
+    assert ci != bootstrap_ci(a, n_boot=500, seed=1)
+    test = paired_bootstrap(a, b, n_boot=500)
+    assert test == paired_bootstrap(a, b, n_boot=500) == paired_bootstrap(a, b, n_boot=500, seed=0)
+    assert test != paired_bootstrap(a, b, n_boot=500, seed=1)
+
+
+@pytest.mark.parametrize("seeds", [1, 2, 3])
+def test_seeds_are_resampled_from_three_seeds_on(seeds):
+    """The default level is decided by the number of seeds (rows), whatever the number of queries."""
+    rng = np.random.default_rng(4)
+    a, b = rng.integers(0, 2, (seeds, 50)).astype(float), rng.integers(0, 2, (seeds, 50)).astype(float)
+    two_level = seeds >= 3
+    assert bootstrap_ci(a, n_boot=500) == bootstrap_ci(a, n_boot=500, two_level=two_level)
+    assert paired_bootstrap(a, b, n_boot=500) == paired_bootstrap(a, b, n_boot=500, two_level=two_level)
+    if seeds == 2:  # the other level gives another interval here (with one seed both are the same)
+        assert bootstrap_ci(a, n_boot=500) != bootstrap_ci(a, n_boot=500, two_level=True)
+
+
+def test_the_seed_level_draws_every_seed():
+    """Seed 0 alone got every query right, seeds 1 and 2 none: P(no draw of seed 0) = (2/3)³ ≈ 0.30, so the 95 %
+    interval runs from 0 to at least 1/3."""
+    hits = np.array([np.ones(200), np.zeros(200), np.zeros(200)])
+    mean, low, high = bootstrap_ci(hits, n_boot=4000)
+    assert mean == pytest.approx(1 / 3) and low == 0.0 and high >= 1 / 3
+
+
+def test_interval_level_by_the_normal_approximation():
+    """A 50 % interval of a Bernoulli(0.6) mean over 2000 queries: ±0.674·sqrt(.24/2000) = ±0.0074."""
+    x = np.zeros(2000)
+    x[:1200] = 1
+    mean, low, high = bootstrap_ci(x, n_boot=20000, level=0.5)
+    assert (high - low) / 2 == pytest.approx(0.674 * np.sqrt(0.24 / 2000), abs=0.0012)
+
+
+def test_p_value_by_hand():
+    """One query of four differs: a resample leaves it out with probability (3/4)⁴ = 0.316, the only way to a
+    difference ≤ 0, so p = 2 · 0.316 = 0.633."""
+    diff, low, high, p = paired_bootstrap(np.array([1.0, 0, 0, 0]), np.zeros(4), n_boot=20000)
+    assert diff == 0.25 and (low, high) == (0.0, 0.75)
+    assert p == pytest.approx(2 * 0.75 ** 4, abs=0.02)
+
+
+def test_unmatched_seeds_compare_the_seed_means():
+    """3 seeds against 2 (no seed in common): each side's mean over its seeds, query by query, then one level."""
+    a = np.array([[1.0, 1, 0, 0], [1, 0, 1, 0], [1, 0, 0, 1]])  # per query: 1, 1/3, 1/3, 1/3
+    b = np.array([[0.0, 1, 1, 0], [0, 1, 0, 0]])  # per query: 0, 1, 1/2, 0
+    diff, low, high, p = paired_bootstrap(a, b, n_boot=2000)
+    assert diff == pytest.approx((1 - 2 / 3 - 1 / 6 + 1 / 3) / 4)
+    assert (diff, low, high, p) == paired_bootstrap(a.mean(axis=0), b.mean(axis=0), n_boot=2000)
+
+
+def test_unpaired_query_counts_are_refused():
+    from biencoder.report import SummaryError
+
+    with pytest.raises(SummaryError, match=r"^cannot pair 3 with 4 queries"):
+        paired_bootstrap(np.ones(3), np.ones(4))
+
+
+def test_holm_caps_at_one_and_alpha_itself_is_not_significant():
+    np.testing.assert_allclose(holm([0.6, 0.9]), [1.0, 1.0])  # 2 · 0.6 = 1.2
+    assert verdict(0.1, 0.05) != "better" and verdict(-0.1, 0.05) != "worse"  # p = α: not below it

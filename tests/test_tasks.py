@@ -162,3 +162,29 @@ def test_the_task_table_gives_each_splits_own_pool_size():
     assert lines[0] == "| task | avg false cands (val / test) | val acc@1 | val MRR | test acc@1 | test MRR |"
     assert lines[2] == "| sdoc | 10.0 / 20.0 | 0.500 | 0.750 | 0.500 | 0.750 |"
     assert format_tasks({"test": results(20, 5)}).splitlines()[2] == "| sdoc | 20.0 | 0.500 | 0.750 |"
+
+
+def test_rank_summary_by_hand():
+    from biencoder.engine.rerank import rank_summary
+
+    assert rank_summary(np.array([1, 2, 4])) == {"accuracy_at_1": 1 / 3, "mrr": (1 + 1 / 2 + 1 / 4) / 3}
+    assert rank_summary(np.array([], dtype=int)) == {"accuracy_at_1": None, "mrr": None}
+
+
+def test_an_unknown_score_is_named(grid):
+    with pytest.raises(ValueError, match="^unknown score 'cosine'$"):
+        evaluate_tasks(grid, "cosine", emb=Embeddings(torch.zeros(32, 128), torch.zeros(32, 32)))
+
+
+def test_baseline_ranks_are_the_epa_ranks_of_the_two_baselines(grid):
+    """The summary's zero-shot and TF-IDF top-1 are the epa task's accuracy@1 under each score, query by query."""
+    from biencoder.engine.tasks import BASELINES, baseline_ranks
+
+    pooled = torch.from_numpy(np.random.default_rng(6).normal(size=(len(grid.table), 32))).float()
+    ranks = baseline_ranks(grid, pooled)
+    assert set(ranks) == set(BASELINES) == {"encoder_cosine", "tfidf"}
+    emb = Embeddings(torch.zeros(len(grid.table), 128), pooled)
+    for score, rank in ranks.items():
+        epa = evaluate_tasks(grid, score, emb=emb)["epa"]
+        assert rank.shape == (16,) and len(set(rank.tolist())) >= 2  # ranks differ: a real comparison
+        assert ((rank == 1).mean(), (1 / rank).mean()) == (epa["accuracy_at_1"], epa["mrr"])
