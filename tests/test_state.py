@@ -118,6 +118,7 @@ def test_a_diverged_run_writes_strict_json_that_the_report_reads(tmp_path, monke
 
 #: json.dumps calls in src/ that write no file and print no record: what they make is never stored or read as a record
 NOT_RECORDS = {
+    "engine/pairs.py": "quotes a user's value in an error message",
     "bench/import_graph.py": "prints the import graph (names and counts, never a float) and imports nothing heavier",
     "report/baselines.py": "a grouping key (a dict key in memory)",
     "retrieve.py": "quotes a user's JSON value in an error message",

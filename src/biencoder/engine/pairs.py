@@ -32,6 +32,7 @@ import pandas as pd
 from ..errors import BiencoderError
 from .paired import SPLIT_NAMES, PairedSplit, split_name
 from .schema import PAIR_FORMATS
+from .state import strict_json
 
 #: suffix -> format (data.format overrides it)
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet"}
@@ -398,7 +399,7 @@ def export_pairs(corpus, folder: str | Path) -> dict[str, Path]:
     out = {}
     for split, name in EXPORTED.items():
         pairs = corpus.split_pairs(split)
-        lines = [json.dumps({"anchor": a, "positive": p, "group": f"{t}/{d}"}, ensure_ascii=False) + "\n"
+        lines = [strict_json({"anchor": a, "positive": p, "group": f"{t}/{d}"}, ensure_ascii=False) + "\n"
                  for a, p, t, d in zip(pairs["point_text"], pairs["counter_text"], pairs["theme"], pairs["debate"])]
         out[split] = _write_atomic(folder / name, "".join(lines))
     return out
