@@ -240,16 +240,14 @@ def test_gather_without_a_process_group_is_the_local_loss():
 def test_each_losss_own_defaults_are_the_schemas():
     """A loss built without the config (TripletCELoss() in a script) computes what the default config does: each
     keyword it reads from ``loss.*`` defaults to the schema's value."""
-    import dataclasses
-    import inspect
+    from biencoder.engine.loss import build_loss
+    from conftest import compose_cfg
 
-    from biencoder.engine.loss import LOSSES
-    from biencoder.engine.schema import LossSchema
-
-    schema = {f.name: f.default for f in dataclasses.fields(LossSchema)}
-    for name, (cls, keys) in LOSSES.items():
-        own = inspect.signature(cls).parameters
-        assert {key: own[key].default for key in keys} == {key: schema[key] for key in keys}, name
+    own, configured = TripletCELoss(), build_loss(compose_cfg([]).loss)
+    assert (own.triplet.margin, own.triplet.p, own.triplet_weight, own.ce_weight) == (
+        configured.triplet.margin, configured.triplet.p, configured.triplet_weight, configured.ce_weight)
+    own, configured = InfoNCELoss(), build_loss(compose_cfg(["loss=infonce"]).loss)
+    assert (own.scale, own.ce_weight, own.gather) == (configured.scale, configured.ce_weight, configured.gather)
 
 
 def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer):
