@@ -271,3 +271,9 @@ def test_build_loss_reads_the_keys_of_the_chosen_loss():
     assert (triplet.triplet_weight, triplet.ce_weight) == (2.0, 0.25)
     infonce = build_loss(compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0", "loss.gather=true"]).loss)
     assert isinstance(infonce, InfoNCELoss) and (infonce.scale, infonce.ce_weight, infonce.gather) == (10.0, 0.0, True)
+
+
+def test_infonce_without_text_ids_is_refused(tiny_model_and_tokenizer):
+    emb = Embeddings(torch.zeros(2, 128), torch.zeros(2, 32))
+    with pytest.raises(ValueError, match=r"^InfoNCELoss needs the text ids of the batch \(duplicate texts must be"):
+        InfoNCELoss()(tiny_model_and_tokenizer[0], emb, emb, emb)
