@@ -9,15 +9,7 @@ from pathlib import Path
 
 import pytest
 
-# No test reads or writes the user's files. The session gets a home of its own (so "~/.cache/biencoder", or any other
-# "~" path, resolves inside it) and every test an embedding cache of its own (tmp_embedding_cache). Set here, before
-# any test module imports biencoder (biencoder.retrieve reads BIENCODER_CACHE_DIR when imported), and inherited by
-# every command line a test starts.
-SESSION_HOME = Path(tempfile.mkdtemp(prefix="biencoder-tests-home-"))
-os.environ.update(HOME=str(SESSION_HOME), XDG_CACHE_HOME=str(SESSION_HOME / ".cache"),
-                  BIENCODER_CACHE_DIR=str(SESSION_HOME / "embedding-cache"))
-
-from biencoder.engine.layout import arguana_root  # noqa: E402  (after HOME is set)
+from biencoder.engine.layout import arguana_root  # reads nothing of HOME or the cache
 
 REPO = Path(__file__).resolve().parents[1]
 # the real corpus: $ARGUANA_ROOT, else a checkout's neighbour ../shared/data/arguana-counterargs-corpus (as CI lays
@@ -29,11 +21,39 @@ if "ARGUANA_ROOT" not in os.environ and _SHARED.is_dir():
 REAL_ROOT = arguana_root().absolute()
 
 
-def user_cache_writes(home: Path = SESSION_HOME) -> list[str]:
-    """Files under ``home``'s ``.cache/biencoder``: what a test wrote to the default embedding cache instead of its
-    own."""
-    folder = home / ".cache" / "biencoder"
-    return sorted(str(p.relative_to(home)) for p in folder.rglob("*")) if folder.exists() else []
+# No test reads or writes the user's files. The session gets a home of its own (so "~/.cache/biencoder", or any other
+# "~" path, resolves inside it) and every test an embedding cache of its own (tmp_embedding_cache); command lines the
+# tests start inherit both.
+SESSION_HOME: Path | None = None
+_USER_ENV: dict[str, str | None] = {}
+
+
+def pytest_configure(config):
+    """Before any test module imports biencoder (biencoder.retrieve reads BIENCODER_CACHE_DIR when imported)."""
+    global SESSION_HOME
+    SESSION_HOME = Path(tempfile.mkdtemp(prefix="biencoder-tests-home-"))
+    own = {"HOME": str(SESSION_HOME), "XDG_CACHE_HOME": str(SESSION_HOME / ".cache"),
+           "BIENCODER_CACHE_DIR": str(SESSION_HOME / "embedding-cache")}
+    _USER_ENV.update({key: os.environ.get(key) for key in own})
+    os.environ.update(own)
+
+
+def pytest_unconfigure(config):
+    """The session's home goes, whatever the outcome (a collection alone, a failed check); the user's env returns."""
+    for key, value in _USER_ENV.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    if SESSION_HOME is not None:
+        shutil.rmtree(SESSION_HOME, ignore_errors=True)
+
+
+def user_cache_writes(home: Path | None = None) -> list[str]:
+    """Files under ``home``'s (default: the session's) ``.cache/biencoder``: what a test wrote to the default
+    embedding cache instead of its own."""
+    folder = (home or SESSION_HOME) / ".cache" / "biencoder"
+    return sorted(str(p.relative_to(folder.parents[1])) for p in folder.rglob("*")) if folder.exists() else []
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -42,7 +62,6 @@ def no_writes_to_the_user_cache():
     yield
     written = user_cache_writes()
     assert written == [], f"the tests wrote the default embedding cache ~/.cache/biencoder: {written[:5]}"
-    shutil.rmtree(SESSION_HOME, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -268,18 +268,14 @@ def test_gather_without_a_process_group_is_the_local_loss():
 def test_each_losss_own_defaults_are_the_schemas():
     """A loss built without the config (TripletCELoss() in a script) computes what the default config does: each
     keyword it reads from ``loss.*`` defaults to the schema's value."""
-    import dataclasses
-    import inspect
+    from biencoder.engine.loss import build_loss
+    from conftest import compose_cfg
 
-    from biencoder.engine.loss import LOSSES
-    from biencoder.engine.schema import LOSS_OPTIONS, loss_keys
-
-    assert set(LOSSES) == set(LOSS_OPTIONS)
-    for name, cls in LOSSES.items():
-        schema = {f.name: f.default for f in dataclasses.fields(LOSS_OPTIONS[name])}
-        own = inspect.signature(cls).parameters
-        keys = loss_keys(name)
-        assert keys and {key: own[key].default for key in keys} == {key: schema[key] for key in keys}, name
+    own, configured = TripletCELoss(), build_loss(compose_cfg([]).loss)
+    assert (own.triplet.margin, own.triplet.p, own.triplet_weight, own.ce_weight) == (
+        configured.triplet.margin, configured.triplet.p, configured.triplet_weight, configured.ce_weight)
+    own, configured = InfoNCELoss(), build_loss(compose_cfg(["loss=infonce"]).loss)
+    assert (own.scale, own.ce_weight, own.gather) == (configured.scale, configured.ce_weight, configured.gather)
 
 
 def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer):
@@ -303,3 +299,9 @@ def test_build_loss_reads_the_keys_of_the_chosen_loss():
     assert (triplet.triplet_weight, triplet.ce_weight) == (2.0, 0.25)
     infonce = build_loss(compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0", "loss.gather=true"]).loss)
     assert isinstance(infonce, InfoNCELoss) and (infonce.scale, infonce.ce_weight, infonce.gather) == (10.0, 0.0, True)
+
+
+def test_infonce_without_text_ids_is_refused(tiny_model_and_tokenizer):
+    emb = Embeddings(torch.zeros(2, 128), torch.zeros(2, 32))
+    with pytest.raises(ValueError, match=r"^InfoNCELoss needs the text ids of the batch \(duplicate texts must be"):
+        InfoNCELoss()(tiny_model_and_tokenizer[0], emb, emb, emb)
