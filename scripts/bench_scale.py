@@ -28,6 +28,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -169,33 +170,36 @@ def run_one(args) -> dict:
         runner_module.run_splits = lambda data: read  # what the runner would get from a pairs reader
     cfg = compose_config(overrides)
     out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
-    runner = meter("set-up", lambda: runner_module.Runner(cfg, out))
-    runner.phase = meter
-    start = time.time()
-    _, best, train_sim = meter("begin", runner.begin)
-    once = {"wall": meter.wall, "cpu": meter.cpu}  # generate, read, set-up, begin
-    epoch_wall, per_epoch = [], []
-    for epoch in range(args.epochs):
-        meter.wall, meter.cpu = {}, {}
-        begin = time.perf_counter()
-        train_sim, best = meter("epoch", lambda: runner.run_epoch(epoch, train_sim, best))
-        epoch_wall.append(time.perf_counter() - begin)
-        per_epoch.append({"wall": meter.wall, "cpu": meter.cpu})
-    # with 2+ epochs, epoch 0 warms caches and allocators: not the measure. Of the others, each phase's fastest: on a
-    # shared machine the other sessions only ever add time
-    measured = per_epoch[1:] or per_epoch
-    phases = {kind: {name: min(e[kind][name] for e in measured if name in e[kind])
-                     for name in dict.fromkeys(n for e in measured for n in e[kind])} for kind in ("wall", "cpu")}
-    meter.wall, meter.cpu = once["wall"], once["cpu"]
-    baselines = runner.baselines
-    runner.baselines = lambda: meter("baselines", baselines)
-    final = runner._finish(best, start)
-    return {"pairs": args.pairs, "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
-            "reader": reader, "sample": args.sample, "threads": torch.get_num_threads(), "epochs": args.epochs,
-            "phases": phases, "once": once, "peak_mb": meter.peak_mb, "grew_mb": meter.grew_mb,
-            "overall_peak_mb": meter.overall_mb, "epoch_wall": epoch_wall, "loadavg": list(os.getloadavg()),
-            "top1": {n: final["best"][n]["top1"] for n in SPLITS},
-            "baselines": {n: {s: v["top1"] for s, v in final["baselines"][n].items()} for n in ("val", "test")}}
+    try:
+        runner = meter("set-up", lambda: runner_module.Runner(cfg, out))
+        runner.phase = meter
+        start = time.time()
+        _, best, train_sim = meter("begin", runner.begin)
+        once = {"wall": meter.wall, "cpu": meter.cpu}  # generate, read, set-up, begin
+        epoch_wall, per_epoch = [], []
+        for epoch in range(args.epochs):
+            meter.wall, meter.cpu = {}, {}
+            begin = time.perf_counter()
+            train_sim, best = meter("epoch", lambda: runner.run_epoch(epoch, train_sim, best))
+            epoch_wall.append(time.perf_counter() - begin)
+            per_epoch.append({"wall": meter.wall, "cpu": meter.cpu})
+        # with 2+ epochs, epoch 0 warms caches and allocators: not the measure. Of the others, each phase's fastest:
+        # on a shared machine the other sessions only ever add time
+        measured = per_epoch[1:] or per_epoch
+        phases = {kind: {name: min(e[kind][name] for e in measured if name in e[kind])
+                         for name in dict.fromkeys(n for e in measured for n in e[kind])} for kind in ("wall", "cpu")}
+        meter.wall, meter.cpu = once["wall"], once["cpu"]
+        baselines = runner.baselines
+        runner.baselines = lambda: meter("baselines", baselines)
+        final = runner._finish(best, start)
+        return {"pairs": args.pairs, "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
+                "reader": reader, "sample": args.sample, "threads": torch.get_num_threads(), "epochs": args.epochs,
+                "phases": phases, "once": once, "peak_mb": meter.peak_mb, "grew_mb": meter.grew_mb,
+                "overall_peak_mb": meter.overall_mb, "epoch_wall": epoch_wall, "loadavg": list(os.getloadavg()),
+                "top1": {n: final["best"][n]["top1"] for n in SPLITS},
+                "baselines": {n: {s: v["top1"] for s, v in final["baselines"][n].items()} for n in ("val", "test")}}
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # the run folder this process made
 
 
 # -- the driver -------------------------------------------------------------------------------------------------------
