@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from .layout import SPLITS, CorpusError, read_split, resolve_root
-from .paired import SPLIT_NAMES, PairedSplit, seen_queries, split_name
+from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name
 from .pairs import PairFiles, read_pairs
 from .schema import demo_root
 
@@ -63,12 +63,8 @@ class Corpus:
         occurs in test; train drops every pair whose point or counter text occurs in val or test. ``dropped``
         says how many pairs each split lost; ``counts`` still describes the corpus on disk.
         """
-        def keep(split: str, banned: set[str]) -> pd.Series:
-            pairs = self.split_pairs(split)
-            return ~(pairs["point_text"].isin(banned) | pairs["counter_text"].isin(banned))
-
-        test, val = self.texts("test"), self.texts("val")
-        keep_val, keep_train = keep("val", test), keep("train", test | val)
+        kept_by = dedup_keep(self.split_pairs, self.texts, ("point_text", "counter_text"))
+        keep_val, keep_train = kept_by["val"], kept_by["train"]
         kept = pd.concat([self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val],
                           self.split_pairs("test")])
         dropped = {"train": int((~keep_train).sum()), "val": int((~keep_val).sum()), "test": 0}

@@ -29,6 +29,19 @@ def split_name(name: str) -> str:
                       + ", ".join(f"{short} (or {folder})" if short != folder else short for short, folder in SPLIT_NAMES.items()))
 
 
+def dedup_keep(pairs_of, texts_of, columns: tuple[str, str]) -> dict[str, pd.Series]:
+    """The deduplication rule, one definition for every reader (``data.dedup``), in the order test → val → train:
+    test is untouched; val keeps the pairs neither of whose texts occurs in test; train keeps those neither of whose
+    texts occurs in val or test. ``pairs_of(split)``: that split's pairs; ``texts_of(split)``: every text of it;
+    ``columns``: the two text columns of a pair. Returns {"train": keep mask, "val": keep mask}."""
+    def keep(split: str, banned: set[str]) -> pd.Series:
+        pairs = pairs_of(split)
+        return ~(pairs[columns[0]].isin(banned) | pairs[columns[1]].isin(banned))
+
+    test, val = texts_of("test"), texts_of("val")
+    return {"train": keep("train", test | val), "val": keep("val", test)}
+
+
 #: what each ``data.pool`` puts in a query's candidate pool, for summaries
 POOL_TEXT = {"all": "every point/anchor and counter/positive of the split but the query itself",
              "positives": "the counters/positives of the split only"}

@@ -30,7 +30,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import BiencoderError
-from .paired import SPLIT_NAMES, PairedSplit, split_name
+from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, split_name
 from .schema import PAIR_FORMATS
 from .state import strict_json
 
@@ -332,12 +332,8 @@ class PairFiles:
         (:meth:`.corpus.Corpus.deduplicated`): val drops every pair whose anchor or positive text occurs in test;
         train drops every pair whose anchor or positive text occurs in val or test. With ``check``, raises
         :class:`PairsError` when a split is left too small (a run could not use it)."""
-        def keep(split: str, banned: set[str]) -> pd.Series:
-            pairs = self.split_pairs(split)
-            return ~(pairs["anchor"].isin(banned) | pairs["positive"].isin(banned))
-
-        test, val = self.texts("test"), self.texts("val")
-        keep_val, keep_train = keep("val", test), keep("train", test | val)
+        kept_by = dedup_keep(self.split_pairs, self.texts, ("anchor", "positive"))
+        keep_val, keep_train = kept_by["val"], kept_by["train"]
         kept = pd.concat([self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val],
                           self.split_pairs("test")], ignore_index=True)
         out = replace(self, pairs=kept, dropped={"train": int((~keep_train).sum()), "val": int((~keep_val).sum()),
