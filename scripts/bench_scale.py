@@ -6,11 +6,7 @@ pair files of N pairs (``scripts/make_synthetic_pairs.py``; 60 / 20 / 20 % train
 Each size runs in a fresh process (its own peak memory), through the runner's own epoch (:class:`Runner`, timed by its
 :attr:`~biencoder.engine.runner.Runner.phase` hook, as ``scripts/bench.py`` does): ``model=tiny`` with a frozen encoder
 (the pooled vectors computed once into ``--cache-dir``), ``eval.tasks=false`` (the 8 tasks are ArguAna's),
-``eval.baselines=true``. The data are read by ``data=pairs`` where this checkout has that reader
-(``conf/data/pairs.yaml``), else built into :class:`PairedSplit` tables here (``--reader direct``): the anchor is the
-query row, the positive its true counter, the group both rows' debate and theme, text ids by equal text, and the
-deduplication rule of :meth:`Corpus.deduplicated` (test untouched; val, then train, lose the pairs that share a text
-with a later split).
+``eval.baselines=true``, the files read by ``data=pairs``.
 
 Per phase: wall and CPU seconds (the fastest of the epochs after the first, which warms caches and allocators, phase
 by phase: on a shared machine other work only adds time; with ``--epochs 1`` the one epoch), the process's
@@ -101,52 +97,6 @@ def synthetic_folder(data_dir: Path, n_pairs: int, seed: int) -> Path:
     return folder
 
 
-def direct_splits(folder: Path, dedup: bool = True):
-    """(an object with ``dropped``, {split: PairedSplit}) from the pair files of ``folder``, without a reader."""
-    from types import SimpleNamespace
-
-    import numpy as np
-    import pandas as pd
-
-    from biencoder.engine.corpus import PairedSplit
-
-    rows = {name: pd.read_json(folder / f"{name}.jsonl", lines=True) for name in SPLITS}
-    dropped = {name: 0 for name in SPLITS}
-    if dedup:  # Corpus.deduplicated's rule: test untouched, val loses test's texts, train val's and test's
-        banned: set[str] = set()
-        for name in ("test", "val", "train"):
-            frame = rows[name]
-            keep = ~(frame["anchor"].isin(banned) | frame["positive"].isin(banned))
-            dropped[name] = int((~keep).sum())
-            rows[name] = frame[keep].reset_index(drop=True)
-            banned |= set(frame["anchor"]) | set(frame["positive"])
-    splits = {}
-    for name, frame in rows.items():
-        q = len(frame)
-        group = np.tile(frame["group"].astype(str).to_numpy(), 2)
-        table = pd.DataFrame({"theme": group, "debate": group, "stance": "pro",
-                              "kind": ["point"] * q + ["counter"] * q,
-                              "text": frame["anchor"].tolist() + frame["positive"].tolist(),
-                              "pair_id": [f"{name}{i:06d}" for i in range(q)] * 2})
-        table["text_id"] = pd.factorize(table["text"])[0]
-        splits[name] = PairedSplit(name=name, table=table)
-    return SimpleNamespace(dropped=dropped), splits
-
-
-def has_pairs_reader() -> bool:
-    return (REPO / "conf" / "data" / "pairs.yaml").exists()
-
-
-def compose_config(overrides: list[str]):
-    """The real configs of ``conf/`` composed with ``overrides`` and validated, as a run's are."""
-    from biencoder.engine.validation import validate
-    from biencoder.hydra_glue import compose_config as compose
-
-    cfg = compose(overrides)
-    validate(cfg)
-    return cfg
-
-
 # -- one size, in its own process -------------------------------------------------------------------------------------
 def run_one(args) -> dict:
     """One run of ``args.pairs`` pairs: the per-phase table of its epochs after the first, and its set-up."""
@@ -162,12 +112,9 @@ def run_one(args) -> dict:
                  "eval.baselines=true", f"seed={args.seed}"]
     if args.sample:
         overrides += [f"eval.{name}_queries={args.sample}" for name in SPLITS]
-    reader = "pairs" if args.reader == "auto" and has_pairs_reader() else args.reader
-    if reader == "pairs":
-        overrides += ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
-    else:
-        read = meter("read", lambda: direct_splits(folder))
-        runner_module.run_splits = lambda data: read  # what the runner would get from a pairs reader
+    overrides += ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
+    from biencoder.bench.common import compose_config
+
     cfg = compose_config(overrides)
     out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
@@ -193,7 +140,7 @@ def run_one(args) -> dict:
         runner.baselines = lambda: meter("baselines", baselines)
         final = runner._finish(best, start)
         return {"pairs": args.pairs, "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
-                "reader": reader, "sample": args.sample, "threads": torch.get_num_threads(), "epochs": args.epochs,
+                "sample": args.sample, "threads": torch.get_num_threads(), "epochs": args.epochs,
                 "phases": phases, "once": once, "peak_mb": meter.peak_mb, "grew_mb": meter.grew_mb,
                 "overall_peak_mb": meter.overall_mb, "epoch_wall": epoch_wall, "loadavg": list(os.getloadavg()),
                 "top1": {n: final["best"][n]["top1"] for n in SPLITS},
@@ -229,7 +176,7 @@ def print_run(result: dict) -> None:
     sizes = "/".join(str(result["split_pairs"][n]) for n in SPLITS)
     sample = f", eval.*_queries={result['sample']}" if result["sample"] else ""
     load = " ".join(f"{v:.1f}" for v in result["loadavg"])
-    print(f"\n{result['pairs']} pairs (train/val/test {sizes}; reader {result['reader']}{sample}; "
+    print(f"\n{result['pairs']} pairs (train/val/test {sizes}{sample}; "
           f"{result['threads']} threads; load average after the run {load})")
     print(f"   {'phase':<30} {'wall s':>9} {'CPU s':>9} {'peak RSS MB':>12} {'rise MB':>9}")
     for table, label in ((result["phases"], "per epoch"), (result["once"], "once")):
@@ -251,8 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=0,
                         help="also run every size with eval.{train,val,test}_queries=SAMPLE")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--reader", choices=("auto", "pairs", "direct"), default="auto",
-                        help="data=pairs (auto: when conf/data/pairs.yaml exists) or PairedSplit tables built here")
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic")
     parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic-cache",
                         help="embedding cache of the synthetic texts (kept apart from ~/.cache/biencoder)")
@@ -272,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     for sample in [0] + ([args.sample] if args.sample else []):
         for n in args.sizes:
             cmd = [sys.executable, __file__, "--one", str(n), "--one-sample", str(sample), "--epochs", str(args.epochs),
-                   "--threads", str(args.threads), "--seed", str(args.seed), "--reader", args.reader,
+                   "--threads", str(args.threads), "--seed", str(args.seed),
                    "--data-dir", str(args.data_dir), "--cache-dir", str(args.cache_dir)]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
