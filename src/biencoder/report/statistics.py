@@ -177,8 +177,8 @@ def verdicts(diffs, p_values, n_boot: int = N_BOOT, alpha: float = ALPHA) -> dic
     (each from ``n_boot`` resamples): ``p_low``/``p_high`` (:func:`p_range`), ``p_holm`` with its range
     ``p_holm_low``/``p_holm_high`` (:func:`holm_ranges`), and ``verdict``."""
     p = np.asarray(p_values, dtype=float)
-    ranges = [p_range(v, n_boot) for v in p]
-    adjusted, (low, high) = holm(p), holm_ranges(p, n_boot)
-    return {"p_low": [r[0] for r in ranges], "p_high": [r[1] for r in ranges], "p_holm": list(adjusted),
+    ranges = np.array([p_range(v, n_boot) for v in p]).reshape(-1, 2)
+    adjusted, low, high = holm(p), holm(ranges[:, 0]), holm(ranges[:, 1])  # holm_ranges, the ranges made once
+    return {"p_low": list(ranges[:, 0]), "p_high": list(ranges[:, 1]), "p_holm": list(adjusted),
             "p_holm_low": list(low), "p_holm_high": list(high),
             "verdict": [verdict(d, a, alpha, (lo, hi)) for d, a, lo, hi in zip(diffs, adjusted, low, high)]}
