@@ -4,7 +4,7 @@ pair files of N pairs (``scripts/make_synthetic_pairs.py``; 60 / 20 / 20 % train
     python scripts/bench_scale.py --sizes 10000 30000 100000 [--epochs 3] [--threads 2] [--sample 2000]
 
 Each size runs in a fresh process (its own peak memory), through the runner's own epoch (:class:`Runner`, timed by its
-:attr:`~biencoder.engine.runner.Runner.phase` hook, as ``scripts/bench.py`` does): ``model=tiny`` with a frozen encoder
+:attr:`~biencoder.engine.training.runner.Runner.phase` hook, as ``scripts/bench.py`` does): ``model=tiny`` with a frozen encoder
 (the pooled vectors computed once into ``--cache-dir``), ``eval.tasks=false`` (the 8 tasks are ArguAna's),
 ``eval.baselines=true``, the files read by ``data=pairs``.
 
@@ -103,7 +103,7 @@ def run_one(args) -> dict:
     import torch
 
     torch.set_num_threads(args.threads)
-    from biencoder.engine import runner as runner_module
+    from biencoder.engine.training import runner as runner_module
 
     meter = PhaseMeter()
     folder = meter("generate", lambda: synthetic_folder(args.data_dir, args.pairs, args.seed))

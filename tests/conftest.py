@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from biencoder.engine.layout import arguana_root  # reads nothing of HOME or the cache
+from biencoder.engine.data.arguana import arguana_root
 
 REPO = Path(__file__).resolve().parents[1]
 # the real corpus: $ARGUANA_ROOT, else a checkout's neighbour ../shared/data/arguana-counterargs-corpus (as CI lays
@@ -120,7 +120,7 @@ def real_root() -> Path:
 
 @pytest.fixture(scope="session")
 def real_corpus(real_root):
-    from biencoder.engine.corpus import read_corpus
+    from biencoder.engine.data.corpus import read_corpus
     return read_corpus(real_root)
 
 
@@ -141,7 +141,7 @@ def tiny_model_and_tokenizer():
     """A randomly initialised 2-layer BERT (seed 0) inside a BiModel, and MiniLM's tokenizer."""
     import torch
 
-    from biencoder.engine.model import build_model
+    from biencoder.engine.modeling.model import build_model
 
     torch.manual_seed(0)
     return build_model(compose_cfg(["model=tiny"]).model)
@@ -149,8 +149,8 @@ def tiny_model_and_tokenizer():
 
 @pytest.fixture(scope="session")
 def demo_corpus():
-    from biencoder.engine.corpus import read_corpus
-    from biencoder.engine.schema import demo_root
+    from biencoder.engine.config.schema import demo_root
+    from biencoder.engine.data.corpus import read_corpus
 
     return read_corpus(demo_root())
 
@@ -186,8 +186,8 @@ def global_determinism(monkeypatch):
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[1:]
 
 
-#: a process that holds the run folder named by its argument (engine/rundir.claim) until it is killed
-HOLD = ("import sys, time\nfrom biencoder.engine.rundir import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
+#: a process that holds the run folder named by its argument (engine/runs/folder.claim) until it is killed
+HOLD = ("import sys, time\nfrom biencoder.engine.runs.folder import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
         "time.sleep(600)\n")
 
 
@@ -205,7 +205,7 @@ def poison_classifier(monkeypatch, at_epoch: int = 1) -> None:
     """A run that diverges: the pair classifier's output weights turn NaN when epoch ``at_epoch`` starts."""
     import torch
 
-    from biencoder.engine.epoch import EpochTrainer
+    from biencoder.engine.training.epoch import EpochTrainer
 
     original = EpochTrainer.train_epoch
 

@@ -102,7 +102,7 @@ def test_finetune_epoch_by_phase_on_cpu():
 def test_the_bench_times_the_runners_own_epoch(monkeypatch):
     """The phases come from Runner.run_epoch itself, not from a copy of its loop in the bench: the epoch's rows are
     logged, the best weights copied when val improves and last.pt written, each inside its phase."""
-    from biencoder.engine.runner import Runner
+    from biencoder.engine.training.runner import Runner
 
     seen = []
     for method in ("_append", "_weights_on_cpu", "save_last"):
@@ -138,7 +138,7 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
     assert before["exempt"] == 2  # the frozen ln_relu head: its flat tensor and the loose 2-value bias, one read each
     assert before["ops"] <= 445  # issue 24's target: at most half the 891 ops of a9c05a4's step (401 since 19fe8e3)
 
-    from biencoder.engine import epoch
+    from biencoder.engine.training import epoch
 
     original = epoch.EpochSums.add
 
@@ -171,8 +171,8 @@ def test_a_trained_encoder_step_reads_nothing_back():
 def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
     """The bench's cold-cache check and the runner agree on a run's texts: after the runner has filled the cache,
     nothing is missing (the old check also asked for texts of pairs that data.dedup drops)."""
-    from biencoder.engine.corpus import run_splits
-    from biencoder.engine.runner import Runner
+    from biencoder.engine.data.corpus import run_splits
+    from biencoder.engine.training.runner import Runner
 
     cfg = common.compose_config(step_counts.step_overrides(frozen=True, cache_dir=tmp_path / "cache"))
     _, splits = run_splits(cfg.data)
@@ -197,7 +197,7 @@ def test_a_cold_cache_is_warmed_and_said_not_skipped(tmp_path):
 def test_a_step_computes_its_statistics_only_on_sampled_steps(monkeypatch):
     """The head statistics and gradient norms cost ops on a CPU, so train_step computes them only on the steps that
     EpochSums samples: 18 steps (2 warm-up, 8 profiled, 8 timed) at trainer.stats_every 8 compute them 3 times."""
-    from biencoder.engine import epoch
+    from biencoder.engine.training import epoch
 
     calls = {"grad_norms": 0, "head": 0}
     grad_norms, head = epoch.EpochTrainer.grad_norms, epoch.head_statistics_vector
@@ -219,7 +219,7 @@ def test_a_step_computes_its_statistics_only_on_sampled_steps(monkeypatch):
 def test_a_resumed_optimizer_state_saved_by_foreach_adamw_runs_fused(tmp_path):
     """A last.pt written before the CPU used fused AdamW carries foreach in its param groups, and torch's
     load_state_dict restores that: EpochTrainer.load_state_dict sets fused again, and the next epoch trains."""
-    from biencoder.engine.runner import Runner
+    from biencoder.engine.training.runner import Runner
     from conftest import FAST, compose_cfg
 
     runner = Runner(compose_cfg(FAST + ["+variant=ln_relu", "eval.baselines=false"]), tmp_path / "run")

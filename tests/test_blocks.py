@@ -1,4 +1,4 @@
-"""The data path in blocks of queries (engine/rerank.py, engine/tasks.py, engine/negatives.py): the same ranks, hits,
+"""The data path in blocks of queries (engine/retrieval/rerank.py, engine/retrieval/official_tasks.py, engine/retrieval/negatives.py): the same ranks, hits,
 shortlists and negatives as one pass over the whole [Q, 2Q] matrix, ties included, and memory that does not hold it.
 
 The references below are that whole-matrix pass, written out as it was before the blocks (8e61826)."""
@@ -10,14 +10,36 @@ import pandas as pd
 import pytest
 import torch
 
-from biencoder.engine import negatives, rerank
-from biencoder.engine.corpus import PairedSplit
-from biencoder.engine.model import Embeddings
-from biencoder.engine.negatives import mine_negatives
-from biencoder.engine.rerank import (NONE, distances, pool_mask, pool_ranks, pool_shortlists, query_blocks, query_ranks,
-                                     retrieve, retrieve_rerank, shortlist_margins, shortlist_ranks)
-from biencoder.engine.tasks import (NOT_A_CANDIDATE, TASKS, TaskPools, _scorer, baseline_ranks, block_ranks,
-                                    candidate_types, evaluate_tasks, pool_sizes, task_masks, tfidf_scores)
+from biencoder.engine.data.corpus import PairedSplit
+from biencoder.engine.modeling.model import Embeddings
+from biencoder.engine.retrieval import negatives, rerank
+from biencoder.engine.retrieval.negatives import mine_negatives
+from biencoder.engine.retrieval.official_tasks import (
+    NOT_A_CANDIDATE,
+    TASKS,
+    TaskPools,
+    _scorer,
+    baseline_ranks,
+    block_ranks,
+    candidate_types,
+    evaluate_tasks,
+    pool_sizes,
+    task_masks,
+    tfidf_scores,
+)
+from biencoder.engine.retrieval.rerank import (
+    NONE,
+    distances,
+    pool_mask,
+    pool_ranks,
+    pool_shortlists,
+    query_blocks,
+    query_ranks,
+    retrieve,
+    retrieve_rerank,
+    shortlist_margins,
+    shortlist_ranks,
+)
 
 
 # -- the whole-matrix references ------------------------------------------------------------------------------------
@@ -303,7 +325,7 @@ def test_the_evaluation_never_holds_the_whole_matrix(tiny_model_and_tokenizer):
 def test_texts_are_tokenised_in_blocks_to_the_same_ids(tiny_model_and_tokenizer, monkeypatch):
     """TokenizedTexts calls the tokenizer on CHUNK texts at a time (its output for 200 000 texts at once held 3.9 GB):
     the ids are those of one call."""
-    from biencoder.engine.model import TokenizedTexts
+    from biencoder.engine.modeling.model import TokenizedTexts
 
     tokenizer = tiny_model_and_tokenizer[1]
     texts = [f"text number {i} " + "word " * (i % 9) for i in range(11)]

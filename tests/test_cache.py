@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.cache import EmbeddingCache, encoder_fingerprint
+from biencoder.engine.modeling.cache import EmbeddingCache, encoder_fingerprint
+from biencoder.engine.modeling.model import TokenizedTexts, build_model, encode_pooled, pooled_vectors
+from biencoder.engine.training.runner import Runner
 from biencoder.evaluate import run_evaluation
-from biencoder.engine.model import TokenizedTexts, build_model, encode_pooled, pooled_vectors
-from biencoder.engine.runner import Runner
 from conftest import FAST, compose_cfg
 
 TEXTS = ["a point about schools", "a counter about schools", "a point about taxes", "a counter about taxes"]
@@ -104,7 +104,7 @@ def test_stale_shard_is_not_used(tmp_path, caplog):
 
 
 def test_unwritable_cache_dir_is_a_clear_error(tmp_path):
-    from biencoder.engine.cache import CacheError
+    from biencoder.engine.modeling.cache import CacheError
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -128,7 +128,7 @@ def test_tokenizer_fingerprint_tells_vocabularies_apart_not_paths(tmp_path, tiny
     """Equal encoder weights with another vocabulary must not share cached vectors; a copied folder must."""
     from transformers import AutoTokenizer
 
-    from biencoder.engine.cache import tokenizer_fingerprint
+    from biencoder.engine.modeling.cache import tokenizer_fingerprint
 
     _, tokenizer = tiny_model_and_tokenizer
     tokenizer.save_pretrained(tmp_path / "copy")
@@ -187,7 +187,8 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
 def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypatch):
     """eval.retrieve=encoder with a frozen encoder: the shortlists cannot change, so each split is searched once
     per run (not every epoch), and the epoch's metrics are those of a fresh search."""
-    from biencoder.engine import rerank, runner as runner_module
+    from biencoder.engine.retrieval import rerank
+    from biencoder.engine.training import runner as runner_module
 
     searches = []
     original = runner_module.retrieve
@@ -225,7 +226,7 @@ def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch
     """last.pt leaves out a frozen encoder's weights; on resume the best state's encoder part comes from the model
     (checkpoint.restore_last), so a run stopped after 2 of 3 epochs and resumed writes the same best.pt and final
     numbers as one that ran through."""
-    from biencoder.engine.runner import run
+    from biencoder.engine.training.runner import run
 
     overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.max_epochs=3", "trainer.device=cpu"]
     whole = run(compose_cfg(overrides), tmp_path / "whole")

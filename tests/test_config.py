@@ -5,8 +5,8 @@ import yaml
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from biencoder.engine.schema import packaged_minilm_path
-from biencoder.engine.validation import validate
+from biencoder.engine.config.schema import packaged_minilm_path
+from biencoder.engine.config.validation import validate
 from biencoder.errors import ConfigError
 from conftest import CONF, compose_cfg
 
@@ -93,7 +93,7 @@ def test_typo_in_a_config_file_fails_at_composition(tmp_path):
 
 
 def test_max_length_above_the_encoder_limit_is_named():
-    from biencoder.engine.model import build_model
+    from biencoder.engine.modeling.model import build_model
 
     with pytest.raises(ConfigError, match=r"model\.max_length=600 .* limit of 512"):
         build_model(compose_cfg(["model=tiny", "model.max_length=600"]).model)
@@ -105,7 +105,7 @@ def test_defaults_resolve_to_packaged_minilm():
     path = Path(cfg.model.encoder.name_or_path)
     assert path == Path(packaged_minilm_path()) and (path / "config.json").is_file()
     assert "site-packages" not in (CONF / "model" / "minilm.yaml").read_text()
-    from biencoder.engine.schema import demo_root
+    from biencoder.engine.config.schema import demo_root
 
     assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root
 
@@ -127,7 +127,7 @@ def test_help_says_how_to_start(module, says):
 
 
 def test_loss_group_selects_the_loss_and_the_default_is_triplet_ce():
-    from biencoder.engine.loss import InfoNCELoss, TripletCELoss, build_loss
+    from biencoder.engine.modeling.loss import InfoNCELoss, TripletCELoss, build_loss
 
     default, explicit = compose_cfg(), compose_cfg(["loss=triplet_ce"])
     assert default.loss == explicit.loss and default.loss.name == "triplet_ce"
@@ -175,8 +175,8 @@ def test_a_key_of_the_other_loss_is_refused_by_composition_in_one_line(overrides
 def test_a_plain_config_is_checked_against_its_losss_option():
     """Without Hydra: a plain DictConfig (no dataclass behind it to refuse anything) is refused by validate when it
     holds a key of another loss; a structured one switches loss by assigning the option's dataclass."""
-    from biencoder.engine.loss import InfoNCELoss, build_loss
-    from biencoder.engine.schema import InfoNCELossSchema, Schema
+    from biencoder.engine.config.schema import InfoNCELossSchema, Schema
+    from biencoder.engine.modeling.loss import InfoNCELoss, build_loss
 
     plain = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(Schema)))
     assert sorted(plain.loss) == ["ce_weight", "margin", "name", "triplet_weight"]
@@ -194,7 +194,7 @@ def test_a_run_saved_with_every_losss_keys_has_the_settings_of_one_saved_with_it
     """A saved config may hold both losses' keys (the other loss's at their defaults) or its own loss's alone, as
     composed now: the settings are the same, so such runs resume and share cells; every loss's keys are there, so
     cells of the two losses differ in loss.name (and what was changed), not in keys one of them lacks."""
-    from biencoder.engine.schema import run_settings
+    from biencoder.engine.config.schema import run_settings
 
     both = {"name": "infonce", "margin": 1.0, "triplet_weight": 1.0, "ce_weight": 0.0, "scale": 10.0, "gather": False}
     composed = OmegaConf.to_container(compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0"]))
@@ -221,7 +221,7 @@ def test_one_helper_composes_the_configs():
     (["+variant=ln", "model.head.use_relu=true"], "ln"),  # the choice names it, whatever the flags say
 ])
 def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, name):
-    from biencoder.engine.schema import variant_name
+    from biencoder.engine.config.schema import variant_name
 
     cfg = compose_cfg(overrides, hydra_config=True)
     assert variant_name(cfg, OmegaConf.select(cfg, "hydra.runtime.choices.variant")) == name
@@ -229,10 +229,10 @@ def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, na
 
 
 def test_one_function_names_the_variant(monkeypatch):
-    """The run folder's name, the app's variant and the runner's default come from engine.schema.variant_name; only
+    """The run folder's name, the app's variant and the runner's default come from engine.config.schema.variant_name; only
     it reads the head flags."""
     from biencoder import hydra_glue
-    from biencoder.engine import schema
+    from biencoder.engine.config import schema
     from conftest import REPO
 
     monkeypatch.setattr(schema, "variant_name", lambda cfg, choice=None: f"named-{choice}")
@@ -244,10 +244,10 @@ def test_one_function_names_the_variant(monkeypatch):
 
 def test_one_default_folder_for_the_real_corpus(monkeypatch):
     """data=arguana, the tests' real corpus and the bench's --corpus read the same default: ARGUANA_ROOT, else
-    data/arguana-counterargs-corpus (engine.layout.arguana_root)."""
+    data/arguana-counterargs-corpus (engine.data.arguana.arguana_root)."""
     import conftest
     from biencoder.bench import common
-    from biencoder.engine.layout import arguana_root
+    from biencoder.engine.data.arguana import arguana_root
 
     monkeypatch.delenv("ARGUANA_ROOT", raising=False)
     assert compose_cfg(["data=arguana"]).data.root == str(arguana_root()) == "data/arguana-counterargs-corpus"

@@ -1,4 +1,4 @@
-"""One default per key: the schema (src/biencoder/engine/schema.py) holds every default; a file of conf/ holds only what
+"""One default per key: the schema (src/biencoder/engine/config/schema.py) holds every default; a file of conf/ holds only what
 differs from it. The option each group selects by default holds no key at all, and no file repeats a schema
 default. Experiment, variant and sweep files are outside the rule: they state a study's settings in full
 (docs/architecture.md, "One default per key")."""
@@ -7,7 +7,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from biencoder.engine.schema import LoggerSchema, MlflowSchema, Schema, TensorBoardSchema, flatten
+from biencoder.engine.config.schema import LoggerSchema, MlflowSchema, Schema, TensorBoardSchema, flatten
 from conftest import CONF
 
 #: the config groups that fill schema nodes (their files' keys live under the group's name)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from biencoder.corpus import main
-from biencoder.engine.corpus import read_corpus
-from biencoder.engine.layout import CorpusError, CorpusWarning
-from biencoder.engine.schema import demo_root
+from biencoder.engine.config.schema import demo_root
+from biencoder.engine.data.arguana import CorpusError, CorpusWarning
+from biencoder.engine.data.corpus import read_corpus
 from conftest import grid_layout
 
 
@@ -131,7 +131,7 @@ def test_real_corpus_counts(real_root, capsys):
 @pytest.mark.parametrize("spelling, short", [("validation", "val"), ("val", "val"), ("training", "train"),
                                              ("train", "train"), ("test", "test")])
 def test_both_split_spellings_are_accepted_and_one_is_printed(spelling, short):
-    from biencoder.engine.corpus import split_name
+    from biencoder.engine.data.corpus import split_name
 
     assert split_name(spelling) == short
     corpus = read_corpus(demo_root())
@@ -143,8 +143,8 @@ def test_both_split_spellings_are_accepted_and_one_is_printed(spelling, short):
 def test_planted_cross_split_duplicates(make_corpus):
     """A debate filed twice (another theme, another split): exact overlap counts, exactly the planted pairs dropped
     (test untouched), and the seen/unseen split of the test queries."""
-    from biencoder.engine.corpus import seen_queries
-    from biencoder.engine.rerank import seen_unseen
+    from biencoder.engine.data.corpus import seen_queries
+    from biencoder.engine.retrieval.rerank import seen_unseen
 
     layout = grid_layout()
     test_pro = layout["test"]["theme0"]["debate00"]["pro"]
@@ -188,7 +188,7 @@ def test_planted_cross_split_duplicates(make_corpus):
 def test_real_corpus_overlap_and_dedup(real_corpus):
     """protocol.md's figures: 616 of 1401 test and 574 of 1287 val pairs occur verbatim as training pairs; 793
     test pairs in train or val; dedup keeps 2796 of 4065 training and 1060 of 1287 validation pairs."""
-    from biencoder.engine.corpus import seen_queries
+    from biencoder.engine.data.corpus import seen_queries
 
     o = real_corpus.overlap()
     assert (o["test->train"]["pairs"], o["val->train"]["pairs"], o["test->train+val"]["pairs"]) == (616, 574, 793)

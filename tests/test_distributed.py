@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from biencoder.engine.state import read_metrics
+from biencoder.engine.runs.records import read_metrics
 from conftest import REPO
 
 # trainer.device=cpu: gloo, even on a machine with CUDA (auto would take the GPUs, one per process)

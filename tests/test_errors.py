@@ -8,8 +8,7 @@ import sys
 import pytest
 
 import biencoder
-from biencoder.errors import ConfigError
-from biencoder.errors import BAD_INPUT, BiencoderError, command
+from biencoder.errors import BAD_INPUT, BiencoderError, ConfigError, command
 
 
 def test_every_error_of_the_package_is_a_biencoder_error():

@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
+from biencoder.engine.config.validation import validate
+from biencoder.engine.retrieval.rerank import query_sample
+from biencoder.engine.training.runner import run
 from biencoder.errors import ConfigError
-from biencoder.engine.rerank import query_sample
-from biencoder.engine.runner import run
-from biencoder.engine.validation import validate
 from biencoder.report.baselines import baseline_hits
 from biencoder.report.run import summary_text
 from biencoder.report.runs import find_runs

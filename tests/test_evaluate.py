@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.rerank import retrieve, retrieve_rerank
-from biencoder.engine.model import Embeddings, TokenizedTexts, encode
-from biencoder.engine.tasks import evaluate_tasks
+from biencoder.engine.modeling.model import Embeddings, TokenizedTexts, encode
+from biencoder.engine.retrieval.official_tasks import evaluate_tasks
+from biencoder.engine.retrieval.rerank import retrieve, retrieve_rerank
 from test_negatives import paired_split
 from test_rerank import candidate_scorer
 
@@ -144,7 +144,7 @@ def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_
 def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, monkeypatch):
     """No checkpoint: the encoder as loaded, untrained, so its vectors are the embedding cache's (keyed by its weights),
     shared with the frozen runs; a second evaluation runs the encoder on no text and gives the same tasks."""
-    from biencoder.engine import model as model_module
+    from biencoder.engine.modeling import model as model_module
     from biencoder.evaluate import run_evaluation
     from conftest import compose_cfg
 

@@ -4,9 +4,9 @@ its logits; for the pooler (tiny BERT), mean pooling and a frozen encoder alike.
 import pytest
 import torch
 
-from biencoder.engine.checkpoint import load_checkpoint
-from biencoder.engine.model import TokenizedTexts, encode
-from biencoder.engine.runner import run
+from biencoder.engine.modeling.model import TokenizedTexts, encode
+from biencoder.engine.runs.checkpoint import load_checkpoint
+from biencoder.engine.training.runner import run
 from conftest import FAST, compose_cfg
 
 st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
@@ -79,7 +79,7 @@ def test_the_exported_head_flags_are_the_runs_config(tmp_path, monkeypatch, tiny
 
     from omegaconf import OmegaConf
 
-    from biencoder.engine import export as engine_export
+    from biencoder.engine.inference import export as engine_export
 
     model, tokenizer = tiny_model_and_tokenizer  # a plain head: Identity, Identity
     model_cfg = OmegaConf.to_container(compose_cfg(["model=tiny", "+variant=ln_relu"]).model, resolve=True)

@@ -1,11 +1,11 @@
-"""Contiguous parameters (biencoder.engine.flat): the optimiser over the flat tensors trains what the optimiser over the
+"""Contiguous parameters (biencoder.engine.training.flat_params): the optimiser over the flat tensors trains what the optimiser over the
 parameters trains, bit for bit, and its state is saved and read in the per-parameter form."""
 
 import pytest
 import torch
 from torch import nn
 
-from biencoder.engine.flat import ALIGN, FlatParameters, flat_state, per_parameter_state
+from biencoder.engine.training.flat_params import ALIGN, FlatParameters, flat_state, per_parameter_state
 
 
 class Net(nn.Module):

@@ -20,8 +20,8 @@ import pandas as pd
 import pytest
 
 from biencoder.report import statistics
-from biencoder.report.stability import run_outcomes
 from biencoder.report.runs import assign_cells, find_runs
+from biencoder.report.stability import run_outcomes
 from biencoder.report.tables import paired_comparisons, summary_table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -50,16 +50,16 @@ def test_the_import_contracts_hold():
 @pytest.mark.parametrize(
     "module, line, broken",
     [
-        ("engine/search.py", "import hydra", ENGINE_HYDRA),
-        ("engine/search.py", "from biencoder.report import runs", LAYERS),
+        ("engine/retrieval/search.py", "import hydra", ENGINE_HYDRA),
+        ("engine/retrieval/search.py", "from biencoder.report import runs", LAYERS),
         ("report/statistics.py", "def plot():\n    from biencoder import summary", LAYERS),  # a function-local one too
         ("summary.py", "from biencoder.bench import common", LAYERS),  # nothing of the product imports the bench
         (
-            "engine/search.py",
+            "engine/retrieval/search.py",
             "def later():\n    from biencoder.engine import rerank",
             ACYCLIC,
         ),  # rerank imports search
-        ("engine/schema.py", "import torch", SCHEMA),
+        ("engine/config/schema.py", "import torch", SCHEMA),
     ],
 )
 def test_a_bad_import_breaks_its_contract(tmp_path, module, line, broken):
@@ -143,10 +143,10 @@ def test_the_schema_and_validation_import_what_the_map_says(graph):
     """The schema imports nothing of biencoder but errors (and, by contract, neither Hydra nor torch: a fresh Python
     that imports it has neither); no engine module imports another inside a function (validation reads each loss's
     keys from the schema, not from the loss module)."""
-    assert graph["biencoder.engine.schema"].top == ["biencoder.errors"]
+    assert graph["biencoder.engine.config.schema"].top == ["biencoder.errors"]
     assert {n: m.local for n, m in graph.items() if n.startswith("biencoder.engine") and m.local} == {}
-    assert "biencoder.engine.loss" not in graph["biencoder.engine.validation"].top
-    assert loaded(["biencoder.engine.schema"], ("hydra", "torch")) == []
+    assert "biencoder.engine.modeling.loss" not in graph["biencoder.engine.config.validation"].top
+    assert loaded(["biencoder.engine.config.schema"], ("hydra", "torch")) == []
 
 
 def test_the_engine_reads_no_node_of_hydras():

@@ -29,7 +29,7 @@ def test_the_wheel_runs_from_another_folder(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import biencoder, biencoder.engine.runner, biencoder.hydra_glue as c; "
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import biencoder, biencoder.engine.training.runner, biencoder.hydra_glue as c; "
                             "print(biencoder.__file__); print(c.conf_dir())"],
                            check=True, capture_output=True, text=True, cwd=elsewhere, env=env).stdout.split()
     assert where[0].startswith(str(site)) and where[1] == str(site / "biencoder" / "conf")

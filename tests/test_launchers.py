@@ -60,8 +60,8 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     from submitit.core.utils import pickle_load
 
-    from biencoder.engine.state import read_metrics
-    from biencoder.engine.runner import run
+    from biencoder.engine.runs.records import read_metrics
+    from biencoder.engine.training.runner import run
 
     sweep = tmp_path / "sweep"
     settings = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8",

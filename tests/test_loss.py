@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from biencoder.engine.loss import TripletCELoss
-from biencoder.engine.model import Embeddings
+from biencoder.engine.modeling.loss import TripletCELoss
+from biencoder.engine.modeling.model import Embeddings
 
 
 def test_loss_parts_by_hand(tiny_model_and_tokenizer):
@@ -40,7 +40,7 @@ def test_triplet_is_zero_when_negative_far_enough(tiny_model_and_tokenizer):
 
 
 def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
-    from biencoder.engine.model import TokenizedTexts
+    from biencoder.engine.modeling.model import TokenizedTexts
 
     base, tokenizer = tiny_model_and_tokenizer
     model = copy.deepcopy(base)
@@ -53,7 +53,7 @@ def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
 
 
 # -- InfoNCE (in-batch + mined negatives) -------------------------------------------------------------------------
-from biencoder.engine.loss import InfoNCELoss, same_text_mask  # noqa: E402
+from biencoder.engine.modeling.loss import InfoNCELoss, same_text_mask
 
 E = torch.eye(3)
 
@@ -268,7 +268,7 @@ def test_gather_without_a_process_group_is_the_local_loss():
 def test_each_losss_own_defaults_are_the_schemas():
     """A loss built without the config (TripletCELoss() in a script) computes what the default config does: each
     keyword it reads from ``loss.*`` defaults to the schema's value."""
-    from biencoder.engine.loss import build_loss
+    from biencoder.engine.modeling.loss import build_loss
     from conftest import compose_cfg
 
     own, configured = TripletCELoss(), build_loss(compose_cfg([]).loss)
@@ -291,7 +291,7 @@ def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer)
 
 
 def test_build_loss_reads_the_keys_of_the_chosen_loss():
-    from biencoder.engine.loss import build_loss
+    from biencoder.engine.modeling.loss import build_loss
     from conftest import compose_cfg
 
     triplet = build_loss(compose_cfg(["loss.margin=0.5", "loss.triplet_weight=2", "loss.ce_weight=0.25"]).loss)

@@ -4,9 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.model import (FUSION_PARTS, BiModel, Embeddings, TokenizedTexts, encode, head_statistics,
-                                    head_statistics_vector, pair_margins)
-from biencoder.engine.schema import FUSIONS
+from biencoder.engine.config.schema import FUSIONS
+from biencoder.engine.modeling.model import (
+    FUSION_PARTS,
+    BiModel,
+    Embeddings,
+    TokenizedTexts,
+    encode,
+    head_statistics,
+    head_statistics_vector,
+    pair_margins,
+)
 from conftest import compose_cfg
 
 
@@ -75,7 +83,7 @@ def test_relu_clamps(tiny_model_and_tokenizer):
 
 
 def test_the_four_variant_configs_build_four_different_heads(tiny_model_and_tokenizer):
-    from biencoder.engine.model import build_model
+    from biencoder.engine.modeling.model import build_model
 
     heads = {}
     for variant in ("ln_relu", "ln", "relu", "plain"):
@@ -145,7 +153,7 @@ def test_epoch_sums_sample_the_step_statistics_and_average_the_loss_over_every_s
     """EpochSums: the loss parts are means over all 19 steps; the step statistics (head statistics and gradient
     norms) are the mean of the first step of every ``every`` (trainer.stats_every), to the bit, and are computed on
     those steps only. The other steps' head tensors are far off (x 1000), so counting one of them would show."""
-    from biencoder.engine.epoch import STEP_STATISTICS, EpochSums
+    from biencoder.engine.training.epoch import STEP_STATISTICS, EpochSums
 
     torch.manual_seed(3)
     sums, total, computed = EpochSums(every=every), None, []
@@ -168,7 +176,7 @@ def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_t
     not switched (nor back) at all, and a model that was switched is restored as before (train(was_training))."""
     import copy
 
-    from biencoder.engine.model import eval_mode
+    from biencoder.engine.modeling.model import eval_mode
 
     model = make_model(copy.deepcopy(tiny_model_and_tokenizer[0].encoder))  # the session's model keeps its mode
     switches = []
@@ -199,7 +207,7 @@ def test_pooled_vectors_refuse_non_finite_vectors_with_or_without_a_cache(tiny_m
     pooled_vectors guarantees it without a cache too, as the cache does, with one line a person can act on."""
     import copy
 
-    from biencoder.engine.model import pooled_vectors
+    from biencoder.engine.modeling.model import pooled_vectors
     from biencoder.errors import BiencoderError
 
     model, tokenizer = tiny_model_and_tokenizer
@@ -217,7 +225,7 @@ def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny
     """BiModel.pool with ``padded`` (from the host's token lengths) builds the mask transformers would build from the
     2-D one (None, or the 4-D padding mask), so the pooled outputs are the same to the bit, padded batch or not, in
     train and eval mode; and the forward reads nothing back (transformers' own check calls ``mask.all()``)."""
-    from biencoder.engine.model import encoder_mask
+    from biencoder.engine.modeling.model import encoder_mask
 
     model, tokenizer = tiny_model_and_tokenizer
     assert model.encoder.config._attn_implementation == "sdpa"
@@ -267,7 +275,7 @@ def test_the_host_mask_is_used_only_where_it_gives_the_same_outputs(kind):
     ModernBERT (sliding-window layers) and a BERT decoder (causal mask) would not, so they keep the 2-D mask."""
     from transformers import AutoConfig, AutoModel
 
-    from biencoder.engine.model import HOST_MASK_MODEL_TYPES, encoder_mask
+    from biencoder.engine.modeling.model import HOST_MASK_MODEL_TYPES, encoder_mask
 
     model_type = kind.split()[0]
     torch.manual_seed(0)

@@ -2,8 +2,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from biencoder.engine.corpus import PairedSplit
-from biencoder.engine.negatives import forbidden_texts, mine_negatives, random_rate
+from biencoder.engine.data.corpus import PairedSplit
+from biencoder.engine.retrieval.negatives import forbidden_texts, mine_negatives, random_rate
 
 
 def paired_split(points, counters, debate=None):
@@ -150,7 +150,7 @@ def test_mining_statistics_by_hand():
     hard (2 and 4); an epoch with no hard negative has no hard distance (NaN, without a warning)."""
     import warnings
 
-    from biencoder.engine.negatives import MinedNegatives
+    from biencoder.engine.retrieval.negatives import MinedNegatives
 
     mixed = MinedNegatives(row=np.array([5, 6, 7, 4]), is_random=np.array([True, False, False, True]),
                            distance=np.array([1.0, 2.0, 4.0, 8.0]), rate=0.3)

@@ -1,4 +1,4 @@
-"""Pair files (biencoder.engine.pairs, data=pairs): the reader against hand-counted fixtures and against the ArguAna
+"""Pair files (biencoder.engine.data.pair_files, data=pairs): the reader against hand-counted fixtures and against the ArguAna
 reader, the pool and group rules, given negatives, the config checks, and the data hash that keeps runs apart."""
 
 import json
@@ -7,12 +7,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from biencoder.engine.corpus import read_corpus, run_splits
-from biencoder.engine.groups import group_shortlists
-from biencoder.engine.pairs import PairsError, data_files, export_pairs, read_pairs
-from biencoder.engine.rerank import NONE, retrieve
-from biencoder.engine.schema import pairs_demo
-from biencoder.engine.validation import validate
+from biencoder.engine.config.schema import pairs_demo
+from biencoder.engine.config.validation import validate
+from biencoder.engine.data.corpus import run_splits
+from biencoder.engine.data.pair_files import PairsError, data_files, export_pairs, read_pairs
+from biencoder.engine.retrieval.groups import group_shortlists
+from biencoder.engine.retrieval.rerank import NONE, retrieve
 from biencoder.errors import ConfigError
 from conftest import compose_cfg
 
@@ -201,7 +201,7 @@ def test_the_example_config_validates_and_records_its_files():
 def test_runs_on_other_file_contents_are_never_one_cell(tmp_path):
     """The data hash is a result key: the same settings on another version of a file are another cell; the same
     contents at another path are the same cell."""
-    from biencoder.engine.schema import run_settings
+    from biencoder.engine.config.schema import run_settings
     from biencoder.report.runs import Run, assign_cells
 
     def run(path, sha):

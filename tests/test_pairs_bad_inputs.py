@@ -13,6 +13,7 @@ import pytest
 
 from test_bad_inputs import finished_folders
 
+
 def good(split: str) -> list[dict]:
     """Three pairs whose texts no other split shares (dedup keeps them all)."""
     return [{"anchor": f"{split} question {i}", "positive": f"{split} answer {i}"} for i in range(3)]

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from biencoder.engine.epoch import triplet_rows
-from biencoder.engine.model import pooled_vectors
-from biencoder.engine.pairs import export_pairs
-from biencoder.engine.runner import Runner, run
+from biencoder.engine.data.pair_files import export_pairs
+from biencoder.engine.modeling.model import pooled_vectors
+from biencoder.engine.training.epoch import triplet_rows
+from biencoder.engine.training.runner import Runner, run
 from biencoder.errors import ConfigError
 from conftest import FAST, REPO, compose_cfg
 from test_pairs import write_jsonl

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from biencoder.engine.modeling.model import build_model
+from biencoder.engine.runs.records import RunFolderError, append_rows, read_metrics, truncate_metrics
+from biencoder.engine.training.epoch import Diverged
+from biencoder.engine.training.runner import run
 from biencoder.errors import ConfigError
-from biencoder.engine.state import RunFolderError, append_rows, read_metrics, truncate_metrics
-from biencoder.engine.epoch import Diverged
-from biencoder.engine.model import build_model
-from biencoder.engine.runner import run
 from conftest import FAST, REPO, compose_cfg
 
 RUN = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "+variant=ln_relu", "seed=3"]
@@ -139,7 +139,7 @@ def test_metrics_survive_a_torn_last_line_but_not_a_corrupt_middle(tmp_path, cap
 
 
 def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
-    from biencoder.engine.runner import Runner
+    from biencoder.engine.training.runner import Runner
 
     def boom(self, *args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -168,7 +168,7 @@ def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
 
 def test_checkpoints_are_loaded_weights_only(tmp_path):
     """A best.pt carrying an arbitrary pickled object is refused, not executed."""
-    from biencoder.engine.checkpoint import load_checkpoint
+    from biencoder.engine.runs.checkpoint import load_checkpoint
 
     torch.save({"state_dict": {}, "model_cfg": {}, "payload": Path("x")}, tmp_path / "best.pt")
     with pytest.raises(ConfigError, match="not a readable biencoder checkpoint"):

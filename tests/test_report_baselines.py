@@ -11,16 +11,15 @@ import pytest
 import torch
 import yaml
 
-from biencoder.engine.runtime import set_seed_everywhere
-from biencoder.engine.schema import packaged_minilm_path
-from biencoder.engine.corpus import read_corpus
-from biencoder.engine.schema import demo_root
-from biencoder.engine.model import Embeddings, TokenizedTexts, build_model, encode_pooled
+from biencoder.engine.config.schema import demo_root, packaged_minilm_path
+from biencoder.engine.data.corpus import read_corpus
+from biencoder.engine.machine.runtime import set_seed_everywhere
+from biencoder.engine.modeling.model import Embeddings, TokenizedTexts, build_model, encode_pooled
+from biencoder.engine.retrieval.official_tasks import evaluate_tasks
 from biencoder.report.baselines import baseline_markdown, baseline_table
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import holm
 from biencoder.summary import main
-from biencoder.engine.tasks import evaluate_tasks
 from conftest import REPO
 from test_report_runs import write_run
 

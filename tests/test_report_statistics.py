@@ -10,8 +10,18 @@ import biencoder.summary
 from biencoder.callbacks import SweepSummary
 from biencoder.report.baselines import baseline_table
 from biencoder.report.runs import assign_cells, find_runs
-from biencoder.report.statistics import (AT_THE_LINE, N_BOOT, _bootstrap_stats, bootstrap_ci, holm, holm_ranges,
-                                         p_range, paired_bootstrap, verdict, wilson)
+from biencoder.report.statistics import (
+    AT_THE_LINE,
+    N_BOOT,
+    _bootstrap_stats,
+    bootstrap_ci,
+    holm,
+    holm_ranges,
+    p_range,
+    paired_bootstrap,
+    verdict,
+    wilson,
+)
 from biencoder.report.tables import _comparisons_markdown, paired_comparisons, summary_table
 from test_report_runs import write_run
 

@@ -1,4 +1,4 @@
-"""biencoder.engine.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two shortlist finders
+"""biencoder.engine.retrieval.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two shortlist finders
 (the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
 
 import copy
@@ -7,10 +7,21 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.model import Embeddings, TokenizedTexts, encode
-from biencoder.engine.rerank import (NONE, NonFiniteMargins, distances, fixed_pools, pool_ranks, pool_shortlists,
-                                     query_ranks, retrieve, retrieve_rerank, shortlist_margins, shortlist_ranks)
-from biencoder.engine.tasks import candidate_types, evaluate_tasks, task_masks
+from biencoder.engine.modeling.model import Embeddings, TokenizedTexts, encode
+from biencoder.engine.retrieval.official_tasks import candidate_types, evaluate_tasks, task_masks
+from biencoder.engine.retrieval.rerank import (
+    NONE,
+    NonFiniteMargins,
+    distances,
+    fixed_pools,
+    pool_ranks,
+    pool_shortlists,
+    query_ranks,
+    retrieve,
+    retrieve_rerank,
+    shortlist_margins,
+    shortlist_ranks,
+)
 from test_negatives import paired_split
 
 #        rows: 0=P0 1=P1  2=P2  3=P3  4=C0 5=C1  6=C2  7=C3 (C3 has C0's text: the true counter of P3, a twin of C0)
@@ -142,9 +153,9 @@ def test_nan_margins_stop_a_run_as_diverged(tmp_path, monkeypatch):
     and the count, instead of logging top-1 = recall@k."""
     import json
 
-    import biencoder.engine.rerank as rerank
-    from biencoder.engine.epoch import Diverged
-    from biencoder.engine.runner import run
+    import biencoder.engine.retrieval.rerank as rerank
+    from biencoder.engine.training.epoch import Diverged
+    from biencoder.engine.training.runner import run
     from conftest import FAST, compose_cfg
 
     monkeypatch.setattr(rerank, "pair_margins", lambda model, emb, queries, rows, *args: np.full(len(rows), np.nan,
@@ -190,8 +201,8 @@ def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_co
     by device (256 on a CPU, 4096 on a GPU): the per-epoch metrics and per-query hits are the same for any block
     size, a partial last block included. The margins agree to float32 rounding: BLAS may compute a block's leftover
     rows with another kernel (blocks of 7 rows differed by ~1e-6 here; multiples of 8 were equal to the bit)."""
-    from biencoder.engine.model import embed_pooled
-    from biencoder.engine.runtime import Runtime
+    from biencoder.engine.machine.runtime import Runtime
+    from biencoder.engine.modeling.model import embed_pooled
 
     model, tokenizer = tiny_model_and_tokenizer
     split = demo_corpus.paired("test")
@@ -211,7 +222,7 @@ def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_co
 
 
 def test_sorted_unique_is_numpys_unique():
-    from biencoder.engine.rerank import sorted_unique
+    from biencoder.engine.retrieval.rerank import sorted_unique
 
     rng = np.random.default_rng(0)
     for values in (rng.integers(0, 50, 300), rng.integers(-5, 10**9, 1000), np.array([7]), np.array([], dtype=np.int64),
@@ -226,9 +237,9 @@ def test_nan_margins_in_the_within_group_top1_stop_a_run_as_diverged(tmp_path, m
     ones, so NaN margins there alone must also end the run as diverged, naming the split, never as a bare error."""
     import json
 
-    import biencoder.engine.groups as groups
-    from biencoder.engine.epoch import Diverged
-    from biencoder.engine.runner import run
+    import biencoder.engine.retrieval.groups as groups
+    from biencoder.engine.training.epoch import Diverged
+    from biencoder.engine.training.runner import run
     from conftest import FAST, compose_cfg
 
     def nan_margins(model, emb, queries, row_lists, *args):
@@ -278,7 +289,7 @@ def test_distances_are_computed_from_the_differences():
 def test_first_kept_keeps_the_neighbours_order():
     """Of 40 neighbours (more than numpy's unstable sorts leave in order), the first k kept, nearest first; NONE
     (distance inf) fills the places of a query with fewer kept."""
-    from biencoder.engine.rerank import first_kept
+    from biencoder.engine.retrieval.rerank import first_kept
 
     rng = np.random.default_rng(0)
     keep = rng.random((50, 40)) < 0.6
@@ -305,7 +316,7 @@ def test_a_k_above_the_smallest_pool_is_cut_to_it(line):
 
 
 def test_top1_of_the_unseen_and_the_seen_queries_by_hand():
-    from biencoder.engine.rerank import seen_unseen
+    from biencoder.engine.retrieval.rerank import seen_unseen
 
     hits, seen = np.array([True, False, True, True, False]), np.array([True, True, False, False, False])
     assert seen_unseen(hits, seen) == {"top1_unseen": 2 / 3, "queries_unseen": 3, "top1_seen": 0.5, "queries_seen": 2}

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.checkpoint import load_checkpoint
-from biencoder.engine.rerank import retrieve
-from biencoder.engine.model import TokenizedTexts, encode, pair_margins
+from biencoder.engine.modeling.model import TokenizedTexts, encode, pair_margins
+from biencoder.engine.retrieval.rerank import retrieve
+from biencoder.engine.runs.checkpoint import load_checkpoint
+from biencoder.engine.training.runner import run
 from biencoder.retrieve import InputError, Retriever, main, read_texts
-from biencoder.engine.runner import run
 from conftest import FAST, compose_cfg
 
 

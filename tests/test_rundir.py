@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from biencoder.engine.training.runner import run
 from biencoder.errors import ConfigError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.tables import paired_comparisons, summary_table
-from biencoder.engine.runner import run
 from conftest import FAST, REPO, compose_cfg, hold
 
 TINY = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer.max_epochs=1", "eval.tasks=false"]
@@ -109,7 +109,7 @@ def test_a_new_output_folder_named_on_the_command_line_is_removed_after_an_error
 def test_in_a_folder_that_existed_only_this_jobs_hydra_files_are_removed(tmp_path):
     """What appeared in an existing folder while the command ran, but was not written by it (another process's
     files, a new project folder), stays: only Hydra's files of this job, absent before, are removed."""
-    from biencoder.engine.rundir import discard_if_ours, new_dir_resolver
+    from biencoder.engine.runs.folder import discard_if_ours, new_dir_resolver
     from biencoder.hydra_glue import HYDRA_FILES
 
     home = tmp_path / "home"
@@ -133,7 +133,7 @@ def test_in_a_folder_that_existed_only_this_jobs_hydra_files_are_removed(tmp_pat
 def test_job_files_outside_the_folder_or_behind_a_symlink_are_never_removed(tmp_path):
     """A job name with a path in it (hydra.job.name=../notes) or a .hydra that is a symlink elsewhere: the files
     named lie outside the folder, so nothing is removed, however new they are."""
-    from biencoder.engine.rundir import discard_if_ours, new_dir_resolver
+    from biencoder.engine.runs.folder import discard_if_ours, new_dir_resolver
 
     folder, elsewhere = tmp_path / "proj" / "out", tmp_path / "elsewhere"
     folder.mkdir(parents=True)
@@ -151,7 +151,7 @@ def test_a_log_handler_in_a_removed_folder_is_detached(tmp_path):
     reopen a file in a folder that is gone at the next warning."""
     import logging
 
-    from biencoder.engine.rundir import discard_if_ours, new_dir_resolver
+    from biencoder.engine.runs.folder import discard_if_ours, new_dir_resolver
 
     folder = tmp_path / "rank1"
     new_dir_resolver(folder)
@@ -256,7 +256,7 @@ def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):
 
 
 def test_unknown_keys_are_refused_even_with_plus():
-    from biencoder.engine.validation import validate
+    from biencoder.engine.config.validation import validate
 
     with pytest.raises(ConfigError, match=r"trainer\.max_epoch \(did you mean trainer\.max_epochs\?\)"):
         validate(compose_cfg(["+trainer.max_epoch=2"]))
@@ -328,7 +328,7 @@ def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
 def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
     """A resumed folder without last.pt (killed after logging epoch 0 but before its checkpoint, or last.pt
     deleted) starts over: metrics.jsonl is emptied first, and the log says so with the count of rows dropped."""
-    from biencoder.engine.state import read_metrics
+    from biencoder.engine.runs.records import read_metrics
 
     out = tmp_path / "run"
     overrides = FAST + ["trainer.max_epochs=1", "eval.tasks=false"]

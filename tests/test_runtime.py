@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
+from biencoder.engine.machine.runtime import Runtime, decide, nondeterministic_op, set_cublas_workspace
 from biencoder.errors import ConfigError
-from biencoder.engine.runtime import Runtime, decide, nondeterministic_op, set_cublas_workspace
 from conftest import REPO
 
 TORCHRUN_2 = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}
@@ -161,7 +161,7 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
 def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determinism):
     import yaml
 
-    from biencoder.engine.runner import run
+    from biencoder.engine.training.runner import run
     from conftest import compose_cfg
 
     final = run(compose_cfg(["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "eval.tasks=false",
@@ -184,7 +184,7 @@ def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determini
 def test_deterministic_sets_cublas_before_anything_asks_cuda(global_determinism, monkeypatch, device):
     """trainer.deterministic=true, precision=auto on a (faked) GPU: every CUDA query of the start-up, the bf16 check
     (which starts CUDA on a real GPU) included, sees CUBLAS_WORKSPACE_CONFIG set already; cuBLAS reads it once."""
-    from biencoder.engine.runner import decide_runtime
+    from biencoder.engine.training.runner import decide_runtime
     from conftest import compose_cfg
 
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "")  # so that monkeypatch removes what the start-up sets

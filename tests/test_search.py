@@ -4,9 +4,9 @@ same mined negatives and retrieved candidates."""
 import numpy as np
 import pytest
 
-from biencoder.engine.rerank import retrieve
-from biencoder.engine.negatives import mine_negatives
-from biencoder.engine.search import NeighbourIndex
+from biencoder.engine.retrieval.negatives import mine_negatives
+from biencoder.engine.retrieval.rerank import retrieve
+from biencoder.engine.retrieval.search import NeighbourIndex
 
 
 @pytest.mark.parametrize("kind", ["balltree", "exact"])

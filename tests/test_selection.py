@@ -1,4 +1,4 @@
-"""The metric that picks a run's best epoch (biencoder.engine.schema.selection): the one the run's numbers come from,
+"""The metric that picks a run's best epoch (biencoder.engine.config.schema.selection): the one the run's numbers come from,
 recorded in final.json, named in the summary, and the one every table and figure reads back."""
 
 import json
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import yaml
 
-from biencoder.engine.runner import Runner, run
-from biencoder.engine.schema import selection
+from biencoder.engine.config.schema import selection
+from biencoder.engine.training.runner import Runner, run
 from biencoder.report.run import summary_text
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.stability import run_outcomes

@@ -1,4 +1,4 @@
-"""biencoder.engine.state's JSON: every record the package writes is strict JSON (a non-finite number as null, named
+"""biencoder.engine.files's JSON: every record the package writes is strict JSON (a non-finite number as null, named
 with its reason), and every reader reads those records and the ones written with bare NaN before into the same values."""
 
 import json
@@ -6,10 +6,9 @@ import math
 import re
 
 import pytest
-import torch
 
-from biencoder.engine.state import (NON_FINITE, append_rows, read_final, read_json, read_metrics, strict_json,
-                                    truncate_metrics, write_json_atomic)
+from biencoder.engine.files import NON_FINITE, read_json, strict_json, write_json_atomic
+from biencoder.engine.runs.records import append_rows, read_final, read_metrics, truncate_metrics
 from conftest import FAST, REPO, compose_cfg
 
 NAN, INF = float("nan"), float("inf")
@@ -89,10 +88,9 @@ def test_records_written_before_read_the_same(tmp_path):
 def test_a_diverged_run_writes_strict_json_that_the_report_reads(tmp_path, monkeypatch):
     """The record of a run stopped by a NaN loss: strict JSON, loss parts null and named; the report reads it, and the
     same record written with bare NaN (before), as the same diverged run with NaN loss parts."""
-    from biencoder.engine.epoch import Diverged
-    from biencoder.engine.runner import run
+    from biencoder.engine.training.epoch import Diverged
+    from biencoder.engine.training.runner import run
     from biencoder.report.runs import find_runs
-
     from conftest import poison_classifier
 
     poison_classifier(monkeypatch, at_epoch=1)
@@ -118,7 +116,7 @@ def test_a_diverged_run_writes_strict_json_that_the_report_reads(tmp_path, monke
 
 #: json.dumps calls in src/ that write no file and print no record: what they make is never stored or read as a record
 NOT_RECORDS = {
-    "engine/pairs.py": "quotes a user's value in an error message",
+    "engine/data/pair_files.py": "quotes a user's value in an error message",
     "bench/import_graph.py": "prints the import graph (names and counts, never a float) and imports nothing heavier",
     "report/baselines.py": "a grouping key (a dict key in memory)",
     "retrieve.py": "quotes a user's JSON value in an error message",

@@ -4,10 +4,17 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.corpus import read_corpus
-from biencoder.engine.model import Embeddings
-from biencoder.engine.tasks import (TASKS, candidate_types, evaluate_tasks, pool_sizes, query_ranks, task_masks,
-                                    tfidf_scores)
+from biencoder.engine.data.corpus import read_corpus
+from biencoder.engine.modeling.model import Embeddings
+from biencoder.engine.retrieval.official_tasks import (
+    TASKS,
+    candidate_types,
+    evaluate_tasks,
+    pool_sizes,
+    query_ranks,
+    task_masks,
+    tfidf_scores,
+)
 from biencoder.tasks import main
 from conftest import grid_layout
 
@@ -50,7 +57,7 @@ def test_types_of_one_query(grid):
              "theme-point": row("theme0/debate01/con01", "point"),
              "portal-counter": row("theme1/debate11/pro02", "counter"),
              "portal-point": row("theme1/debate10/pro01", "point")}
-    from biencoder.engine.tasks import TYPES
+    from biencoder.engine.retrieval.official_tasks import TYPES
     for name, r in named.items():
         assert TYPES[types[r]] == name
 
@@ -151,7 +158,7 @@ def test_real_test_tfidf_baseline(real_corpus):
 def test_the_task_table_gives_each_splits_own_pool_size():
     """A run's summary table shows val and test side by side; their pools differ, so each split's average number of
     false candidates is shown (it once showed val's under both)."""
-    from biencoder.engine.tasks import TASKS
+    from biencoder.engine.retrieval.official_tasks import TASKS
     from biencoder.report.run import format_tasks
 
     def results(per_query, queries):
@@ -165,7 +172,7 @@ def test_the_task_table_gives_each_splits_own_pool_size():
 
 
 def test_rank_summary_by_hand():
-    from biencoder.engine.rerank import rank_summary
+    from biencoder.engine.retrieval.rerank import rank_summary
 
     assert rank_summary(np.array([1, 2, 4])) == {"accuracy_at_1": 1 / 3, "mrr": (1 + 1 / 2 + 1 / 4) / 3}
     assert rank_summary(np.array([], dtype=int)) == {"accuracy_at_1": None, "mrr": None}
@@ -178,7 +185,7 @@ def test_an_unknown_score_is_named(grid):
 
 def test_baseline_ranks_are_the_epa_ranks_of_the_two_baselines(grid):
     """The summary's zero-shot and TF-IDF top-1 are the epa task's accuracy@1 under each score, query by query."""
-    from biencoder.engine.tasks import BASELINES, baseline_ranks
+    from biencoder.engine.retrieval.official_tasks import BASELINES, baseline_ranks
 
     pooled = torch.from_numpy(np.random.default_rng(6).normal(size=(len(grid.table), 32))).float()
     ranks = baseline_ranks(grid, pooled)

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from biencoder.engine.state import read_metrics
-from biencoder.engine.runner import Runner, run
+from biencoder.engine.runs.records import read_metrics
+from biencoder.engine.training.runner import Runner, run
 from conftest import FAST, REPO, compose_cfg
 
 mlflow = pytest.importorskip("mlflow", reason="pip install -e '.[tracking]'")
@@ -152,7 +152,7 @@ def test_tracking_json_is_replaced_atomically_never_rewritten_in_place(tmp_path)
     """tracking.json goes to a temporary name and is renamed over the old file, like every other run file: a kill
     mid-write leaves the old file or the new one, never a torn one that blocks resume. A rename gives the path a new
     inode; a write in place keeps the old one (and a second link to it sees the torn bytes)."""
-    from biencoder.engine.tracking import Tracker
+    from biencoder.engine.runs.tracking import Tracker
 
     folder = tmp_path / "run"
     folder.mkdir()

@@ -9,9 +9,9 @@ import pytest
 import torch
 import yaml
 
-from biencoder.engine import epoch as epoch_module
-from biencoder.engine.epoch import EpochTrainer
-from biencoder.engine.runner import Runner, run
+from biencoder.engine.training import epoch as epoch_module
+from biencoder.engine.training.epoch import EpochTrainer
+from biencoder.engine.training.runner import Runner, run
 from conftest import FAST, REPO, compose_cfg
 
 VOLATILE = {"epoch_time_s"}
@@ -226,8 +226,8 @@ def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
     interval with the query count, a legend, and the best epoch counted from 0 (as in metrics.jsonl)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from biencoder.report.statistics import wilson
     from biencoder.report.run import summary_text
+    from biencoder.report.statistics import wilson
 
     out, final = demo_run
     split = demo_corpus.used(True).paired("test")
@@ -302,8 +302,8 @@ def test_the_engine_runs_from_python_with_a_plain_config(tmp_path):
     code = (
         "import sys\n"
         "from omegaconf import OmegaConf\n"
-        "from biencoder.engine.runner import run\n"
-        "from biencoder.engine.schema import Schema\n"
+        "from biencoder.engine.training.runner import run\n"
+        "from biencoder.engine.config.schema import Schema\n"
         "cfg = OmegaConf.structured(Schema)\n"
         "cfg.model.encoder.random_init = {'num_hidden_layers': 2, 'hidden_size': 32, 'num_attention_heads': 2,"
         " 'intermediate_size': 64}\n"

@@ -13,7 +13,7 @@ from .errors import ConfigError, report
 def _ran_jobs(sweep: Path) -> bool:
     """Whether this process's sweep ran a job: every job writes in its own subfolder (a resumed, finished one at
     least its log), so a file below a subfolder is newer than the process."""
-    from .engine.rundir import PROCESS_START
+    from .engine.runs.folder import PROCESS_START
 
     return sweep.is_dir() and any(file.stat().st_mtime >= PROCESS_START for sub in sweep.iterdir() if sub.is_dir()
                                   for file in sub.rglob("*") if file.is_file())
@@ -27,7 +27,7 @@ class SweepSummary(Callback):
 
         sweep = Path(config.hydra.sweep.dir)
         if not _ran_jobs(sweep):
-            from .engine.rundir import discard_if_ours
+            from .engine.runs.folder import discard_if_ours
 
             discard_if_ours(sweep)  # only a folder this process made (it holds Hydra's multirun.yaml, nothing else)
             # an exit, not an exception: Hydra turns a callback's exceptions into warnings

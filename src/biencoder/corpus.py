@@ -8,7 +8,7 @@
   ``val.jsonl`` and ``test.jsonl`` (anchor = point, positive = counter, group = theme/debate), then read back to show
   that both readers give the same paired splits.
 
-The readers are :mod:`biencoder.engine.corpus` and :mod:`biencoder.engine.pairs`; the public names stay importable
+The readers are :mod:`biencoder.engine.data.corpus` and :mod:`biencoder.engine.data.pair_files`; the public names stay importable
 from here (``from biencoder.corpus import read_corpus``).
 """
 
@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from .engine.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
-from .engine.layout import EXTRACTED, CorpusError, resolve_root
-from .engine.pairs import EXPORTED, SUFFIXES, PairFiles, export_pairs, read_pairs
-from .engine.schema import demo_root
-from .engine.state import strict_json
+from .engine.config.schema import demo_root
+from .engine.data.arguana import EXTRACTED, CorpusError, resolve_root
+from .engine.data.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
+from .engine.data.pair_files import EXPORTED, SUFFIXES, PairFiles, export_pairs, read_pairs
+from .engine.files import strict_json
 from .errors import command
 
 __all__ = ["Corpus", "CorpusError", "PairedSplit", "demo_root", "main", "read_corpus", "resolve_root", "run_splits",

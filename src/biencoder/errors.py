@@ -23,7 +23,7 @@ class BiencoderError(Exception):
 
 class ConfigError(BiencoderError, ValueError):
     """A config value that cannot work; the message names the key and a fix. Defined here, not in
-    :mod:`biencoder.engine.schema`, so that the engine's modules (model, runtime, checkpoint) can raise it without
+    :mod:`biencoder.engine.config.schema`, so that the engine's modules (model, runtime, checkpoint) can raise it without
     importing the config layer."""
 
 

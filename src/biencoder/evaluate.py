@@ -1,4 +1,4 @@
-"""The ``python -m biencoder.evaluate`` app: the 8 official tasks on one split (:mod:`biencoder.engine.tasks`), for a
+"""The ``python -m biencoder.evaluate`` app: the 8 official tasks on one split (:mod:`biencoder.engine.retrieval.official_tasks`), for a
 checkpoint or a baseline."""
 
 from __future__ import annotations
@@ -12,16 +12,16 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from .engine.checkpoint import load_checkpoint
-from .engine.corpus import PairedSplit, read_corpus, seen_queries
-from .engine.corpus import split_name as canonical_split
-from .engine.layout import CorpusError
-from .engine.model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
-from .engine.rerank import query_groups
-from .engine.runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .engine.validation import validate
-from .engine.state import write_json_atomic
-from .engine.tasks import evaluate_tasks
+from .engine.config.validation import validate
+from .engine.data.arguana import CorpusError
+from .engine.data.corpus import PairedSplit, read_corpus, seen_queries
+from .engine.data.corpus import split_name as canonical_split
+from .engine.files import write_json_atomic
+from .engine.machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
+from .engine.modeling.model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
+from .engine.retrieval.official_tasks import evaluate_tasks
+from .engine.retrieval.rerank import query_groups
+from .engine.runs.checkpoint import load_checkpoint
 from .errors import BiencoderError, ConfigError
 from .hydra_glue import conf_dir, fail, hydra_cli, register
 from .report.run import format_tasks

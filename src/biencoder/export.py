@@ -1,5 +1,5 @@
 """``python -m biencoder.export <run> <out_dir>`` (``biencoder-export``): a trained run as a sentence-transformers model
-plus its pair classifier (:mod:`biencoder.engine.export` says what the folder holds and how to use it); the Python
+plus its pair classifier (:mod:`biencoder.engine.inference.export` says what the folder holds and how to use it); the Python
 names stay importable from here: ``from biencoder.export import embed, export, load_pair_classifier``.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .engine.export import CLASSIFIER, PairClassifier, embed, export, load_pair_classifier
+from .engine.inference.export import CLASSIFIER, PairClassifier, embed, export, load_pair_classifier
 from .errors import command
 
 __all__ = ["PairClassifier", "embed", "export", "load_pair_classifier", "main"]  # the Python names, from the engine

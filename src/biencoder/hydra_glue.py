@@ -21,22 +21,22 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from .engine import schema
-from .engine.layout import arguana_root
-from .engine.rundir import claim, discard_if_ours, new_dir_resolver, run_dir_resolver, writes_run_folders
-from .engine.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
-from .engine.validation import unknown_key_message
+from .engine.config import schema
+from .engine.config.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
+from .engine.config.validation import unknown_key_message
+from .engine.data.arguana import arguana_root
+from .engine.runs.folder import claim, discard_if_ours, new_dir_resolver, run_dir_resolver, writes_run_folders
 from .errors import BiencoderError, report
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:
-    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.schema.variant_name`) as the folder names
+    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.config.schema.variant_name`) as the folder names
     it, with the ``+variant=`` choice of the config being composed."""
     return schema.variant_name(_root_, OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None))
 
 
 def variant_name(cfg: DictConfig) -> str:
-    """The run's variant (:func:`~biencoder.engine.schema.variant_name`), with the ``+variant=`` choice of the
+    """The run's variant (:func:`~biencoder.engine.config.schema.variant_name`), with the ``+variant=`` choice of the
     running Hydra app, if any."""
     choice = HydraConfig.get().runtime.choices.get("variant") if HydraConfig.initialized() else None
     return schema.variant_name(cfg, choice)
@@ -83,7 +83,7 @@ def compose_config(overrides=(), config_name: str = "config", config_dir: str | 
                    hydra_config: bool = False) -> DictConfig:
     """The configs of ``conf/`` (or of ``config_dir``) composed with ``overrides`` as the apps compose them, without
     a run folder: the schema, the loss options and the resolvers registered first. ``hydra_config``: with the
-    ``hydra`` node (launcher, sweeper). Not validated (:func:`biencoder.engine.validation.validate`)."""
+    ``hydra`` node (launcher, sweeper). Not validated (:func:`biencoder.engine.config.validation.validate`)."""
     register()
     with initialize_config_dir(config_dir=str(config_dir or conf_dir()), version_base="1.3"):
         return compose(config_name=config_name, overrides=list(overrides), return_hydra_config=hydra_config)
@@ -101,7 +101,7 @@ def job_files() -> tuple[str, ...]:
 
 def fail(err: Exception, out_dir: Path | None = None, code: int = 2) -> None:
     """Bad input: one line on stderr, exit ``code``. What this process made of ``out_dir`` is removed
-    (:func:`biencoder.engine.rundir.discard_if_ours`: the folder if it created it, else only Hydra's files of this
+    (:func:`biencoder.engine.runs.folder.discard_if_ours`: the folder if it created it, else only Hydra's files of this
     job); anything else is left exactly as it was."""
     if _torchrun_worker():  # torchrun's SIGTERM (another rank failed too) must not cut this short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -30,13 +30,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .engine.checkpoint import load_checkpoint
-from .engine.corpus import read_corpus, split_name
-from .engine.model import Embeddings, embed_pooled, pooled_vectors
-from .engine.rerank import NONE, first_kept, shortlist_margins
-from .engine.schema import default_cache_dir
-from .engine.search import NeighbourIndex
-from .engine.state import strict_json
+from .engine.config.schema import default_cache_dir
+from .engine.data.corpus import read_corpus, split_name
+from .engine.files import strict_json
+from .engine.modeling.model import Embeddings, embed_pooled, pooled_vectors
+from .engine.retrieval.rerank import NONE, first_kept, shortlist_margins
+from .engine.retrieval.search import NeighbourIndex
+from .engine.runs.checkpoint import load_checkpoint
 from .errors import BiencoderError, command
 
 DEFAULT_CACHE = default_cache_dir()  # the one definition, trainer.cache_dir's default too

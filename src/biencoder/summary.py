@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .engine.schema import METRIC_LABELS, is_non_result_key
+from .engine.config.schema import METRIC_LABELS, is_non_result_key
 from .errors import command
 from .report import SummaryError
 from .report.figures import plot, plot_internals
@@ -26,6 +26,7 @@ from .report.stability import outcome_metric, plot_against, run_outcomes, stabil
 from .report.statistics import N_BOOT
 from .report.tables import paired_comparisons, summary_table, to_markdown
 from .report.trackers import attach
+
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plot_top1.py", description="Compare biencoder runs: figure + tables.")

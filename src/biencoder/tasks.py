@@ -1,5 +1,5 @@
 """``python -m biencoder.tasks <root> --split test [--json]`` (``biencoder-tasks``): the pool sizes of the 8 official
-tasks. The tasks and their scores are :mod:`biencoder.engine.tasks`; its public names stay importable from here.
+tasks. The tasks and their scores are :mod:`biencoder.engine.retrieval.official_tasks`; its public names stay importable from here.
 """
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .engine.corpus import read_corpus, split_name
-from .engine.state import strict_json
-from .engine.tasks import TASKS, evaluate_tasks, pool_sizes
+from .engine.data.corpus import read_corpus, split_name
+from .engine.files import strict_json
+from .engine.retrieval.official_tasks import TASKS, evaluate_tasks, pool_sizes
 from .errors import command
 
 __all__ = ["TASKS", "evaluate_tasks", "main", "pool_sizes"]  # the Python names, from the engine

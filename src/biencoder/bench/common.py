@@ -14,9 +14,9 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
-from biencoder.engine.layout import ARGUANA_ROOT_ENV, CorpusError, arguana_root, resolve_root
-from biencoder.engine.model import BiModel, Embeddings
-from biencoder.engine.search import NeighbourIndex
+from biencoder.engine.data.arguana import ARGUANA_ROOT_ENV, CorpusError, arguana_root, resolve_root
+from biencoder.engine.modeling.model import BiModel, Embeddings
+from biencoder.engine.retrieval.search import NeighbourIndex
 
 #: the folder that holds the ``biencoder`` package (``src/`` in a checkout): the sweep's subprocesses import from it
 SRC = Path(__file__).resolve().parents[2]
@@ -261,7 +261,7 @@ def corpus_found(root: Path) -> bool:
 def compose_config(overrides: list[str]):
     """The real configs of ``conf/`` composed with ``overrides`` (:func:`biencoder.hydra_glue.compose_config`) and
     validated, as a run's are (Hydra is imported here, not at module level: importing the bench loads no Hydra)."""
-    from biencoder.engine.validation import validate
+    from biencoder.engine.config.validation import validate
     from biencoder.hydra_glue import compose_config as compose
 
     cfg = compose(overrides)

@@ -1,6 +1,6 @@
 """An epoch by phase, through the runner's own methods (items 4 and 6).
 
-:func:`bench_epoch_phases` builds the :class:`~biencoder.engine.runner.Runner` of a composed run, puts a
+:func:`bench_epoch_phases` builds the :class:`~biencoder.engine.training.runner.Runner` of a composed run, puts a
 :class:`~biencoder.bench.common.PhaseTimer` in its :attr:`Runner.phase` hook and runs its own
 :meth:`Runner.run_epoch`: mine, train, per split encode and retrieve + rerank, keep best when val improved, log,
 ``last.pt``. A frozen run whose embedding cache is cold warms it first, and says so.
@@ -18,18 +18,18 @@ from pathlib import Path
 import torch
 
 from biencoder.bench.common import PhaseTimer, compose_config, device_label
-from biencoder.engine.cache import encoder_fingerprint, model_cache
-from biencoder.engine.corpus import run_splits
-from biencoder.engine.model import TokenizedTexts, build_model
-from biencoder.engine.runner import SPLITS, Runner
-from biencoder.engine.runtime import decide
-from biencoder.engine.state import rng_states
+from biencoder.engine.data.corpus import run_splits
+from biencoder.engine.machine.rng import rng_states
+from biencoder.engine.machine.runtime import decide
+from biencoder.engine.modeling.cache import encoder_fingerprint, model_cache
+from biencoder.engine.modeling.model import TokenizedTexts, build_model
+from biencoder.engine.training.runner import SPLITS, Runner
 
 
 def cache_report(cfg) -> str | None:
     """For a frozen-encoder config: None when the embedding cache holds every text the run encodes, else a line
     saying how many are missing (the runner then encodes them). The texts are the runner's own
-    (:func:`biencoder.engine.corpus.run_splits`), the cache the one :func:`biencoder.engine.model.pooled_vectors`
+    (:func:`biencoder.engine.data.corpus.run_splits`), the cache the one :func:`biencoder.engine.modeling.model.pooled_vectors`
     fills."""
     _, splits = run_splits(cfg.data)
     texts = [text for split in splits.values() for text in split.texts]

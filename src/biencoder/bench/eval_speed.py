@@ -1,6 +1,6 @@
 """Item 1: evaluation of one split (the real test split when the corpus is found, else the demo's).
 
-The batched retrieve-and-rerank of :func:`biencoder.engine.rerank.retrieve_rerank`, with each nearest-neighbour
+The batched retrieve-and-rerank of :func:`biencoder.engine.retrieval.rerank.retrieve_rerank`, with each nearest-neighbour
 index (``eval.index``: exact and BallTree), against a faithful re-implementation of the seed scripts' evaluator
 (:func:`biencoder.bench.common.seed_style_top1`), on the same embeddings; all must give the same top-1. The
 headline, ``eval_speedup_vs_seed_style``, is the speedup with the default ``eval.index`` (the schema's), the other
@@ -15,11 +15,11 @@ from pathlib import Path
 import torch
 
 from biencoder.bench.common import Devices, device_label, is_corpus, random_model, seed_style_top1, timed
-from biencoder.engine.corpus import read_corpus
-from biencoder.engine.model import Embeddings
-from biencoder.engine.rerank import retrieve_rerank
-from biencoder.engine.runtime import Runtime
-from biencoder.engine.schema import INDEXES, EvalSchema
+from biencoder.engine.config.schema import INDEXES, EvalSchema
+from biencoder.engine.data.corpus import read_corpus
+from biencoder.engine.machine.runtime import Runtime
+from biencoder.engine.modeling.model import Embeddings
+from biencoder.engine.retrieval.rerank import retrieve_rerank
 
 #: the index a run searches with unless told otherwise: the headline is its figure
 DEFAULT_INDEX = EvalSchema().index

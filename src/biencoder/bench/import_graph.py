@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 PACKAGE = "biencoder"
+#: the limits docs/architecture.md states and this output measures
+MODULE_LINES, FUNCTION_LINES, PARAMETERS, LINE_LENGTH = 350, 50, 6, 119
 SRC = Path(__file__).resolve().parents[1]
 
 
@@ -219,15 +221,48 @@ def markdown(graph: dict[str, Module], src: Path = SRC) -> str:
     ):
         shown = "; ".join(" ↔ ".join(map(short, c)) for c in found) or "none"
         lines.append(f"{title}: {shown}.")
-    long = long_functions(src)
-    lines.append("Functions over 50 lines: " + ("; ".join(f"{short(m)}.{f} {n}" for m, f, n in long) or "none") + ".")
-    wide = wide_functions(src)
-    lines.append(
-        "Functions with more than 6 parameters: "
-        + ("; ".join(f"{short(m)}.{f} {n}" for m, f, n in wide) or "none")
-        + "."
-    )
-    return "\n".join(lines)
+    return "\n".join(lines + limits(graph, src))
+
+
+def limits(graph: dict[str, Module], src: Path = SRC) -> list[str]:
+    """The sizes docs/architecture.md states limits for: the largest module, function and signature, each with
+    those over the limit, and the lines over :data:`LINE_LENGTH` characters per tree."""
+
+    def short(name: str) -> str:
+        return name[len(PACKAGE) + 1 :] or PACKAGE
+
+    def listed(items) -> str:
+        return "; ".join(f"{short(m)}{'.' + f if f else ''} {n}" for m, f, n in items) or "none"
+
+    sizes = sorted(((m.name, "", m.lines) for m in graph.values()), key=lambda item: -item[2])
+    sized, counted = long_functions(src, limit=0), wide_functions(src, limit=-1)
+    over = long_lines(src)
+    return [
+        f"Largest module: {listed(sizes[:1])} lines; over {MODULE_LINES}: "
+        f"{listed(i for i in sizes if i[2] > MODULE_LINES)}.",
+        f"Largest function: {listed(sized[:1])} lines; over {FUNCTION_LINES}: "
+        f"{listed(i for i in sized if i[2] > FUNCTION_LINES)}.",
+        f"Widest signature: {listed(counted[:1])} parameters; over {PARAMETERS}: "
+        f"{listed(i for i in counted if i[2] > PARAMETERS)}.",
+        f"Lines over {LINE_LENGTH} characters: " + ", ".join(f"{name} {n}" for name, n in over.items()) + ".",
+    ]
+
+
+def long_lines(src: Path = SRC, limit: int = LINE_LENGTH) -> dict[str, int]:
+    """Lines longer than ``limit`` characters per tree: the package's ``.py`` files and, in a checkout, those of the
+    repository's ``tests/`` and ``scripts/`` (``{"src": 0, "tests": 0, "scripts": 0}``)."""
+    trees = {"src": Path(src)}
+    repo = Path(src).resolve().parents[1]
+    trees.update({name: repo / name for name in ("tests", "scripts") if (repo / name).is_dir()})
+    return {
+        name: sum(
+            len(line) > limit
+            for path in tree.rglob("*.py")
+            if "__pycache__" not in path.parts
+            for line in path.read_text(encoding="utf-8").splitlines()
+        )
+        for name, tree in trees.items()
+    }
 
 
 BEGIN, END = "<!-- import_graph.py: begin -->", "<!-- import_graph.py: end -->"
@@ -247,8 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--src", type=Path, default=SRC, help="the package folder (default: %(default)s)")
     parser.add_argument("--json", action="store_true", help="one JSON object instead of Markdown")
-    parser.add_argument("--write", type=Path, metavar="MD",
-                        help="replace the table between the import_graph.py markers of this Markdown file")
+    parser.add_argument(
+        "--write",
+        type=Path,
+        metavar="MD",
+        help="replace the table between the import_graph.py markers of this Markdown file",
+    )
     args = parser.parse_args(argv)
     graph = import_graph(args.src)
     if args.write:
@@ -264,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
                     "circles_all": circles(graph, local=True),
                     "long_functions": long_functions(args.src),
                     "wide_functions": wide_functions(args.src),
+                    "long_lines": long_lines(args.src),
                 },
                 indent=2,
             )

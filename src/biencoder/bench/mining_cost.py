@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from biencoder.bench.common import Devices, device_label, timed
-from biencoder.engine.schema import INDEXES
-from biencoder.engine.search import NeighbourIndex
+from biencoder.engine.config.schema import INDEXES
+from biencoder.engine.retrieval.search import NeighbourIndex
 
 SIZES = (1000, 4000, 16000)
 

@@ -1,9 +1,9 @@
 """Item 5: operator calls and host synchronisations per training step.
 
-One step is :meth:`biencoder.engine.epoch.EpochTrainer.train_step` on a ready batch (demo corpus) of the MiniLM-sized
+One step is :meth:`biencoder.engine.training.epoch.EpochTrainer.train_step` on a ready batch (demo corpus) of the MiniLM-sized
 encoder (random init, trained) and of the frozen-encoder head, counted with ``torch.profiler``
 (:func:`biencoder.bench.common.count_step`) over 32 (frozen) or 8 steps, so that the step statistics, computed on one
-step in 8 (:class:`biencoder.engine.epoch.EpochSums`), count at their share; and ms per step.
+step in 8 (:class:`biencoder.engine.training.epoch.EpochSums`), count at their share; and ms per step.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from biencoder.bench.common import Devices, bert_sizes, compose_config, count_step, device_label
-from biencoder.engine.epoch import EpochSums
-from biencoder.engine.runner import Runner
+from biencoder.engine.training.epoch import EpochSums
+from biencoder.engine.training.runner import Runner
 
 
 def step_overrides(frozen: bool, cache_dir: Path, size: str = "minilm") -> list[str]:

@@ -12,8 +12,8 @@ import argparse
 import torch
 
 from biencoder.bench.common import Devices, device_label, mfu, random_model, timed, train_flops_per_step
-from biencoder.engine.flat import FlatParameters
-from biencoder.engine.loss import TripletCELoss
+from biencoder.engine.modeling.loss import TripletCELoss
+from biencoder.engine.training.flat_params import FlatParameters
 
 
 def _step_fn(model, device: torch.device, batch: int, seq_len: int, dtype):

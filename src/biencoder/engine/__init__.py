@@ -1,21 +1,15 @@
 """The engine: everything a run computes, free of Hydra (usable from Python with a plain ``DictConfig``).
 
-Imports point down this list (``docs/architecture.md`` says what each module owns; ``tests/test_import_graph.py``
-checks that no engine module imports an app, the report or Hydra):
+Sub-packages by concept; imports point down this list (an import-linter contract in ``pyproject.toml``), and
+``docs/architecture.md`` says what each module owns:
 
-- :mod:`~biencoder.engine.schema`: every config key and its default; :mod:`~biencoder.engine.validation`: the checks;
-  :mod:`~biencoder.engine.runtime`: seed, device, precision, determinism, decided once;
-- :mod:`~biencoder.engine.layout`, :mod:`~biencoder.engine.corpus`: the ArguAna folders, the tables, deduplication,
-  paired splits;
-- :mod:`~biencoder.engine.cache`, :mod:`~biencoder.engine.model`, :mod:`~biencoder.engine.loss`: the embedding cache,
-  the bi-encoder and its pooled vectors, the losses;
-- :mod:`~biencoder.engine.search`, :mod:`~biencoder.engine.negatives`, :mod:`~biencoder.engine.rerank`,
-  :mod:`~biencoder.engine.tasks`: nearest neighbours, hard negatives, the one retrieve-then-rerank and its metrics,
-  the 8 official tasks;
-- :mod:`~biencoder.engine.state`, :mod:`~biencoder.engine.rundir`, :mod:`~biencoder.engine.tracking`,
-  :mod:`~biencoder.engine.checkpoint`, :mod:`~biencoder.engine.distributed`: the run folder, loggers, ``best.pt`` and
-  ``last.pt``, DDP;
-- :mod:`~biencoder.engine.epoch`, :mod:`~biencoder.engine.runner`: one epoch of training, one run end to end
-  (:func:`~biencoder.engine.runner.run`);
-- :mod:`~biencoder.engine.export`: a run as a sentence-transformers model.
+- :mod:`~biencoder.engine.inference`: a trained run put to use (retrieve, evaluate, export);
+- :mod:`~biencoder.engine.training`: one epoch, one run end to end (:func:`~biencoder.engine.training.runner.run`);
+- :mod:`~biencoder.engine.runs`: the run folder, its records, checkpoints and trackers;
+- :mod:`~biencoder.engine.retrieval`: search, hard negatives, retrieve-then-rerank, the 8 official tasks;
+- :mod:`~biencoder.engine.modeling` and :mod:`~biencoder.engine.data`: the bi-encoder, its cache and losses; the
+  corpus, pair files and paired splits;
+- :mod:`~biencoder.engine.machine`: seed, device, precision, determinism, DDP, RNG states;
+- :mod:`~biencoder.engine.config` and :mod:`~biencoder.engine.files`: every config key and its checks; files
+  written whole and as strict JSON.
 """

@@ -19,18 +19,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from ..engine.corpus import run_splits
-from ..engine.model import build_model, pooled_vectors
-from ..engine.rerank import query_sample
-from ..engine.runtime import set_seed_everywhere
-from ..engine.tasks import BASELINES, baseline_ranks
+from ..engine.data.corpus import run_splits
+from ..engine.machine.runtime import set_seed_everywhere
+from ..engine.modeling.model import build_model, pooled_vectors
+from ..engine.retrieval.official_tasks import BASELINES, baseline_ranks
+from ..engine.retrieval.rerank import query_sample
 from . import SummaryError
 from .runs import QUERY_GROUPS, Run
 from .statistics import ALPHA, MC_Z, MIN_SEEDS_FOR_SEED_LEVEL, N_BOOT, p_text, paired_bootstrap, verdicts
 
+
 def _group(run: Run, prefix: str) -> dict:
     """The run's settings under ``prefix`` (``model.``) as a nested dict, schema defaults filled in for keys the run
-    predates (:func:`biencoder.engine.schema.run_settings`)."""
+    predates (:func:`biencoder.engine.config.schema.run_settings`)."""
     out: dict = {}
     for key, value in run.flat.items():
         if key.startswith(prefix):

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.schema import SELECTION_BEFORE_RECORD, selection_label, untrained_classifier_note
-from ..engine.paired import POOL_TEXT
-from ..engine.tasks import TASKS
+from ..engine.config.schema import SELECTION_BEFORE_RECORD, selection_label, untrained_classifier_note
+from ..engine.data.paired import POOL_TEXT
+from ..engine.retrieval.official_tasks import TASKS
 from .statistics import wilson
 
 #: the per-epoch metrics of the summary's table: (final.json key, column header, width)

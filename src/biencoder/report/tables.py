@@ -13,11 +13,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..engine.schema import selection_label
+from ..engine.config.schema import selection_label
 from . import SummaryError
 from .runs import Run, best_rows
-from .statistics import (ALPHA, MC_Z, MIN_SEEDS_FOR_SEED_LEVEL, N_BOOT, bootstrap_ci, p_text, paired_bootstrap,
-                         verdicts)
+from .statistics import ALPHA, MC_Z, MIN_SEEDS_FOR_SEED_LEVEL, N_BOOT, bootstrap_ci, p_text, paired_bootstrap, verdicts
 
 
 def _selected_by(runs: list[Run]) -> str:

@@ -1,7 +1,7 @@
 """A comparison's figure and tables, attached to the experiment trackers its runs were logged to.
 
 Runs trained with ``logger=mlflow`` name their MLflow run and store in ``tracking.json``
-(:func:`biencoder.engine.tracking.saved_state`); the summary becomes a run named ``summary`` in each of their experiments.
+(:func:`biencoder.engine.runs.tracking.saved_state`); the summary becomes a run named ``summary`` in each of their experiments.
 Runs without a tracker: nothing happens. MLflow is imported only when a run used it.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..engine.tracking import saved_state
+from ..engine.runs.tracking import saved_state
 from .runs import Run
 
 

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .layout import SPLITS, CorpusError, read_split, resolve_root
+from ..config.schema import demo_root
+from .arguana import SPLITS, CorpusError, read_split, resolve_root
+from .pair_files import PairFiles, read_pairs
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name
-from .pairs import PairFiles, read_pairs
-from .schema import demo_root
 
 __all__ = ["ARGUMENT_COLUMNS", "PAIR_COLUMNS", "SPLIT_NAMES", "Corpus", "CorpusError", "PairedSplit", "read_corpus",
            "run_splits", "seen_queries", "split_name"]  # the paired splits' names stay importable from here

@@ -25,16 +25,16 @@ from pathlib import Path
 
 from torch import nn
 
-from ..errors import ConfigError
-from .checkpoint import load_checkpoint
-from .model import Embeddings, PairHead
-from .state import read_json, strict_json
+from ...errors import ConfigError
+from ..files import read_json, strict_json
+from ..modeling.model import Embeddings, PairHead
+from ..runs.checkpoint import load_checkpoint
 
 CLASSIFIER = "pair_classifier"
 
 
 class PairClassifier(PairHead):
-    """The exported pair classifier (the same module code as the trained :class:`~biencoder.engine.model.BiModel`'s)."""
+    """The exported pair classifier (the same module code as the trained :class:`~biencoder.engine.modeling.model.BiModel`'s)."""
 
     def __init__(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool):
         super().__init__()

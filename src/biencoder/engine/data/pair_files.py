@@ -29,10 +29,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..errors import BiencoderError
+from ...errors import BiencoderError
+from ..config.schema import PAIR_FORMATS
+from ..files import strict_json
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, split_name
-from .schema import PAIR_FORMATS
-from .state import strict_json
 
 #: suffix -> format (data.format overrides it)
 SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet"}

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from sklearn.neighbors import BallTree
 
-from .schema import INDEXES  # the choices, owned by the schema (validate checks them too)
+from ..config.schema import INDEXES
 
 #: extra float32 neighbours re-ranked in float64: float32 rounding moves a distance by ~1e-6 relative, far less than
 #: the gap between the k-th and the (k + 16)-th neighbour

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .cache import NonFiniteVectors, encoder_fingerprint, model_cache
 
 log = logging.getLogger("biencoder")
@@ -367,9 +367,9 @@ def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int,
     """Pooled encoder vectors [N, hidden] (float32, CPU, row order) of ``texts``, tokenised to ``max_length``.
 
     With ``cache_dir`` (a frozen encoder, whose outputs depend only on its weights) they come from the embedding
-    cache there (:class:`biencoder.engine.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
+    cache there (:class:`biencoder.engine.modeling.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
     bar) and added to it. Without it every text is encoded. Either way the vectors returned are finite, or
-    :class:`~biencoder.engine.cache.NonFiniteVectors` is raised. ``fingerprint``: :func:`encoder_fingerprint` of
+    :class:`~biencoder.engine.modeling.cache.NonFiniteVectors` is raised. ``fingerprint``: :func:`encoder_fingerprint` of
     ``model.encoder``, hashed here when None (pass it to hash the encoder once for several calls).
     """
     def encode_rows(rows) -> Tensor:

@@ -1,8 +1,8 @@
 """The training losses, chosen with ``loss=triplet_ce`` (the default) or ``loss=infonce`` (``loss.name``).
 
-Both take a :class:`~biencoder.engine.model.BiModel` and the :class:`~biencoder.engine.model.Embeddings` of a batch of
+Both take a :class:`~biencoder.engine.modeling.model.BiModel` and the :class:`~biencoder.engine.modeling.model.Embeddings` of a batch of
 (point, counter, negative) triplets, each [B, ·], where the negative is the one mined for that pair
-(:mod:`biencoder.engine.negatives`: never the point's or the counter's text). Both add the pair classifier's
+(:mod:`biencoder.engine.retrieval.negatives`: never the point's or the counter's text). Both add the pair classifier's
 cross-entropy on (point, counter) → 1 and (point, negative) → 0 with its own weight ``ce_weight``; they differ
 in what trains the sim head, the space that retrieves the k candidates the classifier reranks.
 
@@ -25,8 +25,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from ..config.schema import loss_keys
 from .model import BiModel, Embeddings
-from .schema import loss_keys
 
 
 @dataclass
@@ -229,7 +229,7 @@ class InfoNCELoss(nn.Module):
         return LossOutput(total, parts, features, head_input)
 
 
-#: ``loss.name`` → the loss (its keys and defaults: :data:`biencoder.engine.schema.LOSS_OPTIONS`)
+#: ``loss.name`` → the loss (its keys and defaults: :data:`biencoder.engine.config.schema.LOSS_OPTIONS`)
 LOSSES = {"triplet_ce": TripletCELoss, "infonce": InfoNCELoss}
 
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .layout import CorpusError
-from .schema import POOLS
+from ..config.schema import POOLS
+from .arguana import CorpusError
 
 #: the names printed everywhere (logs, metrics, tables, JSON) -> the corpus's folder names; either is accepted
 SPLIT_NAMES = {"train": "training", "val": "validation", "test": "test"}

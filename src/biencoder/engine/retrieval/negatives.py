@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .corpus import PairedSplit
+from ..data.corpus import PairedSplit
 from .search import SEARCH_BLOCK, NeighbourIndex
 
 
@@ -60,7 +60,7 @@ def _first_allowed(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, b
                    text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none.
 
-    A block of :data:`~biencoder.engine.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its own (the
+    A block of :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its own (the
     search is row by row) and so is how far its k doubles, so the blocks change no row, and a text shared by many
     pairs (whose queries need k ~ their count) costs [block, k], never [Q, k]."""
     best = np.full(len(queries), -1)
@@ -101,7 +101,7 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
         rate: probability of a random instead of a hard negative.
         rng: the only source of randomness (seeded by the caller).
         n_neighbors: neighbours fetched at first; more are fetched for the rare rows that need them.
-        index: ``balltree`` or ``exact`` (see :mod:`biencoder.engine.search`); ``device`` is where ``exact`` runs.
+        index: ``balltree`` or ``exact`` (see :mod:`biencoder.engine.retrieval.search`); ``device`` is where ``exact`` runs.
     Returns:
         :class:`MinedNegatives`; a negative never has the text of the point or of its counter.
     """

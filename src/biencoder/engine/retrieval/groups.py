@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .model import BiModel, Embeddings
-from .paired import PairedSplit
+from ..data.paired import PairedSplit
+from ..modeling.model import BiModel, Embeddings
 from .rerank import NONE, first_kept, query_groups, shortlist_margins, shortlist_ranks
 from .search import NeighbourIndex
 

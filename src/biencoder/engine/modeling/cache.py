@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..errors import BiencoderError
-from .state import strict_json
+from ...errors import BiencoderError
+from ..files import strict_json
 
 log = logging.getLogger("biencoder")
 FORMAT = 2  # 2: the tokenizer is part of the key
@@ -180,7 +180,7 @@ class EmbeddingCache:
 
 def model_cache(model, tokenizer, max_length: int, cache_dir: str | Path, fingerprint: str,
                 autocast_dtype: torch.dtype | None = None) -> EmbeddingCache:
-    """The :class:`EmbeddingCache` that :func:`biencoder.engine.model.pooled_vectors` reads and fills for ``model`` (a
+    """The :class:`EmbeddingCache` that :func:`biencoder.engine.modeling.model.pooled_vectors` reads and fills for ``model`` (a
     BiModel) run with ``autocast_dtype`` (None: fp32)."""
     precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
     return EmbeddingCache(cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision)

@@ -1,9 +1,8 @@
-"""Run-folder files that must survive a kill: metrics.jsonl, final.json, last.pt, and the RNG states of a run.
+"""Files written whole and as strict JSON: every file the package writes goes through here.
 
-* ``metrics.jsonl`` is appended one epoch at a time with flush + fsync, so a kill leaves whole lines, except at
-  worst a torn last line, which :func:`read_metrics` skips and reports instead of crashing.
-* Every other file is written to a temporary name in the same folder and renamed over the target, so a reader
-  sees the old file or the new one, never half of one.
+* A file is written to a temporary name in the same folder and renamed over the target, so a reader sees the old
+  file or the new one, never half of one (:func:`write_text_atomic`, :func:`write_json_atomic`, :func:`save_atomic`,
+  :func:`save_npy_atomic`).
 * Every JSON text the package writes is strict JSON (RFC 8259: no ``NaN`` or ``Infinity``, which jq, JavaScript and
   many loggers refuse) through :func:`strict_json`: a non-finite number is written as ``null`` and named, with the
   reason, in the record's ``non_finite`` key (``{"/loss_parts/loss": "NaN"}``, JSON Pointers). :func:`read_json`
@@ -13,23 +12,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
-import random
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-
-from ..errors import BiencoderError
-
-log = logging.getLogger("biencoder")
-
-class RunFolderError(BiencoderError, ValueError):
-    """A run folder that cannot be used as asked (e.g. a corrupt file); the message says what to do."""
-
 
 #: the key of a written record that names its non-finite values (JSON Pointer -> how JSON5/JavaScript spell them)
 NON_FINITE = "non_finite"
@@ -126,84 +115,3 @@ def save_atomic(obj, path: Path) -> None:
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
     _replace_atomic(path, lambda f: np.save(f, array))
-
-
-def append_rows(path: Path, rows: list[dict]) -> None:
-    """Append rows as JSON lines in one write, flushed and fsynced (an epoch is on disk once this returns)."""
-    with open(path, "a", encoding="utf-8") as file:
-        file.write("".join(strict_json(row) + "\n" for row in rows))
-        file.flush()
-        os.fsync(file.fileno())
-
-
-def read_metrics(path: Path) -> tuple[list[dict], bool]:
-    """(rows, torn) of a ``metrics.jsonl`` (each row as :func:`read_json` reads it); a torn last line (a kill
-    mid-write) is skipped and reported.
-
-    A bad line anywhere else is corruption, not a kill: :class:`RunFolderError` naming the line.
-    """
-    lines = Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    rows, torn = [], False
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(read_json(line))
-        except json.JSONDecodeError:
-            if number == len(lines):
-                torn = True
-                log.warning("%s: skipping the torn last line %d (the run was killed while writing it)", path, number)
-            else:
-                raise RunFolderError(f"{path} line {number} is not JSON: the file is corrupt, "
-                                     "delete the run folder or repair the line") from None
-    return rows, torn
-
-
-def truncate_metrics(path: Path, last_epoch: int) -> int:
-    """Keep only the rows of epochs ``<= last_epoch`` (and no torn line); returns how many rows were dropped."""
-    path = Path(path)
-    if not path.exists():
-        return 0
-    rows, torn = read_metrics(path)
-    keep = [row for row in rows if row.get("epoch", -1) <= last_epoch]
-    if len(keep) != len(rows) or torn:
-        write_text_atomic(path, "".join(strict_json(r) + "\n" for r in keep))
-    return len(rows) - len(keep)
-
-
-def read_final(folder: Path) -> dict | None:
-    """``final.json`` of a run folder, or None when absent or unreadable (an unfinished run)."""
-    try:
-        return read_json((Path(folder) / "final.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-
-
-def is_done(folder: Path) -> bool:
-    final = read_final(folder)
-    return final is not None and final.get("status") == "done"
-
-
-def rng_states() -> dict:
-    """python, numpy (global) and torch (CPU and CUDA) RNG states, in types ``torch.load(weights_only=True)`` reads."""
-    np_state = np.random.get_state(legacy=False)
-    state = {
-        "python": random.getstate(),
-        "numpy": {"bit_generator": np_state["bit_generator"], "key": np_state["state"]["key"].tolist(),
-                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                  "gauss": float(np_state["gauss"])},
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_states(state: dict) -> None:
-    random.setstate(state["python"])
-    n = state["numpy"]
-    np.random.set_state({"bit_generator": n["bit_generator"], "has_gauss": n["has_gauss"], "gauss": n["gauss"],
-                         "state": {"key": np.array(n["key"], dtype=np.uint32), "pos": n["pos"]}})
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])

@@ -3,7 +3,7 @@ before anything is touched; :func:`check_known_keys` refuses a key the schema do
 
 Types and unknown keys are also refused by Hydra's composition against :mod:`.schema`; these checks add ranges,
 choices and combinations, and run on plain ``DictConfig`` objects too (the engine without Hydra): there a key of
-another loss is refused against the chosen loss's option (:data:`~biencoder.engine.schema.LOSS_OPTIONS`), as
+another loss is refused against the chosen loss's option (:data:`~biencoder.engine.config.schema.LOSS_OPTIONS`), as
 composition refuses it.
 """
 
@@ -15,26 +15,26 @@ import math
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .schema import (
-    LAYOUTS,
-    PAIR_FORMATS,
-    POOLS,
-    ColumnsSchema,
     DEVICES,
     FUSIONS,
     INDEXES,
+    LAYOUTS,
     LOSS_OPTIONS,
-    LoggerSchema,
-    MlflowSchema,
+    PAIR_FORMATS,
     POOLINGS,
+    POOLS,
     PRECISIONS,
     RETRIEVE_SPACES,
     SCHEDULERS,
     SCORES,
     SIM_INITS,
-    TensorBoardSchema,
+    ColumnsSchema,
+    LoggerSchema,
+    MlflowSchema,
     Schema,
+    TensorBoardSchema,
     flatten,
     loss_keys,
 )
@@ -126,7 +126,7 @@ def _loss(cfg: DictConfig) -> None:
 
 def validate(cfg: DictConfig) -> None:
     """Check every value the runner relies on; raise :class:`ConfigError` naming the first bad one. The apps call
-    it once per run, before any folder is touched (with :func:`biencoder.engine.tracking.check_packages` for the
+    it once per run, before any folder is touched (with :func:`biencoder.engine.runs.tracking.check_packages` for the
     trackers, which needs the installed packages, not the config alone)."""
     check_known_keys(cfg)
     for check in (_model, _trainer, _loss, _negatives, _eval, _data):

@@ -9,7 +9,7 @@ Contents (``torch.load(..., weights_only=True)``-safe: tensors, numbers, strings
 ``tokenizer_files`` ({file name: bytes} as ``save_pretrained`` writes them), and ``run``: ``retrieve``, ``k``
 (the retrieve-then-rerank settings it was selected with), ``data``, ``dedup``, ``variant``, ``seed``.
 
-``last.pt`` (:func:`training_state`, written by :meth:`biencoder.engine.rundir.RunFolder.save_state`): the full training
+``last.pt`` (:func:`training_state`, written by :meth:`biencoder.engine.runs.folder.RunFolder.save_state`): the full training
 state after an epoch; resuming from it (:func:`restore_last`) continues bit for bit.
 """
 
@@ -20,10 +20,11 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError
-from . import distributed
-from .model import BiModel, bimodel, build_model, is_encoder_weight
-from .state import RunFolderError, set_rng_states
+from ...errors import ConfigError
+from ..machine import distributed
+from ..machine.rng import set_rng_states
+from ..modeling.model import BiModel, bimodel, build_model, is_encoder_weight
+from .records import RunFolderError
 
 
 def checkpoint_payload(model: BiModel, tokenizer, state_dict: dict, epoch: int, model_cfg: dict, run: dict) -> dict:
@@ -81,7 +82,7 @@ def _weights(state_dict: dict, frozen: bool) -> dict:
 def training_state(epoch: int, model: BiModel, trainer_state: dict, best: dict, train_sim: torch.Tensor,
                    rngs: list[dict], fingerprint: str | None) -> dict:
     """What ``last.pt`` holds after ``epoch``: the weights, ``trainer_state`` (optimiser, LR schedule, mining and
-    loader RNGs: :meth:`biencoder.engine.epoch.EpochTrainer.state_dict`), ``rngs`` (every rank's global RNG states, index =
+    loader RNGs: :meth:`biencoder.engine.training.epoch.EpochTrainer.state_dict`), ``rngs`` (every rank's global RNG states, index =
     rank, so each rank resumes its own dropout stream), ``train_sim`` (the embeddings the next epoch mines with), the
     best epoch so far (its weights and test hits; not its embeddings) and the frozen encoder's ``fingerprint`` (None:
     the encoder trains, and its weights are saved too)."""
@@ -101,7 +102,7 @@ def training_state(epoch: int, model: BiModel, trainer_state: dict, best: dict, 
 
 def restore_last(state: dict, path: Path, model: BiModel, trainer, fingerprint: str | None) -> tuple[int, dict, torch.Tensor]:
     """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``model``, ``trainer`` (an
-    :class:`~biencoder.engine.epoch.EpochTrainer`) and this rank's RNGs; returns (next epoch, best so far, train embeddings
+    :class:`~biencoder.engine.training.epoch.EpochTrainer`) and this rank's RNGs; returns (next epoch, best so far, train embeddings
     to mine with). Raises :class:`RunFolderError` for another encoder or another number of processes."""
     if state["encoder_fingerprint"] != fingerprint:
         raise RunFolderError(f"{path} was trained on another encoder than model.encoder.name_or_path loads now")

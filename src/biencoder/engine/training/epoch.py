@@ -1,7 +1,7 @@
 """One training epoch: mine this epoch's negatives, then one pass of optimisation steps over the triplets.
 
 :class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
-shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.runner.Runner` drives it. A step
+shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.training.runner.Runner` drives it. A step
 sums its loss parts (and, one step in ``trainer.stats_every``, the head statistics and gradient norms) on the device
 (:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device.
 """
@@ -18,12 +18,12 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from . import distributed
-from .corpus import PairedSplit
-from .flat import FlatParameters, flat_state, per_parameter_state
-from .loss import LossOutput, build_loss
-from .model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector, to_device
-from .negatives import MinedNegatives, mine_negatives, random_rate
+from ..data.corpus import PairedSplit
+from ..machine import distributed
+from ..modeling.loss import LossOutput, build_loss
+from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector, to_device
+from ..retrieval.negatives import MinedNegatives, mine_negatives, random_rate
+from .flat_params import FlatParameters, flat_state, per_parameter_state
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
 STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
@@ -158,7 +158,7 @@ class EpochTrainer:
         groups = [(model.head_parameters(), cfg.trainer.head_lr)]
         if not self.frozen:
             groups.insert(0, (list(model.encoder.parameters()), cfg.trainer.lr))
-        # each group's parameters as views of one flat tensor (engine/flat.py): the optimiser steps 1-2 tensors a group
+        # each group's parameters as views of one flat tensor (engine/training/flat_params.py): the optimiser steps 1-2 tensors a group
         # (before DDP wraps the model, which keeps its own references to the parameters)
         self.flat = [FlatParameters(params, model.unused_parameters()) for params, _ in groups]
         self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))

@@ -19,8 +19,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from ..errors import ConfigError
-from .schema import DEVICES, PRECISIONS
+from ...errors import ConfigError
+from ..config.schema import DEVICES, PRECISIONS
 
 log = logging.getLogger("biencoder")
 

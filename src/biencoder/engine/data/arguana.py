@@ -17,7 +17,7 @@ import re
 import warnings
 from pathlib import Path
 
-from ..errors import BiencoderError
+from ...errors import BiencoderError
 
 #: where the real corpus is when no config or option says: ``$ARGUANA_ROOT``, else this folder (relative to the
 #: working directory); the one definition, read by data=arguana (``${arguana_root:}``), the tests and the bench

@@ -2,12 +2,12 @@
 
 Each epoch: mine negatives with the current weights (the training split's embeddings from the previous
 epoch's evaluation are reused, so the split is embedded once per epoch), train on (point, counter, negative)
-triplets (:mod:`biencoder.engine.epoch`), then evaluate retrieve-k-then-rerank top-1 on train, val and test
-(:mod:`biencoder.engine.rerank`). The run folder gets ``metrics.jsonl`` (one row per epoch and split, fsynced per epoch),
-``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``: :mod:`biencoder.engine.checkpoint`) and, at
+triplets (:mod:`biencoder.engine.training.epoch`), then evaluate retrieve-k-then-rerank top-1 on train, val and test
+(:mod:`biencoder.engine.retrieval.rerank`). The run folder gets ``metrics.jsonl`` (one row per epoch and split, fsynced per epoch),
+``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``: :mod:`biencoder.engine.runs.checkpoint`) and, at
 the end, ``best.pt``, ``test_hits.npy`` and ``final.json`` (atomically; ``status`` done, or failed / diverged with the
 error) with the 8 official tasks for the best-by-val weights. The best epoch is the first with the highest val value of
-the metric :func:`biencoder.engine.schema.selection` names (``final.json``'s ``selection``): the reranked top-1, or
+the metric :func:`biencoder.engine.config.schema.selection` names (``final.json``'s ``selection``): the reranked top-1, or
 the retrieval top-1 when the pair classifier is not trained (``loss.ce_weight=0``). With ``model.encoder.freeze=true``
 the encoder's outputs come from the embedding cache. Under ``torchrun`` rank 0 mines, evaluates and writes; every rank
 trains on its shard (DDP). No Hydra here: :func:`run` takes a plain ``DictConfig``; the ``biencoder.train`` app is its
@@ -28,23 +28,32 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from . import distributed
-from .cache import encoder_fingerprint
-from .checkpoint import checkpoint_payload, restore_last, training_state
-from .corpus import run_splits, seen_queries
+from ..config.schema import selection, untrained_classifier_note, variant_name
+from ..config.validation import validate
+from ..data.corpus import run_splits, seen_queries
+from ..data.paired import POOL_TEXT
+from ..machine import distributed
+from ..machine.rng import rng_states
+from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
+from ..modeling.cache import encoder_fingerprint
+from ..modeling.model import (
+    Embeddings,
+    TokenizedTexts,
+    build_model,
+    embed_pooled,
+    encode,
+    encode_pooled,
+    eval_mode,
+    is_encoder_weight,
+    pooled_vectors,
+)
+from ..retrieval.groups import group_rerank
+from ..retrieval.official_tasks import baseline_ranks, evaluate_tasks
+from ..retrieval.rerank import NonFiniteMargins, query_groups, query_sample, retrieve, retrieve_rerank, seen_unseen
+from ..runs.checkpoint import checkpoint_payload, restore_last, training_state
+from ..runs.folder import RunFolder, claim, release
+from ..runs.tracking import Tracker, check_packages
 from .epoch import Diverged, EpochTrainer
-from .groups import group_rerank
-from .model import (Embeddings, TokenizedTexts, build_model, embed_pooled, encode, encode_pooled, eval_mode,
-                    is_encoder_weight, pooled_vectors)
-from .paired import POOL_TEXT
-from .rerank import NonFiniteMargins, query_groups, query_sample, retrieve, retrieve_rerank, seen_unseen
-from .rundir import RunFolder, claim, release
-from .runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .schema import selection, untrained_classifier_note, variant_name
-from .validation import validate
-from .state import rng_states
-from .tasks import baseline_ranks, evaluate_tasks
-from .tracking import Tracker, check_packages
 
 log = logging.getLogger("biencoder")
 SPLITS = ("train", "val", "test")
@@ -443,7 +452,7 @@ def start_up(cfg: DictConfig) -> Runtime:
 
 
 def decide_runtime(cfg: DictConfig) -> Runtime:
-    """Decide device, precision and process group once (:func:`biencoder.engine.runtime.decide`) and set torch's
+    """Decide device, precision and process group once (:func:`biencoder.engine.machine.runtime.decide`) and set torch's
     determinism switches (before any CUDA work). Raises :class:`ConfigError` when the decision cannot work."""
     runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic)
     runtime.apply()
@@ -459,7 +468,7 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runti
     FAILED, and the exception propagates. ``experiment``: the MLflow experiment (one per sweep). ``runtime``: the
     start-up decision (:func:`start_up`; made here when None). ``variant``: the cell's name (see :class:`Runner`).
     Rank 0 holds ``out_dir`` for the run (:func:`rundir.claim`, unless this process holds it already):
-    :class:`~biencoder.engine.rundir.RunFolderBusy`, with nothing changed, when another process does.
+    :class:`~biencoder.engine.runs.folder.RunFolderBusy`, with nothing changed, when another process does.
     """
     validate(cfg)  # once per run, before the folder is touched (the runner trusts it)
     check_packages(cfg)

@@ -16,7 +16,7 @@ from typing import Any, Dict, Optional
 
 from omegaconf import MISSING, OmegaConf
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 #: the choices of the config keys that take one (validate checks them; the modules that act on them share them)
 POOLINGS = ("pooler", "cls", "mean")
@@ -26,23 +26,23 @@ RETRIEVE_SPACES = ("sim", "encoder")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
 
-#: the choices of trainer.device and trainer.precision (biencoder.engine.runtime.decide reads them)
+#: the choices of trainer.device and trainer.precision (biencoder.engine.machine.runtime.decide reads them)
 DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
-#: nearest-neighbour searches (biencoder.engine.search.NeighbourIndex)
+#: nearest-neighbour searches (biencoder.engine.retrieval.search.NeighbourIndex)
 INDEXES = ("balltree", "exact")
-#: data.layout: the ArguAna folders (engine/layout.py) or pair files (engine/pairs.py)
+#: data.layout: the ArguAna folders (engine/data/arguana.py) or pair files (engine/data/pair_files.py)
 LAYOUTS = ("arguana", "pairs")
-#: data.pool: the per-epoch top-1's candidates (engine/paired.py, PairedSplit)
+#: data.pool: the per-epoch top-1's candidates (engine/data/paired.py, PairedSplit)
 POOLS = ("all", "positives")
-#: data.format: how a pair file is read (null: from its suffix, engine/pairs.py)
+#: data.format: how a pair file is read (null: from its suffix, engine/data/pair_files.py)
 PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
 
 
 #: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
 #: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
 #: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
-#: (:mod:`biencoder.engine.rundir`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
+#: (:mod:`biencoder.engine.runs.folder`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
 #: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
 #: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
 #: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
@@ -51,7 +51,7 @@ PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
 #: ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
 #: ``trainer.head_stats_every`` is its retired name (2026-11-24): runs that recorded it resume and share cells too.
 #: The pair files' paths (``data.train`` ...) are where the data lies, like ``data.root``; what they hold is the
-#: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.pairs.data_files`), a result key
+#: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.data.pair_files.data_files`), a result key
 #: (runs on different contents never share a cell); ``data_files.<split>.path`` and ``.bytes`` follow from them.
 NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "data.train", "data.val", "data.test", "data.file",
                    "trainer.resume", "trainer.progress", "trainer.num_workers", "trainer.cache_dir",
@@ -177,13 +177,13 @@ class TrainerSchema:
 class LossSchema:
     """The ``loss`` config group: one dataclass per option (Hydra's structured config groups), so a key of another
     loss is refused by composition (:func:`biencoder.hydra_glue.register` stores each option under ``loss/<name>``)
-    and by :func:`biencoder.engine.validation.validate` on a plain config. ``name`` says which option it is."""
+    and by :func:`biencoder.engine.config.validation.validate` on a plain config. ``name`` says which option it is."""
     name: str = MISSING
 
 
 @dataclass
 class TripletCELossSchema(LossSchema):
-    """``loss=triplet_ce``, the default (:class:`biencoder.engine.loss.TripletCELoss`)."""
+    """``loss=triplet_ce``, the default (:class:`biencoder.engine.modeling.loss.TripletCELoss`)."""
     name: str = "triplet_ce"
     margin: float = 1.0
     triplet_weight: float = 1.0
@@ -192,7 +192,7 @@ class TripletCELossSchema(LossSchema):
 
 @dataclass
 class InfoNCELossSchema(LossSchema):
-    """``loss=infonce`` (:class:`biencoder.engine.loss.InfoNCELoss`)."""
+    """``loss=infonce`` (:class:`biencoder.engine.modeling.loss.InfoNCELoss`)."""
     name: str = "infonce"
     ce_weight: float = 1.0  # the pair classifier's cross-entropy; 0 = InfoNCE alone
     scale: float = 20.0     # 1 / temperature on cosine similarities
@@ -299,15 +299,19 @@ def packaged_minilm_path() -> str:
     return str(Path(spec.origin).resolve().parent / "model")
 
 
+#: the installed package's folder (``src/biencoder`` in a checkout), where its shipped data lies
+_PACKAGE = Path(__file__).resolve().parents[2]
+
+
 def demo_root() -> Path:
     """Path of the small demo corpus shipped inside the package (original text, the ArguAna layout)."""
-    return Path(__file__).resolve().parents[1] / "data" / "demo"  # src/biencoder/data/demo
+    return _PACKAGE / "data" / "demo"
 
 
 def pairs_demo() -> Path:
     """Folder of the example pair files shipped inside the package (``train.jsonl``, ``val.jsonl``, ``test.jsonl``:
     the demo corpus written by ``biencoder-corpus export-pairs demo``)."""
-    return Path(__file__).resolve().parents[1] / "data" / "pairs_demo"
+    return _PACKAGE / "data" / "pairs_demo"
 
 
 def register_resolvers() -> None:

@@ -13,7 +13,7 @@ distances keep the lower row first; a candidate that ties the true counter ranks
   (:func:`query_blocks`, at most :data:`BLOCK_CELLS` cells), so memory grows linearly with the split.
 * :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them.
 * :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``);
-  :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.engine.tasks.evaluate_tasks`); the Retriever
+  :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever
   (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`.
 """
 
@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .corpus import PairedSplit
-from .model import BiModel, Embeddings, pair_margins
+from ..data.corpus import PairedSplit
+from ..modeling.model import BiModel, Embeddings, pair_margins
 from .search import SEARCH_BLOCK, NeighbourIndex
 
 #: the false candidates of a block of queries: (indices of pairs [B]) -> name -> [B, 2Q] bool (:func:`pool_ranks`)
@@ -41,7 +41,7 @@ BLOCK_CELLS = 1 << 22
 def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1) -> list[np.ndarray]:
     """``range(n)`` in consecutive blocks of B indices (the last one shorter) for scoring B queries against ``width``
     rows at once: B·width ≤ ``cells``, B at least 1 and a multiple of ``multiple`` (a block then starts at a multiple
-    of ``multiple · width`` cells: :func:`biencoder.engine.tasks.evaluate_tasks` keeps the classifier's batches where
+    of ``multiple · width`` cells: :func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks` keeps the classifier's batches where
     one [Q, 2Q] pass had them). One block when n·width ≤ cells; one empty block when n = 0."""
     size = max(1, cells // max(width, 1))
     size = max(multiple, size - size % multiple)
@@ -70,7 +70,7 @@ def query_sample(n: int, size: int | None) -> np.ndarray | None:
 class NonFiniteMargins(ValueError):
     """Classifier outputs (or scores) that are NaN or infinite where a rank is read from them: a NaN compares false
     with everything, so it would rank its candidate first. Never ranked; the runner turns it into
-    :class:`~biencoder.engine.epoch.Diverged` naming the split and the count."""
+    :class:`~biencoder.engine.training.epoch.Diverged` naming the split and the count."""
 
     def __init__(self, count: int, total: int, split: str | None = None, what: str = "classifier margins"):
         self.count, self.total, self.split, self.what = count, total, split, what
@@ -246,7 +246,7 @@ def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolM
     nearest (true counter included) by their margins, the rest after them by distance (ties count against).
 
     ``pools(pairs)``: for the queries ``pairs`` [B] (indices of pairs), name → [B, 2Q] bool, the false candidates of
-    each (the 8 tasks': :class:`biencoder.engine.tasks.TaskPools`; :func:`fixed_pools` wraps whole [Q, 2Q] masks).
+    each (the 8 tasks': :class:`biencoder.engine.retrieval.official_tasks.TaskPools`; :func:`fixed_pools` wraps whole [Q, 2Q] masks).
     It is called once per block of queries (:func:`query_blocks`, at most ``cells`` cells): the distances, masks and
     the count of pool members ahead of the true counter live for one block; only the [Q, k] shortlists outlive it, and
     they are reranked in one classifier pass, as one [Q, 2Q] pass would.
@@ -284,7 +284,7 @@ def fixed_pools(masks: dict[str, np.ndarray]) -> PoolMasks:
 
 def query_groups(seen: np.ndarray) -> dict[str, np.ndarray]:
     """The two query groups every test number is reported on: ``{"unseen": [Q] bool, "seen": [Q] bool}`` from
-    ``seen`` [Q] bool (:func:`biencoder.engine.corpus.seen_queries`)."""
+    ``seen`` [Q] bool (:func:`biencoder.engine.data.corpus.seen_queries`)."""
     return {"unseen": ~seen, "seen": seen}
 
 

@@ -7,9 +7,9 @@ counter scores strictly higher than every false candidate (ties count against it
 
 Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features
 tensor, never the whole [Q, 2Q] matrix of a large split): the memory held is a few [B, 2Q] matrices (float64 distances,
-float32 scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.rerank.BLOCK_CELLS`, so it grows linearly
+float32 scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`, so it grows linearly
 with the split (the time, every query against every row, quadratically). The ``rerank`` score is
-:mod:`biencoder.engine.rerank`'s retrieve-then-rerank over each task's pool.
+:mod:`biencoder.engine.retrieval.rerank`'s retrieve-then-rerank over each task's pool.
 
 Command line: ``python -m biencoder.tasks <root> --split test [--json]`` prints pool sizes per task.
 """
@@ -23,10 +23,19 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .corpus import PairedSplit
-from .model import BiModel, Embeddings
-from .rerank import (BLOCK_CELLS, PoolMasks, distances, pool_mask, pool_ranks, query_blocks, query_ranks, rank_summary,
-                     shortlist_margins)
+from ..data.corpus import PairedSplit
+from ..modeling.model import BiModel, Embeddings
+from .rerank import (
+    BLOCK_CELLS,
+    PoolMasks,
+    distances,
+    pool_mask,
+    pool_ranks,
+    query_blocks,
+    query_ranks,
+    rank_summary,
+    shortlist_margins,
+)
 
 TYPES = ("debate-same-counter", "debate-oppo-counter", "debate-oppo-point", "debate-same-point",
          "theme-counter", "theme-point", "portal-counter", "portal-point")
@@ -76,7 +85,7 @@ def task_masks(types: np.ndarray) -> dict[str, np.ndarray]:
 
 
 class TaskPools:
-    """The 8 tasks' pools block by block (:data:`biencoder.engine.rerank.PoolMasks`): called with a block of
+    """The 8 tasks' pools block by block (:data:`biencoder.engine.retrieval.rerank.PoolMasks`): called with a block of
     queries (indices of pairs [B]), task name → [B, 2Q] bool false candidates; ``candidates`` sums each task's false
     candidates over the blocks seen."""
 
@@ -134,7 +143,7 @@ def block_ranks(split: PairedSplit, scorer: Scorer, pools: PoolMasks, pairs: np.
                 cells: int = BLOCK_CELLS, multiple: int = 1) -> dict[str, np.ndarray]:
     """Per pool, [P] the rank of each true counter of the queries ``pairs`` (default all) under ``scorer`` among its
     pool's false candidates (:func:`query_ranks`: ties count against), scored a block of queries at a time
-    (:func:`biencoder.engine.rerank.query_blocks` with ``cells`` and ``multiple``)."""
+    (:func:`biencoder.engine.retrieval.rerank.query_blocks` with ``cells`` and ``multiple``)."""
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     parts: dict[str, list[np.ndarray]] = {}
     for block in query_blocks(len(pairs), len(split.table), cells, multiple):
@@ -147,7 +156,7 @@ def block_ranks(split: PairedSplit, scorer: Scorer, pools: PoolMasks, pairs: np.
 def baseline_ranks(split: PairedSplit, pooled: torch.Tensor, pairs: np.ndarray | None = None,
                    cells: int = BLOCK_CELLS) -> dict[str, np.ndarray]:
     """Per query of ``pairs`` (indices of pairs; default all), the rank of its true counter in the per-epoch top-1's
-    pool (:func:`~biencoder.engine.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each of
+    pool (:func:`~biencoder.engine.retrieval.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each of
     :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1 (ties count against). Needs no theme,
     debate or stance: pair files get their baselines too.
 
@@ -168,7 +177,7 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
 
     Args:
         score: ``rerank`` (per task pool: k nearest in the ``retrieve`` space, reordered by the classifier's logit
-            margin, the rest after them by distance; :func:`biencoder.engine.rerank.pool_ranks`), ``classifier`` (logit
+            margin, the rest after them by distance; :func:`biencoder.engine.retrieval.rerank.pool_ranks`), ``classifier`` (logit
             margin for every candidate), ``sim`` (negative sim distance), ``encoder_cosine`` (cosine of pooled
             embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;
@@ -176,7 +185,7 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
         retrieve: where ``rerank`` takes the k from: ``sim`` distance or ``encoder`` cosine (the rest of the pool
             follows in that order).
         groups: optional ``{name: [Q] bool}`` query groups (e.g. unseen / seen test queries), reported apart.
-        cells: query × row cells scored at once (:data:`~biencoder.engine.rerank.BLOCK_CELLS`); changes no number but
+        cells: query × row cells scored at once (:data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`); changes no number but
             the float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits in the matrix).
     Returns:
         ``{task: {"accuracy_at_1", "mrr", "queries", "candidates"}}``; candidates = false candidates summed

@@ -15,7 +15,7 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
   newer). (Two commands started at once into the same new folder are not told apart.)
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
-* **A resumed run is the same run**: every setting but :data:`~biencoder.engine.schema.NON_RESULT_KEYS` must equal the
+* **A resumed run is the same run**: every setting but :data:`~biencoder.engine.config.schema.NON_RESULT_KEYS` must equal the
   saved one, checked before anything else (a finished run with other settings is refused, not skipped), and it
   continues on the same device type with the same precision (``config_resolved.yaml`` records both resolved).
 * **One process writes a run folder at a time** (:func:`claim`): an exclusive ``flock`` on ``<folder>/run.lock``,
@@ -25,7 +25,7 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
   changed nothing; one that finds a record but no lock took over from a holder that died holding it, and says so in
   the run's log. The claim comes before anything is written into the folder: in the resolver of
   ``trainer.resume=<folder>`` and of a sweep job whose folder exists (before Hydra makes the folder, opens its log or
-  writes ``.hydra/``), else first thing in the app and in :func:`~biencoder.engine.runner.run`. ``run.lock`` is
+  writes ``.hydra/``), else first thing in the app and in :func:`~biencoder.engine.training.runner.run`. ``run.lock`` is
   removed only by the process that created it, only on the bad-input clean-up below, and a claim checks that the
   file it locked is still the one at the path, so a removal never lets two processes hold the folder.
 """
@@ -48,23 +48,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError
-from . import distributed
-from .pairs import data_files
-from .runtime import Runtime
-from .schema import is_non_result_key, resume_folder, resume_requested, run_settings
-from .state import (
-    RunFolderError,
-    append_rows,
-    is_done,
-    read_final,
-    read_json,
-    save_atomic,
-    save_npy_atomic,
-    strict_json,
-    truncate_metrics,
-    write_json_atomic,
-)
+from ...errors import ConfigError
+from ..config.schema import is_non_result_key, resume_folder, resume_requested, run_settings
+from ..data.pair_files import data_files
+from ..files import read_json, save_atomic, save_npy_atomic, strict_json, write_json_atomic
+from ..machine import distributed
+from ..machine.runtime import Runtime
+from .records import RunFolderError, append_rows, is_done, read_final, truncate_metrics
 
 log = logging.getLogger("biencoder")
 
@@ -106,7 +96,7 @@ _NO_LOCKS = {errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOLCK}
 
 def writes_run_folders() -> bool:
     """Whether this process writes run folders: not a torchrun worker of rank > 0 (torchrun sets ``RANK`` before the
-    process group starts; :func:`~biencoder.engine.distributed.is_main` once it has)."""
+    process group starts; :func:`~biencoder.engine.machine.distributed.is_main` once it has)."""
     if distributed.world_size() > 1:
         return distributed.is_main()
     return int(os.environ.get("RANK", "0")) == 0
@@ -286,7 +276,7 @@ def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
     ``eval.pair_batch_size`` as used (null: the device's), and
     ``runtime``: the record of the process (device name, precision, determinism, processes). The precision is thus
     a setting summaries group by; ``runtime.`` is a non-result prefix. Pair files add ``data_files``: path, bytes
-    and sha256 of each (:func:`biencoder.engine.pairs.data_files`), so a run resumed, or a cell summarised, on other
+    and sha256 of each (:func:`biencoder.engine.data.pair_files.data_files`), so a run resumed, or a cell summarised, on other
     contents of a file is refused or kept apart (the sha256 is a result key; the path is not)."""
     config = OmegaConf.to_container(cfg, resolve=True)
     files = data_files(cfg.data)

@@ -17,16 +17,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import importlib.util
-import json
 import math
 import time
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..errors import ConfigError
-from .schema import flatten
-from .state import read_json, strict_json, write_text_atomic
+from ...errors import ConfigError
+from ..config.schema import flatten
+from ..files import read_json, strict_json, write_text_atomic
 
 #: logger → (module it needs, pip extra)
 PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
