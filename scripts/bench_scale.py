@@ -92,8 +92,20 @@ def synthetic_folder(data_dir: Path, n_pairs: int, seed: int) -> Path:
     """``<data_dir>/synthetic-<N>-s<seed>/`` with train/val/test.jsonl, generated when absent."""
     folder = data_dir / f"synthetic-{n_pairs}-s{seed}"
     if not all((folder / f"{name}.jsonl").exists() for name in SPLITS):
-        subprocess.run([sys.executable, str(REPO / "scripts" / "make_synthetic_pairs.py"), "--pairs", str(n_pairs),
-                        "--out", str(folder), "--seed", str(seed)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "scripts" / "make_synthetic_pairs.py"),
+                "--pairs",
+                str(n_pairs),
+                "--out",
+                str(folder),
+                "--seed",
+                str(seed),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return folder
 
 
@@ -107,9 +119,16 @@ def run_one(args) -> dict:
 
     meter = PhaseMeter()
     folder = meter("generate", lambda: synthetic_folder(args.data_dir, args.pairs, args.seed))
-    overrides = ["model=tiny", "model.encoder.freeze=true", f"trainer.cache_dir={args.cache_dir}",
-                 f"trainer.max_epochs={args.epochs}", "trainer.progress=false", "eval.tasks=false",
-                 "eval.baselines=true", f"seed={args.seed}"]
+    overrides = [
+        "model=tiny",
+        "model.encoder.freeze=true",
+        f"trainer.cache_dir={args.cache_dir}",
+        f"trainer.max_epochs={args.epochs}",
+        "trainer.progress=false",
+        "eval.tasks=false",
+        "eval.baselines=true",
+        f"seed={args.seed}",
+    ]
     if args.sample:
         overrides += [f"eval.{name}_queries={args.sample}" for name in SPLITS]
     overrides += ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
@@ -133,18 +152,33 @@ def run_one(args) -> dict:
         # with 2+ epochs, epoch 0 warms caches and allocators: not the measure. Of the others, each phase's fastest:
         # on a shared machine the other sessions only ever add time
         measured = per_epoch[1:] or per_epoch
-        phases = {kind: {name: min(e[kind][name] for e in measured if name in e[kind])
-                         for name in dict.fromkeys(n for e in measured for n in e[kind])} for kind in ("wall", "cpu")}
+        phases = {
+            kind: {
+                name: min(e[kind][name] for e in measured if name in e[kind])
+                for name in dict.fromkeys(n for e in measured for n in e[kind])
+            }
+            for kind in ("wall", "cpu")
+        }
         meter.wall, meter.cpu = once["wall"], once["cpu"]
         baselines = runner.baselines
         runner.baselines = lambda: meter("baselines", baselines)
         final = runner._finish(best, start)
-        return {"pairs": args.pairs, "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
-                "sample": args.sample, "threads": torch.get_num_threads(), "epochs": args.epochs,
-                "phases": phases, "once": once, "peak_mb": meter.peak_mb, "grew_mb": meter.grew_mb,
-                "overall_peak_mb": meter.overall_mb, "epoch_wall": epoch_wall, "loadavg": list(os.getloadavg()),
-                "top1": {n: final["best"][n]["top1"] for n in SPLITS},
-                "baselines": {n: {s: v["top1"] for s, v in final["baselines"][n].items()} for n in ("val", "test")}}
+        return {
+            "pairs": args.pairs,
+            "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
+            "sample": args.sample,
+            "threads": torch.get_num_threads(),
+            "epochs": args.epochs,
+            "phases": phases,
+            "once": once,
+            "peak_mb": meter.peak_mb,
+            "grew_mb": meter.grew_mb,
+            "overall_peak_mb": meter.overall_mb,
+            "epoch_wall": epoch_wall,
+            "loadavg": list(os.getloadavg()),
+            "top1": {n: final["best"][n]["top1"] for n in SPLITS},
+            "baselines": {n: {s: v["top1"] for s, v in final["baselines"][n].items()} for n in ("val", "test")},
+        }
     finally:
         shutil.rmtree(out, ignore_errors=True)  # the run folder this process made
 
@@ -176,31 +210,46 @@ def print_run(result: dict) -> None:
     sizes = "/".join(str(result["split_pairs"][n]) for n in SPLITS)
     sample = f", eval.*_queries={result['sample']}" if result["sample"] else ""
     load = " ".join(f"{v:.1f}" for v in result["loadavg"])
-    print(f"\n{result['pairs']} pairs (train/val/test {sizes}{sample}; "
-          f"{result['threads']} threads; load average after the run {load})")
+    print(
+        f"\n{result['pairs']} pairs (train/val/test {sizes}{sample}; "
+        f"{result['threads']} threads; load average after the run {load})"
+    )
     print(f"   {'phase':<30} {'wall s':>9} {'CPU s':>9} {'peak RSS MB':>12} {'rise MB':>9}")
     for table, label in ((result["phases"], "per epoch"), (result["once"], "once")):
         for name, seconds in table["wall"].items():
-            print(f"   {name + (' (once)' if label == 'once' else ''):<30} {seconds:>9.2f} {table['cpu'][name]:>9.2f} "
-                  f"{result['peak_mb'].get(name, 0):>12.0f} {result['grew_mb'].get(name, 0):>9.0f}")
+            print(
+                f"   {name + (' (once)' if label == 'once' else ''):<30} {seconds:>9.2f} {table['cpu'][name]:>9.2f} "
+                f"{result['peak_mb'].get(name, 0):>12.0f} {result['grew_mb'].get(name, 0):>9.0f}"
+            )
     print(f"   {'process peak':<30} {'':>9} {'':>9} {result['overall_peak_mb']:>12.0f}")
     top1 = " / ".join(f"{result['top1'][n]:.3f}" for n in SPLITS)
-    print(f"   top1 train/val/test {top1}; test baselines "
-          + ", ".join(f"{k} {v:.3f}" for k, v in result["baselines"]["test"].items()))
+    print(
+        f"   top1 train/val/test {top1}; test baselines "
+        + ", ".join(f"{k} {v:.3f}" for k, v in result["baselines"]["test"].items())
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 30000, 100000], help="pairs (all splits)")
-    parser.add_argument("--epochs", type=int, default=3,
-                        help="epochs per run; with 2 or more the first is a warm-up, not timed (default 3)")
+    parser.add_argument(
+        "--epochs",
+        type=int,
+        default=3,
+        help="epochs per run; with 2 or more the first is a warm-up, not timed (default 3)",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument("--sample", type=int, default=0,
-                        help="also run every size with eval.{train,val,test}_queries=SAMPLE")
+    parser.add_argument(
+        "--sample", type=int, default=0, help="also run every size with eval.{train,val,test}_queries=SAMPLE"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic")
-    parser.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic-cache",
-                        help="embedding cache of the synthetic texts (kept apart from ~/.cache/biencoder)")
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "biencoder-synthetic-cache",
+        help="embedding cache of the synthetic texts (kept apart from ~/.cache/biencoder)",
+    )
     parser.add_argument("--json", type=Path, help="also write the JSON lines here")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one size in this process
     parser.add_argument("--one-sample", type=int, default=0, help=argparse.SUPPRESS)
@@ -216,16 +265,31 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
     for sample in [0] + ([args.sample] if args.sample else []):
         for n in args.sizes:
-            cmd = [sys.executable, __file__, "--one", str(n), "--one-sample", str(sample), "--epochs", str(args.epochs),
-                   "--threads", str(args.threads), "--seed", str(args.seed),
-                   "--data-dir", str(args.data_dir), "--cache-dir", str(args.cache_dir)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--one",
+                str(n),
+                "--one-sample",
+                str(sample),
+                "--epochs",
+                str(args.epochs),
+                "--threads",
+                str(args.threads),
+                "--seed",
+                str(args.seed),
+                "--data-dir",
+                str(args.data_dir),
+                "--cache-dir",
+                str(args.cache_dir),
+            ]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
             if done.returncode or not lines:
                 print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
                 print(f"{n} pairs: the run failed (exit {done.returncode})", file=sys.stderr)
                 return 1
-            results.append(json.loads(lines[-1][len("RESULT "):]))
+            results.append(json.loads(lines[-1][len("RESULT ") :]))
             print_run(results[-1])
     print("\ngrowth exponents: slope of log(seconds) on log(N), CPU (wall); of log(MB) for the memory rise")
     for sample in sorted({r["sample"] for r in results}):
@@ -234,11 +298,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         sizes = [r["pairs"] for r in group]
         label = f"eval.*_queries={sample}" if sample else "every query"
-        for name, get in (("mine", lambda r, k: r["phases"][k].get("mine")),
-                          ("train", lambda r, k: r["phases"][k].get("train")),
-                          ("per-epoch evaluation", lambda r, k: evaluation_s(r, k)),
-                          ("epoch", lambda r, k: r["phases"][k].get("epoch")),
-                          ("baselines", lambda r, k: r["once"][k].get("baselines"))):
+        for name, get in (
+            ("mine", lambda r, k: r["phases"][k].get("mine")),
+            ("train", lambda r, k: r["phases"][k].get("train")),
+            ("per-epoch evaluation", lambda r, k: evaluation_s(r, k)),
+            ("epoch", lambda r, k: r["phases"][k].get("epoch")),
+            ("baselines", lambda r, k: r["once"][k].get("baselines")),
+        ):
             cpu, wall = (exponent(sizes, [get(r, kind) for r in group]) for kind in ("cpu", "wall"))
             shown = lambda v: "n/a" if v is None else f"{v:.2f}"
             print(f"   {label:<24} {name:<22} {shown(cpu)} ({shown(wall)})")

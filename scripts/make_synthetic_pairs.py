@@ -45,8 +45,15 @@ def vocabulary(rng: np.random.Generator, size: int) -> np.ndarray:
     return np.array(list(words)[:size])
 
 
-def make_pairs(n_pairs: int, seed: int = 0, keys: int = 6, overlap: float = 0.5, group_size: int = 50,
-               length: int = 24, vocab_size: int = 40000) -> list[dict[str, str]]:
+def make_pairs(
+    n_pairs: int,
+    seed: int = 0,
+    keys: int = 6,
+    overlap: float = 0.5,
+    group_size: int = 50,
+    length: int = 24,
+    vocab_size: int = 40000,
+) -> list[dict[str, str]]:
     """``n_pairs`` pairs ``{"anchor", "positive", "group"}`` in generation order (see the module docstring)."""
     rng = np.random.default_rng(seed)
     words = vocabulary(rng, vocab_size)
@@ -71,8 +78,9 @@ def make_pairs(n_pairs: int, seed: int = 0, keys: int = 6, overlap: float = 0.5,
     return [{"anchor": a, "positive": p, "group": f"g{g:05d}"} for a, p, g in zip(*texts, group)]
 
 
-def split_pairs(pairs: list[dict], seed: int, fractions: tuple[float, float, float],
-                shared: float) -> dict[str, list[dict]]:
+def split_pairs(
+    pairs: list[dict], seed: int, fractions: tuple[float, float, float], shared: float
+) -> dict[str, list[dict]]:
     """The pairs shuffled (seeded) and cut into train/val/test by ``fractions``; in each split a share ``shared`` of
     pairs take the positive of another pair of the same group and split, where the group has another."""
     rng = np.random.default_rng([seed, 1])

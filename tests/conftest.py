@@ -32,8 +32,11 @@ def pytest_configure(config):
     """Before any test module imports biencoder (biencoder.retrieve reads BIENCODER_CACHE_DIR when imported)."""
     global SESSION_HOME
     SESSION_HOME = Path(tempfile.mkdtemp(prefix="biencoder-tests-home-"))
-    own = {"HOME": str(SESSION_HOME), "XDG_CACHE_HOME": str(SESSION_HOME / ".cache"),
-           "BIENCODER_CACHE_DIR": str(SESSION_HOME / "embedding-cache")}
+    own = {
+        "HOME": str(SESSION_HOME),
+        "XDG_CACHE_HOME": str(SESSION_HOME / ".cache"),
+        "BIENCODER_CACHE_DIR": str(SESSION_HOME / "embedding-cache"),
+    }
     _USER_ENV.update({key: os.environ.get(key) for key in own})
     os.environ.update(own)
 
@@ -96,18 +99,29 @@ def write_corpus(root: Path, layout: dict) -> Path:
 
 def grid_layout(splits=("training", "validation", "test"), themes=2, debates=2, per_side=2) -> dict:
     """Every split: ``themes`` × ``debates`` debates, ``per_side`` pairs on each side, all texts distinct."""
+
     def side(split, t, d, stance):
-        return [(f"{split} t{t} d{d} {stance}{i} point\npremise {i}", f"{split} t{t} d{d} {stance}{i} counter")
-                for i in range(per_side)]
-    return {s: {f"theme{t}": {f"debate{t}{d}": {st: side(s, t, d, st) for st in ("pro", "con")}
-                              for d in range(debates)} for t in range(themes)} for s in splits}
+        return [
+            (f"{split} t{t} d{d} {stance}{i} point\npremise {i}", f"{split} t{t} d{d} {stance}{i} counter")
+            for i in range(per_side)
+        ]
+
+    return {
+        s: {
+            f"theme{t}": {f"debate{t}{d}": {st: side(s, t, d, st) for st in ("pro", "con")} for d in range(debates)}
+            for t in range(themes)
+        }
+        for s in splits
+    }
 
 
 @pytest.fixture
 def make_corpus(tmp_path):
     """Build a corpus from a layout dict (see :func:`write_corpus`) and return its root."""
+
     def make(layout: dict, name: str = "corpus") -> Path:
         return write_corpus(tmp_path / name, layout)
+
     return make
 
 
@@ -121,6 +135,7 @@ def real_root() -> Path:
 @pytest.fixture(scope="session")
 def real_corpus(real_root):
     from biencoder.engine.data.corpus import read_corpus
+
     return read_corpus(real_root)
 
 
@@ -178,8 +193,11 @@ def global_determinism(monkeypatch):
     sets them for the whole process)."""
     import torch
 
-    saved = (torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic,
-             torch.backends.cudnn.benchmark)
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # monkeypatch puts back what was there
     yield
     torch.use_deterministic_algorithms(saved[0])
@@ -187,8 +205,10 @@ def global_determinism(monkeypatch):
 
 
 #: a process that holds the run folder named by its argument (engine/runs/folder.claim) until it is killed
-HOLD = ("import sys, time\nfrom biencoder.engine.runs.folder import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
-        "time.sleep(600)\n")
+HOLD = (
+    "import sys, time\nfrom biencoder.engine.runs.folder import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
+    "time.sleep(600)\n"
+)
 
 
 def hold(folder: Path):

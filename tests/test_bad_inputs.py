@@ -74,53 +74,116 @@ ROW = '{"epoch": 0, "split": "val", "variant": "plain", "seed": 0, "top1": 0.5}\
 
 # (id, argv builder(tmp) -> list, env builder(tmp) -> dict, substring the error line must contain)
 CASES = [
-    ("missing corpus", lambda t: [*module("train"), *FAST, "data=arguana"],
-     lambda t: {"ARGUANA_ROOT": str(t / "nowhere")}, "does not exist"),
+    (
+        "missing corpus",
+        lambda t: [*module("train"), *FAST, "data=arguana"],
+        lambda t: {"ARGUANA_ROOT": str(t / "nowhere")},
+        "does not exist",
+    ),
     ("empty corpus", lambda t: [*module("train"), *FAST, f"data.root={empty_dir(t)}"], None, "no split folder"),
     ("split without pairs", lambda t: [*module("corpus"), "stats", no_pairs(t)], None, "has no pairs"),
     ("non-UTF-8 file", lambda t: [*module("tasks"), non_utf8(t), "--split", "test"], None, "is not UTF-8"),
     ("unknown variant", lambda t: [*module("train"), *FAST, "+variant=layernorm"], None, "variant/layernorm"),
     ("bad flag value", lambda t: [*module("train"), *FAST, "trainer.lr=fast"], None, "trainer.lr"),
     ("negative lr", lambda t: [*module("train"), *FAST, "trainer.lr=-0.1"], None, "trainer.lr=-0.1"),
-    ("random rate above 1", lambda t: [*module("train"), *FAST, "negatives.random_rate.start=1.5"], None,
-     "negatives.random_rate.start"),
+    (
+        "random rate above 1",
+        lambda t: [*module("train"), *FAST, "negatives.random_rate.start=1.5"],
+        None,
+        "negatives.random_rate.start",
+    ),
     # not Hydra's "use +trainer.epochs=3", which would only lead to the next line
-    ("unknown key", lambda t: [*module("train"), *FAST, "trainer.epochs=3"], None,
-     "unknown config key trainer.epochs (did you mean trainer.max_epochs?)"),
-    ("unknown key added with +", lambda t: [*module("train"), *FAST, "+trainer.max_epoch=2"], None,
-     "did you mean trainer.max_epochs?"),
-    ("a key of the other loss", lambda t: [*module("train"), *FAST, "loss=triplet_ce", "loss.scale=10"], None,
-     "loss.scale is a key of loss=infonce, not of loss=triplet_ce"),
+    (
+        "unknown key",
+        lambda t: [*module("train"), *FAST, "trainer.epochs=3"],
+        None,
+        "unknown config key trainer.epochs (did you mean trainer.max_epochs?)",
+    ),
+    (
+        "unknown key added with +",
+        lambda t: [*module("train"), *FAST, "+trainer.max_epoch=2"],
+        None,
+        "did you mean trainer.max_epochs?",
+    ),
+    (
+        "a key of the other loss",
+        lambda t: [*module("train"), *FAST, "loss=triplet_ce", "loss.scale=10"],
+        None,
+        "loss.scale is a key of loss=infonce, not of loss=triplet_ce",
+    ),
     ("a group without +", lambda t: [*module("train"), *FAST, "variant=ln"], None, "use +variant=ln"),
-    ("a logger's key without the logger", lambda t: [*module("train"), *FAST, "+logger.mlflow.experiment=x"], None,
-     "add logger=mlflow"),
-    ("a key inside a null node", lambda t: [*module("evaluate"), "model.encoder.random_init.hidden_size=8"], None,
-     "model.encoder.random_init, which is null"),
+    (
+        "a logger's key without the logger",
+        lambda t: [*module("train"), *FAST, "+logger.mlflow.experiment=x"],
+        None,
+        "add logger=mlflow",
+    ),
+    (
+        "a key inside a null node",
+        lambda t: [*module("evaluate"), "model.encoder.random_init.hidden_size=8"],
+        None,
+        "model.encoder.random_init, which is null",
+    ),
     ("a sweep value without -m", lambda t: [*module("train"), *FAST, "seed=0,1"], None, "add --multirun"),
-    ("-m with --cfg job", lambda t: [*module("train"), "-m", "--cfg", "job", *FAST, "seed=0,1"], None,
-     "drop -m"),
-    ("resume at a folder that is not a run", lambda t: [*module("train"), *FAST, f"trainer.resume={empty_dir(t)}"],
-     None, "is not a run folder"),
+    ("-m with --cfg job", lambda t: [*module("train"), "-m", "--cfg", "job", *FAST, "seed=0,1"], None, "drop -m"),
+    (
+        "resume at a folder that is not a run",
+        lambda t: [*module("train"), *FAST, f"trainer.resume={empty_dir(t)}"],
+        None,
+        "is not a run folder",
+    ),
     ("unknown split name", lambda t: [*module("tasks"), "demo", "--split", "valid"], None, "val (or validation)"),
     ("zero epochs", lambda t: [*module("train"), *FAST, "trainer.max_epochs=0"], None, "trainer.max_epochs=0"),
-    ("max_length above the encoder's", lambda t: [*module("train"), *FAST, "model.max_length=4096"], None,
-     "model.max_length=4096"),
-    ("unknown model path", lambda t: [*module("train"), *FAST, "model.encoder.name_or_path=/no/such/model"],
-     None, "/no/such/model"),
-    ("corrupt checkpoint", lambda t: [*module("evaluate"), "trainer.progress=false",
-                                      f"eval.checkpoint={corrupt_checkpoint(t)}"], None, "not a readable"),
+    (
+        "max_length above the encoder's",
+        lambda t: [*module("train"), *FAST, "model.max_length=4096"],
+        None,
+        "model.max_length=4096",
+    ),
+    (
+        "unknown model path",
+        lambda t: [*module("train"), *FAST, "model.encoder.name_or_path=/no/such/model"],
+        None,
+        "/no/such/model",
+    ),
+    (
+        "corrupt checkpoint",
+        lambda t: [*module("evaluate"), "trainer.progress=false", f"eval.checkpoint={corrupt_checkpoint(t)}"],
+        None,
+        "not a readable",
+    ),
     ("missing checkpoint", lambda t: [*module("evaluate"), "eval.checkpoint=/no/run"], None, "has no best.pt"),
-    ("corrupt last.pt on resume", lambda t: [*module("train"), *FAST, f"trainer.resume={corrupt_last(t)}"], None,
-     "corrupt"),
-    ("unwritable cache dir", lambda t: [*module("train"), *FAST, "model.encoder.freeze=true",
-                                        f"trainer.cache_dir={a_file(t)}"], None, "trainer.cache_dir"),
-    ("unwritable log dir", lambda t: [*module("train"), *FAST, f"paths.log_dir={a_file(t)}/logs"], None,
-     "paths.log_dir"),
+    (
+        "corrupt last.pt on resume",
+        lambda t: [*module("train"), *FAST, f"trainer.resume={corrupt_last(t)}"],
+        None,
+        "corrupt",
+    ),
+    (
+        "unwritable cache dir",
+        lambda t: [*module("train"), *FAST, "model.encoder.freeze=true", f"trainer.cache_dir={a_file(t)}"],
+        None,
+        "trainer.cache_dir",
+    ),
+    (
+        "unwritable log dir",
+        lambda t: [*module("train"), *FAST, f"paths.log_dir={a_file(t)}/logs"],
+        None,
+        "paths.log_dir",
+    ),
     ("empty logs dir for the plot", lambda t: [*PLOT, empty_dir(t)], None, "no run folders"),
-    ("only a torn metrics.jsonl for the plot", lambda t: [*PLOT, logs_with(t, ROW + '{"epoch": 1, "spl')], None,
-     "no finished run"),
-    ("corrupt metrics.jsonl for the plot", lambda t: [*PLOT, logs_with(t, ROW + "garbage\n" + ROW)], None,
-     "line 2 is not JSON"),
+    (
+        "only a torn metrics.jsonl for the plot",
+        lambda t: [*PLOT, logs_with(t, ROW + '{"epoch": 1, "spl')],
+        None,
+        "no finished run",
+    ),
+    (
+        "corrupt metrics.jsonl for the plot",
+        lambda t: [*PLOT, logs_with(t, ROW + "garbage\n" + ROW)],
+        None,
+        "line 2 is not JSON",
+    ),
 ]
 
 
@@ -144,8 +207,9 @@ def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect):
             args.append(f"paths.log_dir={logs}")
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     environ.update(env(tmp_path) if env else {})
-    proc = subprocess.run([sys.executable, *args], capture_output=True, text=True, env=environ, cwd=tmp_path,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=300
+    )
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -158,8 +222,13 @@ def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect):
 
 def test_full_error_still_shows_the_traceback(tmp_path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
-    proc = subprocess.run([sys.executable, "-m", "biencoder.train", *FAST, "trainer.lr=fast",
-                           f"paths.log_dir={tmp_path}"], capture_output=True, text=True, env=env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "biencoder.train", *FAST, "trainer.lr=fast", f"paths.log_dir={tmp_path}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
@@ -192,8 +261,12 @@ def test_a_log_file_that_cannot_be_written_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["biencoder.train"])
 
     def app():
-        logging.config.dictConfig({"version": 1, "handlers": {"file": {
-            "class": "logging.FileHandler", "filename": "/proc/no-such-folder/train.log"}}})
+        logging.config.dictConfig(
+            {
+                "version": 1,
+                "handlers": {"file": {"class": "logging.FileHandler", "filename": "/proc/no-such-folder/train.log"}},
+            }
+        )
 
     with pytest.raises(SystemExit) as stop:
         hydra_cli(app)
@@ -208,9 +281,21 @@ def test_an_eval_output_that_is_a_folder_is_refused_before_the_evaluation(tmp_pa
     target = tmp_path / "results"
     target.mkdir()
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run([sys.executable, "-m", "biencoder.evaluate", "eval.score=tfidf", f"eval.output={target}",
-                           f"paths.log_dir={tmp_path / 'logs'}"], capture_output=True, text=True, env=environ,
-                          cwd=tmp_path, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "biencoder.evaluate",
+            "eval.score=tfidf",
+            f"eval.output={target}",
+            f"paths.log_dir={tmp_path / 'logs'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=tmp_path,
+        timeout=300,
+    )
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert f"eval.output={target} is a folder" in errors[0] and f"{target / 'eval.json'}" in errors[0]

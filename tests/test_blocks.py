@@ -62,6 +62,7 @@ def whole_scores(split, score, model=None, emb=None, batch_size=4096):
     """[Q, 2Q] scores of every query at once."""
     if score == "tfidf":
         from sklearn.feature_extraction.text import TfidfVectorizer
+
         matrix = TfidfVectorizer(sublinear_tf=True).fit_transform(split.texts)
         return (matrix[split.query] @ matrix.T).toarray().astype(np.float32)
     if score == "encoder_cosine":
@@ -109,11 +110,16 @@ def tied_split(n_pairs=57, seed=0):
     points[2] = counters[2]  # a point with its own counter's text
     theme = rng.integers(0, 3, n_pairs)
     debate = theme * 2 + rng.integers(0, 2, n_pairs)
-    table = pd.DataFrame({"theme": [f"t{t}" for t in np.tile(theme, 2)],
-                          "debate": [f"d{d}" for d in np.tile(debate, 2)],
-                          "stance": np.tile(rng.choice(["pro", "con"], n_pairs), 2),
-                          "kind": ["point"] * n_pairs + ["counter"] * n_pairs, "text": points + counters,
-                          "pair_id": [f"p{i}" for i in range(n_pairs)] * 2})
+    table = pd.DataFrame(
+        {
+            "theme": [f"t{t}" for t in np.tile(theme, 2)],
+            "debate": [f"d{d}" for d in np.tile(debate, 2)],
+            "stance": np.tile(rng.choice(["pro", "con"], n_pairs), 2),
+            "kind": ["point"] * n_pairs + ["counter"] * n_pairs,
+            "text": points + counters,
+            "pair_id": [f"p{i}" for i in range(n_pairs)] * 2,
+        }
+    )
     table["text_id"] = pd.factorize(table["text"])[0]
     split = PairedSplit("test", table)
     ids = split.text_id
@@ -199,8 +205,13 @@ def test_equal_vectors_tie_in_the_cosine_whatever_the_blocks(tied):
             true = scores[np.arange(len(block)), split.counter[block]]
             assert (scores[same] == np.repeat(true, same.sum(axis=1))).all()
     # queries whose true counter's text is another pair's point: that point ties it, so it is never first
-    tied_point = [i for i in range(split.n_pairs) if (split.text_id[:split.n_pairs] == split.text_id[split.counter[i]])
-                  .sum() - (split.text_id[i] == split.text_id[split.counter[i]]) > 0]
+    tied_point = [
+        i
+        for i in range(split.n_pairs)
+        if (split.text_id[: split.n_pairs] == split.text_id[split.counter[i]]).sum()
+        - (split.text_id[i] == split.text_id[split.counter[i]])
+        > 0
+    ]
     assert len(tied_point) >= 3
     assert (baseline_ranks(split, emb.pooled, cells=1)["encoder_cosine"][tied_point] >= 2).all()
 
@@ -208,8 +219,10 @@ def test_equal_vectors_tie_in_the_cosine_whatever_the_blocks(tied):
 def test_baselines_in_blocks_and_on_a_sample_are_the_whole_matrix_ranks(tied):
     split, emb = tied
     epa = task_masks(whole_types(split))["epa"]
-    expected = {score: query_ranks(whole_scores(split, score, emb=emb), epa, split.counter)
-                for score in ("encoder_cosine", "tfidf")}
+    expected = {
+        score: query_ranks(whole_scores(split, score, emb=emb), epa, split.counter)
+        for score in ("encoder_cosine", "tfidf")
+    }
     for cells in cells_choices(split):
         got = baseline_ranks(split, emb.pooled, cells=cells)
         assert {s: r.tolist() for s, r in got.items()} == {s: r.tolist() for s, r in expected.items()}
@@ -223,8 +236,9 @@ def test_pool_sizes_in_blocks(tied):
     split, _ = tied
     whole = task_masks(whole_types(split))
     for cells in cells_choices(split):
-        assert pool_sizes(split, cells) == {t: {"queries": split.n_pairs, "candidates": int(whole[t].sum())}
-                                            for t in TASKS}
+        assert pool_sizes(split, cells) == {
+            t: {"queries": split.n_pairs, "candidates": int(whole[t].sum())} for t in TASKS
+        }
 
 
 @pytest.mark.parametrize("index", ["exact", "balltree"])
@@ -234,14 +248,20 @@ def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, m
     split, emb = tied
     sim = emb.sim.numpy()
     pairs = np.array([0, 1, 2, 7, 8, 20, 33, 50, 56])
-    whole = [retrieve(sim, split, 4, index), retrieve(sim, split, 4, index, pairs=pairs),
-             retrieve_rerank(model, emb, split, k=4, index=index),
-             mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index=index)]
+    whole = [
+        retrieve(sim, split, 4, index),
+        retrieve(sim, split, 4, index, pairs=pairs),
+        retrieve_rerank(model, emb, split, k=4, index=index),
+        mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index=index),
+    ]
     monkeypatch.setattr(rerank, "SEARCH_BLOCK", 5)
     monkeypatch.setattr(negatives, "SEARCH_BLOCK", 5)
-    blocked = [retrieve(sim, split, 4, index), retrieve(sim, split, 4, index, pairs=pairs),
-               retrieve_rerank(model, emb, split, k=4, index=index),
-               mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index=index)]
+    blocked = [
+        retrieve(sim, split, 4, index),
+        retrieve(sim, split, 4, index, pairs=pairs),
+        retrieve_rerank(model, emb, split, k=4, index=index),
+        mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index=index),
+    ]
     for a, b in zip(whole[:2], blocked[:2]):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     assert whole[2][0] == blocked[2][0] and np.array_equal(whole[2][1], blocked[2][1])
@@ -292,9 +312,16 @@ def big_split(n_pairs: int, seed: int = 0):
     words = np.array([f"w{i}" for i in range(2000)])
     texts = [" ".join(row) for row in words[rng.integers(0, len(words), (2 * n_pairs, 5))]]
     group = np.tile(rng.integers(0, 20, n_pairs), 2).astype(str)
-    table = pd.DataFrame({"theme": group, "debate": group, "stance": "pro",
-                          "kind": ["point"] * n_pairs + ["counter"] * n_pairs, "text": texts,
-                          "pair_id": [f"p{i}" for i in range(n_pairs)] * 2})
+    table = pd.DataFrame(
+        {
+            "theme": group,
+            "debate": group,
+            "stance": "pro",
+            "kind": ["point"] * n_pairs + ["counter"] * n_pairs,
+            "text": texts,
+            "pair_id": [f"p{i}" for i in range(n_pairs)] * 2,
+        }
+    )
     table["text_id"] = pd.factorize(table["text"])[0]
     sim = torch.from_numpy(rng.normal(size=(2 * n_pairs, 128))).float()
     return PairedSplit("test", table), Embeddings(sim, torch.from_numpy(rng.normal(size=(2 * n_pairs, 32))).float())

@@ -26,8 +26,9 @@ class CountingCompute:
         return np.array([[len(self.texts[r]), sum(map(ord, self.texts[r])) % 97, r] for r in rows], dtype=np.float32)
 
 
-def lookup(tmp_path, texts=TEXTS, fingerprint="f" * 64, pooling="mean", max_length=128, precision="fp32",
-           tokenizer="t" * 64):
+def lookup(
+    tmp_path, texts=TEXTS, fingerprint="f" * 64, pooling="mean", max_length=128, precision="fp32", tokenizer="t" * 64
+):
     cache = EmbeddingCache(tmp_path, fingerprint, tokenizer, pooling, max_length, precision)
     compute = CountingCompute(texts)
     return cache, compute, cache.get(texts, compute)
@@ -44,8 +45,16 @@ def test_second_lookup_is_served_from_disk(tmp_path):
     assert compute.calls == [] and part[0][0] == len(TEXTS[3])
 
 
-@pytest.mark.parametrize("change", [{"fingerprint": "e" * 64}, {"max_length": 64}, {"pooling": "cls"},
-                                    {"precision": "bf16"}, {"tokenizer": "u" * 64}])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"fingerprint": "e" * 64},
+        {"max_length": 64},
+        {"pooling": "cls"},
+        {"precision": "bf16"},
+        {"tokenizer": "u" * 64},
+    ],
+)
 def test_changed_model_tokenizer_max_length_pooling_or_precision_misses(tmp_path, change):
     lookup(tmp_path)
     cache, compute, _ = lookup(tmp_path, **change)
@@ -167,8 +176,9 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]), tmp_path)
     encoder_before = {k: v.clone() for k, v in runner.model.encoder.state_dict().items()}
     # the heads named from the model itself, not from head_parameters() (what trains them is under test)
-    heads_before = {name: p.detach().clone() for name, p in runner.model.named_parameters()
-                    if not name.startswith("encoder.")}
+    heads_before = {
+        name: p.detach().clone() for name, p in runner.model.named_parameters() if not name.startswith("encoder.")
+    }
     assert set(heads_before) == {f"{head}.{w}" for head in ("sim_head", "norm", "out") for w in ("weight", "bias")}
     assert not any(p.requires_grad for p in runner.model.encoder.parameters())
     calls = encoder_calls
@@ -179,8 +189,11 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     assert calls == []  # training, mining and evaluation all work on the cached vectors
     for key, value in runner.model.encoder.state_dict().items():
         assert torch.equal(value, encoder_before[key]), key
-    unchanged = [name for name, p in runner.model.named_parameters()
-                 if name in heads_before and torch.equal(p, heads_before[name])]
+    unchanged = [
+        name
+        for name, p in runner.model.named_parameters()
+        if name in heads_before and torch.equal(p, heads_before[name])
+    ]
     assert unchanged == []  # the sim head, the LayerNorm and the classifier all trained
 
 
@@ -193,15 +206,22 @@ def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypa
     searches = []
     original = runner_module.retrieve
     monkeypatch.setattr(runner_module, "retrieve", lambda *a, **k: searches.append(1) or original(*a, **k))
-    runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "eval.retrieve=encoder"]),
-                    tmp_path / "run")
+    runner = Runner(
+        compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "eval.retrieve=encoder"]), tmp_path / "run"
+    )
     for epoch in range(2):
         runner.trainer.train_epoch(epoch, runner.trainer.mine(epoch, runner.embed("train").sim))
         metrics, _, embs = runner.evaluate_epoch(("train", "val", "test"), epoch)
         for name, emb in embs.items():
-            fresh, _ = rerank.retrieve_rerank(runner.model, emb, runner.splits[name], runner.cfg.eval.k,
-                                              index=runner.cfg.eval.index, pairs=runner.eval_pairs[name],
-                                              space="encoder")
+            fresh, _ = rerank.retrieve_rerank(
+                runner.model,
+                emb,
+                runner.splits[name],
+                runner.cfg.eval.k,
+                index=runner.cfg.eval.index,
+                pairs=runner.eval_pairs[name],
+                space="encoder",
+            )
             assert {key: metrics[name][key] for key in fresh} == fresh
     assert len(searches) == 3  # one per split, in the first epoch
 
@@ -215,9 +235,18 @@ def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls
     calls.clear()  # the first run encoded; from here on nothing may
     second = train_module.run(compose_cfg(overrides), tmp_path / "second")
     assert calls == [] and second["best"] == first["best"]
-    evaluated = run_evaluation(compose_cfg(
-        [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.progress=false", f"eval.checkpoint={tmp_path / 'first'}",
-         "eval.split=test"], "evaluate"), tmp_path / "eval")
+    evaluated = run_evaluation(
+        compose_cfg(
+            [
+                f"trainer.cache_dir={tmp_path / 'cache'}",
+                "trainer.progress=false",
+                f"eval.checkpoint={tmp_path / 'first'}",
+                "eval.split=test",
+            ],
+            "evaluate",
+        ),
+        tmp_path / "eval",
+    )
     assert calls == []
     assert evaluated["tasks"] == first["tasks"]["test"]
 
@@ -242,26 +271,32 @@ def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch
         run(compose_cfg(overrides), tmp_path / "resumed")
     assert (tmp_path / "resumed" / "last.pt").exists()
     epochs = []
-    monkeypatch.setattr(Runner, "run_epoch",
-                        lambda self, epoch, *args: epochs.append(epoch) or run_epoch(self, epoch, *args))
+    monkeypatch.setattr(
+        Runner, "run_epoch", lambda self, epoch, *args: epochs.append(epoch) or run_epoch(self, epoch, *args)
+    )
     resumed = run(compose_cfg(overrides + [f"trainer.resume={tmp_path / 'resumed'}"]), tmp_path / "resumed")
     assert epochs == [2]
     for key in ("best_epoch", "best", "tasks"):
         assert resumed[key] == whole[key], key
-    saved = [torch.load(tmp_path / name / "best.pt", weights_only=False)["state_dict"] for name in ("whole", "resumed")]
+    saved = [
+        torch.load(tmp_path / name / "best.pt", weights_only=False)["state_dict"] for name in ("whole", "resumed")
+    ]
     assert saved[0].keys() == saved[1].keys() and all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
 
 
 def test_frozen_batches_carry_the_mined_negatives(tmp_path):
     """The frozen path gathers each batch from the cached vectors, not through the DataLoader: each batch must be
     exactly the cached vectors of (point, its counter, the negative mined for that point), every pair once per epoch."""
-    runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "negatives.random_rate.start=0.5"]),
-                    tmp_path)
+    runner = Runner(
+        compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "negatives.random_rate.start=0.5"]), tmp_path
+    )
     split, pooled = runner.splits["train"], runner.pooled["train"]
     mined = runner.trainer.mine(0, runner.embed("train").sim)
     seen = []
     for rows, inputs in runner.trainer.batches(0, mined):
-        assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]]) and np.array_equal(rows[:, 2], mined.row[rows[:, 0]])
+        assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]]) and np.array_equal(
+            rows[:, 2], mined.row[rows[:, 0]]
+        )
         torch.testing.assert_close(inputs["pooled"], pooled[torch.from_numpy(rows.T.ravel())], rtol=0, atol=0)
         seen.append(rows[:, 0])
     assert sorted(np.concatenate(seen)) == list(split.query)
@@ -277,7 +312,9 @@ def test_a_fresh_run_starts_its_sim_head_from_pca(tmp_path, frozen):
         runner = Runner(compose_cfg(base + [f"model.sim_init={init}"]), tmp_path / init)
         _, _, train_sim = runner._start()
         pooled = runner.embed("train").pooled.double()
-        same = torch.allclose(torch.cdist(train_sim.double(), train_sim.double()), torch.cdist(pooled, pooled), rtol=1e-4, atol=1e-6)
+        same = torch.allclose(
+            torch.cdist(train_sim.double(), train_sim.double()), torch.cdist(pooled, pooled), rtol=1e-4, atol=1e-6
+        )
         assert same == kept
 
 

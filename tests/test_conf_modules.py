@@ -37,8 +37,12 @@ def resolve(dotted: str):
 
 def test_conf_names_paths():
     # the scan finds what it is meant to: a _target_ (of ours and a plugin's), a module in a comment or a help text
-    assert {"biencoder.callbacks.SweepSummary", "optuna.samplers.TPESampler", "biencoder.evaluate",
-            "biencoder.report.stability"} <= set(named_paths())
+    assert {
+        "biencoder.callbacks.SweepSummary",
+        "optuna.samplers.TPESampler",
+        "biencoder.evaluate",
+        "biencoder.report.stability",
+    } <= set(named_paths())
 
 
 @pytest.mark.parametrize("dotted, files", sorted(named_paths().items()))

@@ -26,7 +26,9 @@ def test_variants_set_exactly_the_two_flags(variant):
     assert (cfg.model.head.use_layernorm, cfg.model.head.use_relu) == VARIANTS[variant]
     text = (CONF / "variant" / f"{variant}.yaml").read_text()
     assert text.startswith("# @package _global_")
-    assert yaml.safe_load(text) == {"model": {"head": {"use_layernorm": VARIANTS[variant][0], "use_relu": VARIANTS[variant][1]}}}
+    assert yaml.safe_load(text) == {
+        "model": {"head": {"use_layernorm": VARIANTS[variant][0], "use_relu": VARIANTS[variant][1]}}
+    }
     base.model.head = cfg.model.head
     assert base == cfg
 
@@ -36,38 +38,44 @@ def test_unknown_variant_fails_at_composition():
         compose_cfg(["+variant=layernorm_only"])
 
 
-@pytest.mark.parametrize("override, key", [
-    ("model.pooling=max", "model.pooling"),
-    ("eval.k=0", "eval.k"),
-    ("eval.pair_batch_size=0", "eval.pair_batch_size"),  # once a ValueError from range() after the run started
-    ("trainer.device=tpu", "trainer.device"),
-    ("eval.score=bm25", "eval.score"),
-    ("trainer.lr=-1e-5", "trainer.lr"),
-    ("trainer.max_epochs=0", "trainer.max_epochs"),
-    ("trainer.stats_every=0", "trainer.stats_every"),  # would divide by zero sampled steps
-    ("negatives.random_rate.start=1.5", "negatives.random_rate.start"),
-    ("negatives.random_rate.decay=-0.1", "negatives.random_rate.decay"),
-    ("trainer.precision=fp16", "trainer.precision"),
-    ("negatives.index=faiss", "negatives.index"),
-    ("loss.name=focal", "loss.name"),
-    ("loss=infonce loss.scale=0", "loss.scale"),
-    ("loss.ce_weight=-1", "loss.ce_weight"),
-    ("+loss.temperature=0.05", "loss.temperature"),  # + lets it past the schema, not past validate
-    ("loss=infonce +loss.margin=0.5", "loss.margin"),  # ... nor a key of the other loss past validate
-    ("loss.name=infonce", "loss.name"),  # the name does not switch the option: loss=infonce does
-    ("data.root=null", "data.root"),  # null is data=pairs' root; the ArguAna layout needs a folder
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("model.pooling=max", "model.pooling"),
+        ("eval.k=0", "eval.k"),
+        ("eval.pair_batch_size=0", "eval.pair_batch_size"),  # once a ValueError from range() after the run started
+        ("trainer.device=tpu", "trainer.device"),
+        ("eval.score=bm25", "eval.score"),
+        ("trainer.lr=-1e-5", "trainer.lr"),
+        ("trainer.max_epochs=0", "trainer.max_epochs"),
+        ("trainer.stats_every=0", "trainer.stats_every"),  # would divide by zero sampled steps
+        ("negatives.random_rate.start=1.5", "negatives.random_rate.start"),
+        ("negatives.random_rate.decay=-0.1", "negatives.random_rate.decay"),
+        ("trainer.precision=fp16", "trainer.precision"),
+        ("negatives.index=faiss", "negatives.index"),
+        ("loss.name=focal", "loss.name"),
+        ("loss=infonce loss.scale=0", "loss.scale"),
+        ("loss.ce_weight=-1", "loss.ce_weight"),
+        ("+loss.temperature=0.05", "loss.temperature"),  # + lets it past the schema, not past validate
+        ("loss=infonce +loss.margin=0.5", "loss.margin"),  # ... nor a key of the other loss past validate
+        ("loss.name=infonce", "loss.name"),  # the name does not switch the option: loss=infonce does
+        ("data.root=null", "data.root"),  # null is data=pairs' root; the ArguAna layout needs a folder
+    ],
+)
 def test_bad_values_are_named(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(compose_cfg(override.split()))
 
 
-@pytest.mark.parametrize("override, key", [
-    ("model.head.use_layernorm=maybe", "model.head.use_layernorm"),
-    ("trainer.lr=fast", "trainer.lr"),
-    ("eval.k=1.5", "eval.k"),
-    ("trainer.lrr=1", "trainer.lrr"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("model.head.use_layernorm=maybe", "model.head.use_layernorm"),
+        ("trainer.lr=fast", "trainer.lr"),
+        ("eval.k=1.5", "eval.k"),
+        ("trainer.lrr=1", "trainer.lrr"),
+    ],
+)
 def test_wrong_types_and_unknown_keys_fail_at_composition(override, key):
     from hydra.errors import ConfigCompositionException
 
@@ -88,8 +96,9 @@ def test_typo_in_a_config_file_fails_at_composition(tmp_path):
     assert "use_layrnorm" in str(err.value.__cause__ or err.value)
     from biencoder.hydra_glue import _one_line
 
-    assert _one_line(err.value).startswith("In 'variant/typo': unknown config key model.head.use_layrnorm (did you "
-                                           "mean model.head.use_layernorm?)")
+    assert _one_line(err.value).startswith(
+        "In 'variant/typo': unknown config key model.head.use_layrnorm (did you mean model.head.use_layernorm?)"
+    )
 
 
 def test_max_length_above_the_encoder_limit_is_named():
@@ -110,17 +119,30 @@ def test_defaults_resolve_to_packaged_minilm():
     assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root
 
 
-@pytest.mark.parametrize("module, says", [("train", ["+variant=ln_relu", "-m '+variant=glob(*)' seed=0,1,2",
-                                                      "-sc install=bash", "variant: ln, ln_relu, plain, relu"]),
-                                          ("evaluate", ["eval.checkpoint=logs/runs/<run>", "eval.score=tfidf"])])
+@pytest.mark.parametrize(
+    "module, says",
+    [
+        (
+            "train",
+            [
+                "+variant=ln_relu",
+                "-m '+variant=glob(*)' seed=0,1,2",
+                "-sc install=bash",
+                "variant: ln, ln_relu, plain, relu",
+            ],
+        ),
+        ("evaluate", ["eval.checkpoint=logs/runs/<run>", "eval.score=tfidf"]),
+    ],
+)
 def test_help_says_how_to_start(module, says):
     import subprocess
     import sys
 
     from conftest import REPO
 
-    shown = subprocess.run([sys.executable, "-m", f"biencoder.{module}", "--help"], capture_output=True, text=True,
-                           cwd=REPO)
+    shown = subprocess.run(
+        [sys.executable, "-m", f"biencoder.{module}", "--help"], capture_output=True, text=True, cwd=REPO
+    )
     assert shown.returncode == 0
     for text in says:
         assert text in shown.stdout
@@ -138,12 +160,23 @@ def test_loss_group_selects_the_loss_and_the_default_is_triplet_ce():
     assert type(built) is InfoNCELoss and (built.scale, built.ce_weight, built.gather) == (10, 0, False)
 
 
-@pytest.mark.parametrize("preset, expect", [
-    ("loss_selection", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "eval.tasks": False}),
-    ("loss_arguana", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "model.encoder.freeze": True}),
-    ("finetune_arguana", {"loss.name": "infonce", "trainer.lr": 5e-5, "trainer.batch_size": 16,
-                          "model.encoder.freeze": False, "data.name": "arguana"}),
-])
+@pytest.mark.parametrize(
+    "preset, expect",
+    [
+        ("loss_selection", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "eval.tasks": False}),
+        ("loss_arguana", {"loss.name": "triplet_ce", "trainer.max_epochs": 10, "model.encoder.freeze": True}),
+        (
+            "finetune_arguana",
+            {
+                "loss.name": "infonce",
+                "trainer.lr": 5e-5,
+                "trainer.batch_size": 16,
+                "model.encoder.freeze": False,
+                "data.name": "arguana",
+            },
+        ),
+    ],
+)
 def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
     from omegaconf import OmegaConf
 
@@ -152,14 +185,23 @@ def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
     assert {k: OmegaConf.select(cfg, k) for k in expect} == expect
 
 
-@pytest.mark.parametrize("overrides, line", [
-    (["loss=triplet_ce", "loss.scale=10"],
-     "loss.scale is a key of loss=infonce, not of loss=triplet_ce: drop it, or pick loss=infonce"),
-    (["loss=infonce", "loss.margin=0.5"],
-     "loss.margin is a key of loss=triplet_ce, not of loss=infonce: drop it, or pick loss=triplet_ce"),
-    (["loss=infonce", "loss.scal=10"],
-     "unknown config key loss.scal (did you mean loss.scale?): fix its spelling, or see every key with --cfg job"),
-])
+@pytest.mark.parametrize(
+    "overrides, line",
+    [
+        (
+            ["loss=triplet_ce", "loss.scale=10"],
+            "loss.scale is a key of loss=infonce, not of loss=triplet_ce: drop it, or pick loss=infonce",
+        ),
+        (
+            ["loss=infonce", "loss.margin=0.5"],
+            "loss.margin is a key of loss=triplet_ce, not of loss=infonce: drop it, or pick loss=triplet_ce",
+        ),
+        (
+            ["loss=infonce", "loss.scal=10"],
+            "unknown config key loss.scal (did you mean loss.scale?): fix its spelling, or see every key with --cfg job",
+        ),
+    ],
+)
 def test_a_key_of_the_other_loss_is_refused_by_composition_in_one_line(overrides, line):
     """Each loss is its own option of the group (a dataclass): a key it does not read is no key of the config, so
     it cannot be silently ignored; the one line names the key and both losses."""
@@ -203,7 +245,10 @@ def test_a_run_saved_with_every_losss_keys_has_the_settings_of_one_saved_with_it
     triplet = run_settings(OmegaConf.to_container(compose_cfg()))
     assert {k for k in triplet if k.startswith("loss.")} == {f"loss.{k}" for k in both}
     assert {k for k, v in triplet.items() if run_settings(composed).get(k) != v} == {
-        "loss.name", "loss.scale", "loss.ce_weight"}
+        "loss.name",
+        "loss.scale",
+        "loss.ce_weight",
+    }
 
 
 def test_one_helper_composes_the_configs():
@@ -216,10 +261,15 @@ def test_one_helper_composes_the_configs():
     assert [str(p.relative_to(REPO)) for p in files if call in p.read_text()] == ["src/biencoder/hydra_glue.py"]
 
 
-@pytest.mark.parametrize("overrides, name", [
-    ([], "plain"), (["model.head.use_relu=true"], "relu"), (["+variant=ln"], "ln"),
-    (["+variant=ln", "model.head.use_relu=true"], "ln"),  # the choice names it, whatever the flags say
-])
+@pytest.mark.parametrize(
+    "overrides, name",
+    [
+        ([], "plain"),
+        (["model.head.use_relu=true"], "relu"),
+        (["+variant=ln"], "ln"),
+        (["+variant=ln", "model.head.use_relu=true"], "ln"),  # the choice names it, whatever the flags say
+    ],
+)
 def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, name):
     from biencoder.engine.config.schema import variant_name
 

@@ -68,8 +68,11 @@ def test_the_default_options_hold_no_key():
     """A key in the option a group selects by default would be a second default beside the schema's."""
     options = default_options()
     assert set(options) == set(GROUPS)
-    held = {group: sorted(file_keys(CONF / group / f"{option}.yaml", group)) for group, option in options.items()
-            if group not in STORED}
+    held = {
+        group: sorted(file_keys(CONF / group / f"{option}.yaml", group))
+        for group, option in options.items()
+        if group not in STORED
+    }
     assert {g: keys for g, keys in held.items() if keys} == {}
 
 

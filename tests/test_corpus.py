@@ -20,11 +20,24 @@ def test_fixture_counts_and_tables(make_corpus):
     root = make_corpus(layout)
     corpus = read_corpus(root)
     tr = corpus.counts["train"]
-    assert tr == {"themes": 2, "debates": 4, "points": 17, "counters": 16, "pairs": 16,
-                  "points_without_counter": 1, "counters_without_point": 0, "duplicated_texts": 1}
+    assert tr == {
+        "themes": 2,
+        "debates": 4,
+        "points": 17,
+        "counters": 16,
+        "pairs": 16,
+        "points_without_counter": 1,
+        "counters_without_point": 0,
+        "duplicated_texts": 1,
+    }
     assert corpus.counts["test"]["pairs"] == 16
     arg = corpus.arguments.set_index("path").loc[str(root / "training/theme0/debate00/pro/pro01a-point.txt")]
-    assert (arg["conclusion"], arg["premise"], arg["kind"], arg["number"]) == ("training t0 d0 pro0 point", "premise 0", "point", 1)
+    assert (arg["conclusion"], arg["premise"], arg["kind"], arg["number"]) == (
+        "training t0 d0 pro0 point",
+        "premise 0",
+        "point",
+        1,
+    )
     assert arg["text"] == "training t0 d0 pro0 point\npremise 0"  # stripped of the trailing newline
     pairs = corpus.pairs[corpus.pairs["split"] == "training"]
     pair = pairs[pairs["pair_id"] == "theme0/debate00/pro01"].iloc[0]
@@ -50,6 +63,7 @@ def test_accepts_extracted_folder_or_root(make_corpus):
     root = make_corpus({}, name="x")  # empty: just create the folder
     write_dir = root / "02-extracted-arguments"
     from conftest import write_corpus
+
     write_corpus(write_dir, grid_layout())
     assert read_corpus(root).counts == read_corpus(write_dir).counts
 
@@ -71,8 +85,13 @@ def test_stray_files(make_corpus):
 @pytest.mark.parametrize("case", ["missing", "no_splits", "no_pairs", "not_utf8", "empty"])
 def test_bad_input(make_corpus, tmp_path, capsys, case):
     layout = grid_layout()
-    expect = {"missing": "does not exist", "no_splits": "no split folder", "no_pairs": "has no pairs",
-              "not_utf8": "not UTF-8", "empty": "is empty"}[case]
+    expect = {
+        "missing": "does not exist",
+        "no_splits": "no split folder",
+        "no_pairs": "has no pairs",
+        "not_utf8": "not UTF-8",
+        "empty": "is empty",
+    }[case]
     if case == "missing":
         root = tmp_path / "nowhere"
     elif case == "no_splits":
@@ -99,8 +118,16 @@ def test_demo_corpus_edge_cases():
     # counted on the files of src/biencoder/data/demo/<split>/: 2 theme and 4 debate folders, 33 *a-point.txt and 32
     # *b-counter.txt files, one point (pro05 of an economy debate) without its counter file, and one text filed twice
     # (two files with equal contents, so 64 distinct texts among the 65 arguments)
-    expected = {"themes": 2, "debates": 4, "points": 33, "counters": 32, "pairs": 32, "points_without_counter": 1,
-                "counters_without_point": 0, "duplicated_texts": 1}
+    expected = {
+        "themes": 2,
+        "debates": 4,
+        "points": 33,
+        "counters": 32,
+        "pairs": 32,
+        "points_without_counter": 1,
+        "counters_without_point": 0,
+        "duplicated_texts": 1,
+    }
     assert corpus.counts == {split: expected for split in ("train", "val", "test")}
     # conclusions and premises are real sentences, not placeholders
     points = corpus.arguments[corpus.arguments["kind"] == "point"]
@@ -118,8 +145,13 @@ def test_real_corpus_counts(real_root, capsys):
     start = time.perf_counter()
     corpus = read_corpus(real_root)
     print(f"\nread the real corpus in {time.perf_counter() - start:.2f} s")
-    expected = {"themes": (15, 15, 15), "debates": (644, 211, 214), "points": (4083, 1290, 1406),
-                "counters": (4065, 1287, 1401), "pairs": (4065, 1287, 1401)}
+    expected = {
+        "themes": (15, 15, 15),
+        "debates": (644, 211, 214),
+        "points": (4083, 1290, 1406),
+        "counters": (4065, 1287, 1401),
+        "pairs": (4065, 1287, 1401),
+    }
     for key, values in expected.items():
         assert tuple(corpus.counts[s][key] for s in ("train", "val", "test")) == values, key
     capsys.readouterr()
@@ -128,8 +160,10 @@ def test_real_corpus_counts(real_root, capsys):
     assert out["splits"]["test"]["pairs"] == 1401 and out["overlap"]["test->train"]["pairs"] == 616
 
 
-@pytest.mark.parametrize("spelling, short", [("validation", "val"), ("val", "val"), ("training", "train"),
-                                             ("train", "train"), ("test", "test")])
+@pytest.mark.parametrize(
+    "spelling, short",
+    [("validation", "val"), ("val", "val"), ("training", "train"), ("train", "train"), ("test", "test")],
+)
 def test_both_split_spellings_are_accepted_and_one_is_printed(spelling, short):
     from biencoder.engine.data.corpus import split_name
 
@@ -164,13 +198,17 @@ def test_planted_cross_split_duplicates(make_corpus):
     corpus = read_corpus(root)
     o = corpus.overlap()
     assert o["test->train"]["pairs"] == 1 and o["test->val"]["pairs"] == 0 and o["val->train"]["pairs"] == 1
-    assert o["test->train+val"]["pairs"] == 1 and o["test->train+val"]["texts"] == 3  # pro01 point+counter, pro02 counter
+    assert (
+        o["test->train+val"]["pairs"] == 1 and o["test->train+val"]["texts"] == 3
+    )  # pro01 point+counter, pro02 counter
     assert o["test->train"]["debates"] == 1 and o["val->test"]["debates"] == 0
     dedup = corpus.deduplicated()
     assert dedup.dropped == {"train": 2, "val": 1, "test": 0}
     dropped_train = set(corpus.split_pairs("train")["pair_id"]) - set(dedup.split_pairs("train")["pair_id"])
     assert dropped_train == {"theme1/debate10/pro01", "theme0/debate00/con01"}
-    assert set(corpus.split_pairs("val")["pair_id"]) - set(dedup.split_pairs("val")["pair_id"]) == {"theme0/debate01/con02"}
+    assert set(corpus.split_pairs("val")["pair_id"]) - set(dedup.split_pairs("val")["pair_id"]) == {
+        "theme0/debate01/con02"
+    }
     assert dedup.split_pairs("test").equals(corpus.split_pairs("test"))  # the official test pools
     # seen / unseen test queries, official splits: pro01 (whole pair) and pro02 (its counter) of test debate00
     test = corpus.paired("test")
@@ -181,8 +219,12 @@ def test_planted_cross_split_duplicates(make_corpus):
     hits = np.zeros(test.n_pairs, dtype=bool)
     hits[np.flatnonzero(seen)] = True  # a model that gets exactly the seen queries right
     hits[np.flatnonzero(~seen)[:3]] = True  # and 3 of the 14 unseen ones
-    assert seen_unseen(hits, seen) == {"top1_unseen": 3 / 14, "queries_unseen": 14, "top1_seen": 1.0,
-                                       "queries_seen": 2}
+    assert seen_unseen(hits, seen) == {
+        "top1_unseen": 3 / 14,
+        "queries_unseen": 14,
+        "top1_seen": 1.0,
+        "queries_seen": 2,
+    }
 
 
 def test_real_corpus_overlap_and_dedup(real_corpus):
@@ -193,6 +235,10 @@ def test_real_corpus_overlap_and_dedup(real_corpus):
     o = real_corpus.overlap()
     assert (o["test->train"]["pairs"], o["val->train"]["pairs"], o["test->train+val"]["pairs"]) == (616, 574, 793)
     dedup = real_corpus.deduplicated()
-    assert {s: len(dedup.split_pairs(s)) for s in ("train", "val", "test")} == {"train": 2796, "val": 1060, "test": 1401}
+    assert {s: len(dedup.split_pairs(s)) for s in ("train", "val", "test")} == {
+        "train": 2796,
+        "val": 1060,
+        "test": 1401,
+    }
     seen = seen_queries(real_corpus.paired("test"), [real_corpus.paired("train"), real_corpus.paired("val")])
     assert (~seen).sum() == 606  # test pairs with neither text anywhere in training or validation

@@ -14,8 +14,15 @@ from biencoder.engine.runs.records import read_metrics
 from conftest import REPO
 
 # trainer.device=cpu: gloo, even on a machine with CUDA (auto would take the GPUs, one per process)
-ARGS = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8", "+variant=ln",
-        "trainer.keep_last=true", "trainer.device=cpu"]
+ARGS = [
+    "model=tiny",
+    "trainer.progress=false",
+    "trainer.max_epochs=2",
+    "trainer.batch_size=8",
+    "+variant=ln",
+    "trainer.keep_last=true",
+    "trainer.device=cpu",
+]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
@@ -38,8 +45,13 @@ def check_one_run(logs, processes: int = 2):
     final = json.loads((out / "final.json").read_text())
     assert final["status"] == "done" and final["best_epoch"] in (0, 1)
     threads = final["runtime"].pop("cpu_threads")  # torchrun's OMP_NUM_THREADS: 1 unless set
-    assert final["runtime"] == {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": False,
-                                "processes": processes}
+    assert final["runtime"] == {
+        "device": "cpu",
+        "device_name": "cpu",
+        "precision": "fp32",
+        "deterministic": False,
+        "processes": processes,
+    }
     assert f"on cpu (fp32, {processes} processes, {threads} CPU thread" in (out / "train.log").read_text()
     assert (out / "train.log").read_text().count("epoch 1  loss") == 1  # one rank logs
     import torch
@@ -52,8 +64,17 @@ def check_one_run(logs, processes: int = 2):
 def test_two_gloo_processes_write_one_run(tmp_path):
     """One node, two processes, the c10d rendezvous of the multi-node recipe (README)."""
     logs = tmp_path / "logs"
-    cmd = [*TORCHRUN, "--nnodes=1", "--nproc_per_node=2", "--rdzv-backend=c10d",
-           f"--rdzv-endpoint=127.0.0.1:{free_port()}", "-m", "biencoder.train", *ARGS, f"paths.log_dir={logs}"]
+    cmd = [
+        *TORCHRUN,
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+        "-m",
+        "biencoder.train",
+        *ARGS,
+        f"paths.log_dir={logs}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -67,12 +88,29 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path):
     logs = tmp_path / "logs"
     endpoint = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    nodes = [subprocess.Popen([*TORCHRUN, "--nnodes=2", "--nproc_per_node=1", "--rdzv-backend=c10d",
-                               f"--rdzv-endpoint={endpoint}", "--rdzv-id=biencoder-test",
-                               f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
-                               "-m", "biencoder.train", *ARGS, f"paths.log_dir={logs}"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-             for node in (0, 1)]
+    nodes = [
+        subprocess.Popen(
+            [
+                *TORCHRUN,
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={endpoint}",
+                "--rdzv-id=biencoder-test",
+                f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}",
+                "-m",
+                "biencoder.train",
+                *ARGS,
+                f"paths.log_dir={logs}",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for node in (0, 1)
+    ]
     outputs = [node.communicate(timeout=300) for node in nodes]
     for node, (_, err) in zip(nodes, outputs):
         assert node.returncode == 0, err[-3000:]
@@ -83,25 +121,38 @@ def test_more_processes_than_gpus_is_one_line_and_no_folder(tmp_path):
     """``torchrun --nproc_per_node=2`` on a machine whose torch reports one CUDA device: every rank stops with the
     same line naming both counts and the fixes, exit code 2, and no run folder is left."""
     one_gpu = tmp_path / "one_gpu.py"
-    one_gpu.write_text("import torch\n"
-                       "torch.cuda.is_available = lambda: True\n"
-                       "torch.cuda.device_count = lambda: 1\n"
-                       "from biencoder.train import cli\n"
-                       "cli()\n")
+    one_gpu.write_text(
+        "import torch\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "torch.cuda.device_count = lambda: 1\n"
+        "from biencoder.train import cli\n"
+        "cli()\n"
+    )
     logs = tmp_path / "logs"
     # a monitor interval of 2 s: torchrun stops the other rank only after it has had time to clean up after itself
-    cmd = [*TORCHRUN, "--nproc_per_node=2", "--monitor-interval=2", "--master_addr=127.0.0.1",
-           f"--master_port={free_port()}", str(one_gpu), "model=tiny", "trainer.progress=false",
-           f"paths.log_dir={logs}"]
+    cmd = [
+        *TORCHRUN,
+        "--nproc_per_node=2",
+        "--monitor-interval=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(one_gpu),
+        "model=tiny",
+        "trainer.progress=false",
+        f"paths.log_dir={logs}",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, cwd=REPO,
-                          timeout=300)
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, env={**env, "OMP_NUM_THREADS": "1"}, cwd=REPO, timeout=300
+    )
     assert proc.returncode != 0
     assert "exitcode  : 2" in proc.stderr  # torchrun's report of its processes
     errors = {line for line in proc.stderr.splitlines() if line.startswith("error:")}
-    assert errors == {"error: torchrun started 2 processes on this node but 1 CUDA device is visible (one per process "
-                      "is needed): start torchrun --nproc_per_node=1, or train with gloo on the CPU "
-                      "(trainer.device=cpu)"}
+    assert errors == {
+        "error: torchrun started 2 processes on this node but 1 CUDA device is visible (one per process "
+        "is needed): start torchrun --nproc_per_node=1, or train with gloo on the CPU "
+        "(trainer.device=cpu)"
+    }
     # no run folder is left. Each rank removes its own folder and the empty parents it made; the rank that made
     # logs/runs may find the other rank's folder still in it, and the other did not make it, so an empty logs/runs
     # can stay (it did in 2 of 6 runs on 2026-11-24): the rule is "remove only what this process created"
@@ -115,17 +166,25 @@ def test_a_rank_stopped_by_torchrun_during_start_up_leaves_nothing_of_its_own(tm
     files), and dies of the signal as before. Deterministic here: start-up sends the SIGTERM to its own process
     (WORLD_SIZE=2, no torchrun)."""
     stopped = tmp_path / "stopped.py"
-    stopped.write_text("import os, signal\n"
-                       "import biencoder.train as train\n"
-                       "train.decide_runtime = lambda cfg: os.kill(os.getpid(), signal.SIGTERM)\n"
-                       "train.cli()\n")
+    stopped.write_text(
+        "import os, signal\n"
+        "import biencoder.train as train\n"
+        "train.decide_runtime = lambda cfg: os.kill(os.getpid(), signal.SIGTERM)\n"
+        "train.cli()\n"
+    )
     run_dir = tmp_path / "logs" / "runs" / "r1"
     if existing:
         run_dir.mkdir(parents=True)
         (run_dir / "notes.txt").write_text("mine")
     env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "WORLD_SIZE": "2"}
-    proc = subprocess.run([sys.executable, str(stopped), "model=tiny", f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(stopped), "model=tiny", f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == -15, proc.stderr
     if existing:
         assert sorted(p.name for p in run_dir.rglob("*")) == ["notes.txt"]
@@ -159,20 +218,33 @@ def test_a_rank_waiting_in_the_rendezvous_ends_at_once_on_sigterm(tmp_path):
 
     run_dir, marker, port = tmp_path / "run", tmp_path / "in_rendezvous", free_port()
     wrapper = tmp_path / "rank0.py"
-    wrapper.write_text("import pathlib, sys\n"
-                       "import torch.distributed as dist\n"
-                       "import biencoder.train as train\n"
-                       "marker, start = pathlib.Path(sys.argv.pop(1)), dist.init_process_group\n"
-                       "def entering(*args, **kwargs):\n"
-                       "    marker.write_text('entered')\n"
-                       "    return start(*args, **kwargs)\n"
-                       "dist.init_process_group = entering\n"
-                       "train.cli()\n")
-    env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "WORLD_SIZE": "2", "RANK": "0",
-           "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, str(wrapper), str(marker), "model=tiny", "trainer.device=cpu",
-                             f"hydra.run.dir={run_dir}"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    wrapper.write_text(
+        "import pathlib, sys\n"
+        "import torch.distributed as dist\n"
+        "import biencoder.train as train\n"
+        "marker, start = pathlib.Path(sys.argv.pop(1)), dist.init_process_group\n"
+        "def entering(*args, **kwargs):\n"
+        "    marker.write_text('entered')\n"
+        "    return start(*args, **kwargs)\n"
+        "dist.init_process_group = entering\n"
+        "train.cli()\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"},
+        "WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(wrapper), str(marker), "model=tiny", "trainer.device=cpu", f"hydra.run.dir={run_dir}"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_for(lambda: marker.exists() or proc.poll() is not None, "the rank calls init_process_group", 180)
         wait_for(lambda: accepts_connections(port) or proc.poll() is not None, "the rank's store listens", 60)

@@ -40,8 +40,13 @@ def markdown_files(root: Path = REPO) -> list[Path]:
     """The repository's Markdown files: what git tracks or would track; without git, every ``*.md`` outside the
     build, log and virtualenv folders."""
     try:
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"], cwd=root,
-                                capture_output=True, text=True, check=True).stdout.split("\n")
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.md"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\n")
         files = [root / name for name in listed if name and (root / name).is_file()]
     except (OSError, subprocess.CalledProcessError):
         files = [p for p in root.rglob("*.md") if not SKIPPED_DIRS & set(p.relative_to(root).parts)]
@@ -206,11 +211,11 @@ def program(argv: list[str], scripts: dict[str, str]) -> tuple[str, list[str]] |
             module = argv[argv.index("-m") + 1]
             if module == "biencoder" or module.startswith("biencoder."):
                 target = next((t for t in scripts.values() if t.split(":")[0] == module), module)
-                return target, argv[argv.index("-m") + 2:]
+                return target, argv[argv.index("-m") + 2 :]
             return None
         script = next((a for a in argv[1:] if a.endswith(".py")), None)
         if name != "torchrun" and script and script.startswith("scripts/"):
-            return script, argv[argv.index(script) + 1:]
+            return script, argv[argv.index(script) + 1 :]
     return None
 
 
@@ -315,45 +320,62 @@ def test_the_checks_catch_a_broken_link_an_anchor_and_an_outside_path(tmp_path):
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("# A page\n\n## The run folder\n")
     doc = tmp_path / "README.md"
-    doc.write_text("[ok](docs/a.md#the-run-folder) [gone](docs/b.md) [anchor](docs/a.md#no-such) "
-                   "[up](../outside.md) `[code](not/a/link.md)`\n\nsee ../shared/docs/protocol.md and /tmp/r8/\n"
-                   "```\n[in a block](nowhere.md)\n```\n")
+    doc.write_text(
+        "[ok](docs/a.md#the-run-folder) [gone](docs/b.md) [anchor](docs/a.md#no-such) "
+        "[up](../outside.md) `[code](not/a/link.md)`\n\nsee ../shared/docs/protocol.md and /tmp/r8/\n"
+        "```\n[in a block](nowhere.md)\n```\n"
+    )
     assert broken_links([doc], tmp_path) == [
         "README.md: docs/b.md (no such file)",
         "README.md: docs/a.md#no-such (no heading with that anchor in a.md)",
-        "README.md: ../outside.md (outside the repository)"]
+        "README.md: ../outside.md (outside the repository)",
+    ]
     assert outside_paths([doc], tmp_path) == [
         "README.md:1: [ok](docs/a.md#the-run-folder) [gone](docs/b.md) [anchor](docs/a.md#no-such) "
         "[up](../outside.md) `[code](not/a/link.md)`",
-        "README.md:3: see ../shared/docs/protocol.md and /tmp/r8/"]
+        "README.md:3: see ../shared/docs/protocol.md and /tmp/r8/",
+    ]
     (tmp_path / "docs" / "a.md").write_text("# A page\n\n[back](../README.md), ../README.md\n")
     assert outside_paths([tmp_path / "docs" / "a.md"], tmp_path) == []
 
 
 def test_slugs_are_githubs():
     assert slug("6. Full fine-tuning on one H100: where an epoch goes") == (
-        "6-full-fine-tuning-on-one-h100-where-an-epoch-goes")
+        "6-full-fine-tuning-on-one-h100-where-an-epoch-goes"
+    )
     assert slug("The loss axis: `triplet_ce` vs `infonce`") == "the-loss-axis-triplet_ce-vs-infonce"
     assert slug("Same seed, same numbers?") == "same-seed-same-numbers"
     assert anchors("# A\n## A\n```\n# not a heading\n```\n### The loss: `triplet_ce` or `infonce`\n") == {
-        "a", "a-1", "the-loss-triplet_ce-or-infonce"}
+        "a",
+        "a-1",
+        "the-loss-triplet_ce-or-infonce",
+    }
 
 
 def test_commands_are_found_and_turned_into_one_job():
-    text = ("```bash\nBIENCODER_JOBS=8 python -m biencoder.train -m data=arguana '+variant=glob(*)' \\\n"
-            "    seed=0,1,2 trainer.resume=logs/runs/<run>   # a comment\n"
-            "echo hi | biencoder-retrieve logs/runs/<run> --corpus demo -k 3\n"
-            "for q in a b; do python scripts/compare_baselines.py $G --queries $q; done\n"
-            "python -c 'import biencoder'\npip install -e .\n```\n```python\nbiencoder-train\n```\n")
+    text = (
+        "```bash\nBIENCODER_JOBS=8 python -m biencoder.train -m data=arguana '+variant=glob(*)' \\\n"
+        "    seed=0,1,2 trainer.resume=logs/runs/<run>   # a comment\n"
+        "echo hi | biencoder-retrieve logs/runs/<run> --corpus demo -k 3\n"
+        "for q in a b; do python scripts/compare_baselines.py $G --queries $q; done\n"
+        "python -c 'import biencoder'\npip install -e .\n```\n```python\nbiencoder-train\n```\n"
+    )
     commands = doc_commands(text)
     assert [line for line, _ in commands] == [2, 4, 4, 5, 5, 5, 6, 7]
     scripts = console_scripts()
     found = [program(argv, scripts) for _, argv in commands]
     found = [f for f in found if f]
-    assert [target for target, _ in found] == ["biencoder.train:cli", "biencoder.retrieve:main",
-                                               "scripts/compare_baselines.py"]
-    assert first_job(found[0][1], REPO / "conf") == ["data=arguana", "+variant=ln", "seed=0",
-                                                      "trainer.resume=logs/runs/X"]
+    assert [target for target, _ in found] == [
+        "biencoder.train:cli",
+        "biencoder.retrieve:main",
+        "scripts/compare_baselines.py",
+    ]
+    assert first_job(found[0][1], REPO / "conf") == [
+        "data=arguana",
+        "+variant=ln",
+        "seed=0",
+        "trainer.resume=logs/runs/X",
+    ]
 
 
 def test_every_command_in_a_code_block_composes_or_prints_its_help(tmp_path):
@@ -363,18 +385,25 @@ def test_every_command_in_a_code_block_composes_or_prints_its_help(tmp_path):
     assert {"biencoder.train:cli", "biencoder.evaluate:cli", "scripts/plot_top1.py"} <= targets
     (tmp_path / "corpus").mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HYDRA_", "BIENCODER_", "ARGUANA_"))}
-    env.update(ARGUANA_ROOT=str(tmp_path / "corpus"), BIENCODER_LOG_DIR=str(tmp_path / "logs"),
-               BIENCODER_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=os.pathsep.join(
-                   [str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    env.update(
+        ARGUANA_ROOT=str(tmp_path / "corpus"),
+        BIENCODER_LOG_DIR=str(tmp_path / "logs"),
+        BIENCODER_CACHE_DIR=str(tmp_path / "cache"),
+        PYTHONPATH=os.pathsep.join([str(REPO / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    )
     work = tmp_path / "cwd"
     work.mkdir()
     payload = json.dumps([[target, list(argv)] for target, argv in calls])
-    done = subprocess.run([sys.executable, __file__], input=payload, capture_output=True, text=True, env=env,
-                          cwd=work, timeout=600)
+    done = subprocess.run(
+        [sys.executable, __file__], input=payload, capture_output=True, text=True, env=env, cwd=work, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     results = json.loads(done.stdout.splitlines()[-1])
-    failed = [f"{' / '.join(where)}\n    ran: {target} {shlex.join(argv)}\n    rc {r['rc']}: {r['err'].strip()}"
-              for ((target, argv), where), r in zip(calls.items(), results, strict=True) if r["rc"] != 0]
+    failed = [
+        f"{' / '.join(where)}\n    ran: {target} {shlex.join(argv)}\n    rc {r['rc']}: {r['err'].strip()}"
+        for ((target, argv), where), r in zip(calls.items(), results, strict=True)
+        if r["rc"] != 0
+    ]
     assert failed == [], "\n".join(failed)
     assert sorted(p.name for p in work.iterdir()) == []  # composing wrote nothing
 
@@ -388,13 +417,15 @@ def test_the_architecture_table_is_the_import_graph_scripts_output():
     expected = tool.markdown(tool.import_graph())
     assert found[1].strip() == expected.strip(), (
         "docs/architecture.md's table is not the import graph of src/: run "
-        "`python scripts/import_graph.py --write docs/architecture.md`")
+        "`python scripts/import_graph.py --write docs/architecture.md`"
+    )
 
 
 def test_the_readme_test_command_is_what_ci_runs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    shell_lines = [line.split("#")[0].strip() for info, _, body in fenced_blocks(readme) if info == "bash"
-                   for line in body]
+    shell_lines = [
+        line.split("#")[0].strip() for info, _, body in fenced_blocks(readme) if info == "bash" for line in body
+    ]
     assert "pytest" in shell_lines
     ci = [line.split("#")[0].strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert "pytest" in ci

@@ -20,11 +20,23 @@ def test_every_error_of_the_package_is_a_biencoder_error():
             continue
         module = importlib.import_module(info.name)
         for name, obj in vars(module).items():
-            if isinstance(obj, type) and issubclass(obj, Exception) and obj.__module__ == info.name \
-                    and name.endswith("Error") and obj is not BiencoderError:
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, Exception)
+                and obj.__module__ == info.name
+                and name.endswith("Error")
+                and obj is not BiencoderError
+            ):
                 found[name] = obj
-    assert sorted(found) == ["CacheError", "ConfigError", "CorpusError", "InputError", "PairsError", "RunFolderError",
-                             "SummaryError"]
+    assert sorted(found) == [
+        "CacheError",
+        "ConfigError",
+        "CorpusError",
+        "InputError",
+        "PairsError",
+        "RunFolderError",
+        "SummaryError",
+    ]
     assert all(issubclass(cls, BiencoderError) for cls in found.values())
     assert issubclass(found["CacheError"], RuntimeError)
     assert all(issubclass(found[n], ValueError) for n in found if n != "CacheError")
@@ -58,8 +70,10 @@ def test_every_argparse_command_goes_through_the_one_path(module):
 
 def test_a_reader_that_leaves_ends_the_command_quietly():
     """``biencoder-plot ... | head``: the rest of the output has no reader; exit 0, nothing on stderr."""
-    code = ("import sys\nfrom biencoder.errors import command\n@command\ndef main(argv=None):\n"
-            "    for _ in range(20000):\n        print('x' * 99)\n    return 0\nsys.exit(main())\n")
+    code = (
+        "import sys\nfrom biencoder.errors import command\n@command\ndef main(argv=None):\n"
+        "    for _ in range(20000):\n        print('x' * 99)\n    return 0\nsys.exit(main())\n"
+    )
     writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert writer.stdout.read(10) == b"x" * 10
     writer.stdout.close()  # the reader leaves after 10 of 2 MB

@@ -83,8 +83,13 @@ def test_the_plot_baselines_take_the_runs_own_sample(runs):
 
 def test_a_sample_on_pair_files_with_groups(tmp_path):
     """The pair files' within-group top-1 on test is split into unseen and seen on the same test sample."""
-    final = run(compose_cfg(FAST + ["data=pairs_demo", "+variant=ln", "trainer.max_epochs=1", "eval.test_queries=10",
-                                    "eval.val_queries=7"]), tmp_path / "run")
+    final = run(
+        compose_cfg(
+            FAST
+            + ["data=pairs_demo", "+variant=ln", "trainer.max_epochs=1", "eval.test_queries=10", "eval.val_queries=7"]
+        ),
+        tmp_path / "run",
+    )
     test, val = final["best"]["test"], final["best"]["val"]
     assert (test["queries"], val["queries"]) == (10, 7) and "top1_group" in test
     assert test["queries_unseen"] + test["queries_seen"] == 10

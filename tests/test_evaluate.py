@@ -94,8 +94,10 @@ def test_zero_shot_evaluation_json(tmp_path):
     from biencoder.evaluate import run_evaluation
     from conftest import compose_cfg
 
-    cfg = compose_cfg(["model=tiny", "model.pooling=mean", "eval.score=encoder_cosine", "trainer.progress=false"],
-                      config_name="evaluate")
+    cfg = compose_cfg(
+        ["model=tiny", "model.pooling=mean", "eval.score=encoder_cosine", "trainer.progress=false"],
+        config_name="evaluate",
+    )
     result = run_evaluation(cfg, tmp_path)
     saved = json.loads((tmp_path / "eval.json").read_text())
     assert saved["score"] == "encoder_cosine" and saved["split"] == "test" and saved["tasks"] == result["tasks"]
@@ -104,9 +106,19 @@ def test_zero_shot_evaluation_json(tmp_path):
     # deduplicated splits (the default): no test query shares a text with a train/val pair in use
     assert saved["tasks"]["epa"]["groups"]["unseen"]["queries"] == 32
     assert saved["tasks"]["epa"]["groups"]["seen"] == {"accuracy_at_1": None, "mrr": None, "queries": 0}
-    val = run_evaluation(compose_cfg(["model=tiny", "model.pooling=mean", "eval.score=encoder_cosine",
-                                      "trainer.progress=false", "eval.split=validation"], config_name="evaluate"),
-                         tmp_path / "val")
+    val = run_evaluation(
+        compose_cfg(
+            [
+                "model=tiny",
+                "model.pooling=mean",
+                "eval.score=encoder_cosine",
+                "trainer.progress=false",
+                "eval.split=validation",
+            ],
+            config_name="evaluate",
+        ),
+        tmp_path / "val",
+    )
     assert val["split"] == "val" and val["tasks"]["sdoc"]["queries"] == 30  # the folder name works; dedup applies
 
 
@@ -150,10 +162,16 @@ def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, monkeypatch):
 
     encoded = []
     real = model_module.encode_pooled
-    monkeypatch.setattr(model_module, "encode_pooled", lambda m, texts, *a, **k: encoded.append(len(texts)) or real(
-        m, texts, *a, **k))
-    overrides = ["model=tiny", "model.pooling=mean", "eval.score=encoder_cosine", "trainer.progress=false",
-                 f"trainer.cache_dir={tmp_path / 'cache'}"]
+    monkeypatch.setattr(
+        model_module, "encode_pooled", lambda m, texts, *a, **k: encoded.append(len(texts)) or real(m, texts, *a, **k)
+    )
+    overrides = [
+        "model=tiny",
+        "model.pooling=mean",
+        "eval.score=encoder_cosine",
+        "trainer.progress=false",
+        f"trainer.cache_dir={tmp_path / 'cache'}",
+    ]
     first = run_evaluation(compose_cfg(overrides, config_name="evaluate"), tmp_path / "a")
     assert encoded == [63]  # the demo test split's distinct texts, once
     second = run_evaluation(compose_cfg(overrides, config_name="evaluate"), tmp_path / "b")

@@ -13,16 +13,32 @@ st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[expo
 
 from biencoder.export import embed, export, load_pair_classifier, main  # noqa: E402 - the app's names
 
-TEXTS = ["Homework teaches discipline.", "Children need time to play, not more worksheets after school.",
-         "A short one.", "Taxes on sugar change what people buy, and the evidence from several countries says so."]
+TEXTS = [
+    "Homework teaches discipline.",
+    "Children need time to play, not more worksheets after school.",
+    "A short one.",
+    "Taxes on sugar change what people buy, and the evidence from several countries says so.",
+]
 
 
-@pytest.mark.parametrize("extra", [["model.pooling=pooler"], ["model.pooling=mean"],
-                                   ["model.pooling=mean", "model.encoder.freeze=true"]])
+@pytest.mark.parametrize(
+    "extra", [["model.pooling=pooler"], ["model.pooling=mean"], ["model.pooling=mean", "model.encoder.freeze=true"]]
+)
 def test_round_trip(tmp_path, extra):
     out = tmp_path / "run"
-    run(compose_cfg(FAST + ["+variant=ln_relu", "eval.tasks=false", "trainer.max_epochs=1",
-                            f"trainer.cache_dir={tmp_path / 'cache'}"] + extra), out)
+    run(
+        compose_cfg(
+            FAST
+            + [
+                "+variant=ln_relu",
+                "eval.tasks=false",
+                "trainer.max_epochs=1",
+                f"trainer.cache_dir={tmp_path / 'cache'}",
+            ]
+            + extra
+        ),
+        out,
+    )
     exported = export(out, tmp_path / "st")
     model, tokenizer, model_cfg, _ = load_checkpoint(out)
     own = encode(model, TokenizedTexts(TEXTS, tokenizer, model_cfg["max_length"]), batch_size=2)

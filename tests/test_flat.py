@@ -25,8 +25,10 @@ class Net(nn.Module):
         return self.c(self.b(self.norm(self.a(x)).relu()))
 
     def groups(self):
-        return [list(self.a.parameters()) + list(self.unused.parameters()), [*self.norm.parameters(),
-                *self.b.parameters(), *self.c.parameters()]]
+        return [
+            list(self.a.parameters()) + list(self.unused.parameters()),
+            [*self.norm.parameters(), *self.b.parameters(), *self.c.parameters()],
+        ]
 
 
 def optimiser(groups, lrs=(1e-2, 3e-3)):
@@ -113,8 +115,9 @@ def test_a_saved_state_resumes_as_if_never_stopped(saved_by):
     train(reference, reference_opt, 2, seed=2, set_to_none=False)
     for p, q in zip(net.parameters(), reference.parameters()):
         assert torch.equal(p, q)
-    assert_same_state(per_parameter_state(opt.state_dict(), flat),
-                      per_parameter_state(reference_opt.state_dict(), reference_flat))
+    assert_same_state(
+        per_parameter_state(opt.state_dict(), flat), per_parameter_state(reference_opt.state_dict(), reference_flat)
+    )
 
 
 def test_a_state_that_covers_part_of_a_group_is_refused():
@@ -131,7 +134,9 @@ def test_a_flat_optimisers_saved_state_resumes_a_per_parameter_one(tmp_path):
     and loaded on the CPU, where loading copies nothing, each parameter has its own step counter, and the per-parameter
     optimiser's 2 more steps are the flat one's, bit for bit (a shared counter would be counted up once per member)."""
     net, flat, opt = flat_run(steps=3)
-    torch.save({"model": net.state_dict(), "optimizer": per_parameter_state(opt.state_dict(), flat)}, tmp_path / "s.pt")
+    torch.save(
+        {"model": net.state_dict(), "optimizer": per_parameter_state(opt.state_dict(), flat)}, tmp_path / "s.pt"
+    )
     saved = torch.load(tmp_path / "s.pt", map_location="cpu")
     steps = [state["step"] for state in saved["optimizer"]["state"].values()]
     assert len({s.data_ptr() for s in steps}) == len(steps)

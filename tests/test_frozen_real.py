@@ -17,8 +17,16 @@ def test_four_cells_on_a_real_slice_encode_once(real_root, tmp_path, monkeypatch
     calls = encoder_calls
     finals = {}
     for i, cell in enumerate(CELLS):
-        cfg = compose_cfg(["+experiment=frozen_arguana", f"+variant={cell}", "data.max_debates=8",
-                           "trainer.max_epochs=2", "trainer.progress=false", f"trainer.cache_dir={tmp_path / 'cache'}"])
+        cfg = compose_cfg(
+            [
+                "+experiment=frozen_arguana",
+                f"+variant={cell}",
+                "data.max_debates=8",
+                "trainer.max_epochs=2",
+                "trainer.progress=false",
+                f"trainer.cache_dir={tmp_path / 'cache'}",
+            ]
+        )
         n_calls = len(calls)
         finals[cell] = run(cfg, tmp_path / cell)
         assert (len(calls) > n_calls) == (i == 0), f"{cell}: the encoder ran {len(calls) - n_calls} times"

@@ -67,9 +67,9 @@ def section(text: str, heading: str) -> str:
     higher."""
     level = len(heading) - len(heading.lstrip("#"))
     start = text.index(heading + "\n") if heading + "\n" in text else text.index(heading)
-    rest = text[start + len(heading):]
+    rest = text[start + len(heading) :]
     end = re.search(rf"^#{{1,{level}}} ", rest, flags=re.M)
-    return text[start:start + len(heading) + (end.start() if end else len(rest))]
+    return text[start : start + len(heading) + (end.start() if end else len(rest))]
 
 
 def baseline_tables(path: Path) -> dict[str, dict]:
@@ -87,8 +87,14 @@ def baseline_tables(path: Path) -> dict[str, dict]:
         if len(cols) == 11 and cols[0] in CELLS:
             low, high = (float(v) for v in cols[7].strip("[]").split(","))
             out[group][cols[4]] = float(cols[5])
-            out[group][cols[0], cols[4]] = {"mean": float(cols[3]), "diff": float(cols[6]), "low": low,
-                                            "high": high, "p_holm": float(cols[9].split()[0]), "verdict": cols[10]}
+            out[group][cols[0], cols[4]] = {
+                "mean": float(cols[3]),
+                "diff": float(cols[6]),
+                "low": low,
+                "high": high,
+                "p_holm": float(cols[9].split()[0]),
+                "verdict": cols[10],
+            }
     return out
 
 
@@ -130,13 +136,15 @@ def zero_shot(max_length: int) -> dict:
 # -- the headline numbers -------------------------------------------------------------------------------------------
 def test_fine_tuned_cells_at_the_best_val_epoch(dedup):
     table, paired = dedup
-    assert table["test_top1_mean"].round(3).to_dict() == {"plain": 0.333, "relu": 0.338, "ln_relu": 0.323,
-                                                          "ln": 0.306}
+    assert table["test_top1_mean"].round(3).to_dict() == {"plain": 0.333, "relu": 0.338, "ln_relu": 0.323, "ln": 0.306}
     assert table["seeds"].eq(5).all() and table["incomplete"].eq(0).all()
     assert table["queries_unseen"].eq(1401).all()  # deduplicated: every test query unseen
     assert round(paired.loc["ln", "diff_test_top1"], 3) == -0.027
-    assert paired["verdict"].to_dict() == {"ln": "worse", "ln_relu": "no significant difference",
-                                           "relu": "no significant difference"}
+    assert paired["verdict"].to_dict() == {
+        "ln": "worse",
+        "ln_relu": "no significant difference",
+        "relu": "no significant difference",
+    }
 
 
 def test_zero_shot_at_the_training_length():
@@ -159,8 +167,10 @@ def expected(dedup, official) -> dict[str, list[str]]:
     for mine, theirs in ((table, committed), (off_table, committed_off)):
         columns = ["val_top1_mean", "test_top1_mean", "best_epoch", "test_top1_unseen_mean"]
         assert np.allclose(mine.loc[list(CELLS), columns], theirs.loc[list(CELLS), columns])
-    assert np.allclose(off_paired.loc[list(CELLS[1:]), ["diff_test_top1", "diff_unseen", "diff_seen"]],
-                       committed_off_paired.loc[list(CELLS[1:]), ["diff_test_top1", "diff_unseen", "diff_seen"]])
+    assert np.allclose(
+        off_paired.loc[list(CELLS[1:]), ["diff_test_top1", "diff_unseen", "diff_seen"]],
+        committed_off_paired.loc[list(CELLS[1:]), ["diff_test_top1", "diff_unseen", "diff_seen"]],
+    )
     base = baseline_tables(RESULTS / "finetune_gpu_vs_baselines_dedup.md")["all"]
     base_off = baseline_tables(RESULTS / "finetune_gpu_vs_baselines_official.md")
     zs, tfidf = base["zero-shot"], base["TF-IDF"]
@@ -170,58 +180,94 @@ def expected(dedup, official) -> dict[str, list[str]]:
     # the ablation's tables
     for cell in CELLS:
         r, c = table.loc[cell], committed.loc[cell]
-        results.append(f"| {cell} | 5 | {num(r.val_top1_mean)} ± {num(r.val_top1_std)} | {num(r.test_top1_mean)} ± "
-                       f"{num(r.test_top1_std)} | [{num(c.test_ci_low)}, {num(c.test_ci_high)}] | {r.best_epoch:.1f} |")
-    results += [f"| *zero-shot MiniLM cosine, 128 tokens* | – | – | *{num(zs)}* | | |", f"| *TF-IDF* | – | – | *{num(tfidf)}* | | |"]
+        results.append(
+            f"| {cell} | 5 | {num(r.val_top1_mean)} ± {num(r.val_top1_std)} | {num(r.test_top1_mean)} ± "
+            f"{num(r.test_top1_std)} | [{num(c.test_ci_low)}, {num(c.test_ci_high)}] | {r.best_epoch:.1f} |"
+        )
+    results += [
+        f"| *zero-shot MiniLM cosine, 128 tokens* | – | – | *{num(zs)}* | | |",
+        f"| *TF-IDF* | – | – | *{num(tfidf)}* | | |",
+    ]
     for cell in CELLS[1:]:
         c = paired.loc[cell]
-        results.append(f"| {cell} | plain | 5 matched | {num(c.diff_test_top1, sign=True)} | [{num(c.ci_low, sign=True)}, "
-                       f"{num(c.ci_high, sign=True)}] | {pvalue(c.p)} [{pvalue(c.p_low)}, {pvalue(c.p_high)}] | "
-                       f"{pvalue(c.p_holm)} [{pvalue(c.p_holm_low)}, {pvalue(c.p_holm_high)}] | {c.verdict} |")
+        results.append(
+            f"| {cell} | plain | 5 matched | {num(c.diff_test_top1, sign=True)} | [{num(c.ci_low, sign=True)}, "
+            f"{num(c.ci_high, sign=True)}] | {pvalue(c.p)} [{pvalue(c.p_low)}, {pvalue(c.p_high)}] | "
+            f"{pvalue(c.p_holm)} [{pvalue(c.p_holm_low)}, {pvalue(c.p_holm_high)}] | {c.verdict} |"
+        )
     for cell in CELLS:
         assert num(base[cell, "zero-shot"]["mean"]) == num(mean[cell])  # the script read the same runs
         rows = [base[cell, b] for b in ("zero-shot", "TF-IDF")]
-        results.append(f"| {cell} | {num(mean[cell])} | " + " | ".join(
-            f"{num(r['diff'], sign=True)} [{num(r['low'], sign=True)}, {num(r['high'], sign=True)}] | "
-            f"{pvalue(r['p_holm'])} | {r['verdict']}" for r in rows) + " |")
+        results.append(
+            f"| {cell} | {num(mean[cell])} | "
+            + " | ".join(
+                f"{num(r['diff'], sign=True)} [{num(r['low'], sign=True)}, {num(r['high'], sign=True)}] | "
+                f"{pvalue(r['p_holm'])} | {r['verdict']}"
+                for r in rows
+            )
+            + " |"
+        )
 
     # the 8 tasks: the cells' means over seeds and the zero-shot evaluations
-    results.append("| avg false candidates | " + " | ".join(
-        f"{zero_shot(128)[t]['candidates'] / zero_shot(128)[t]['queries']:.1f}" for t in TASKS) + " |")
+    results.append(
+        "| avg false candidates | "
+        + " | ".join(f"{zero_shot(128)[t]['candidates'] / zero_shot(128)[t]['queries']:.1f}" for t in TASKS)
+        + " |"
+    )
     for tokens in (128, 256):
-        results.append(f"| MiniLM cosine, zero-shot, {tokens} tokens | "
-                       + " | ".join(num(zero_shot(tokens)[t]["accuracy_at_1"]) for t in TASKS) + " |")
+        results.append(
+            f"| MiniLM cosine, zero-shot, {tokens} tokens | "
+            + " | ".join(num(zero_shot(tokens)[t]["accuracy_at_1"]) for t in TASKS)
+            + " |"
+        )
     for cell in CELLS:
         results.append(f"| {cell} | " + " | ".join(num(table.loc[cell, f"{t}_acc1"]) for t in TASKS) + " |")
 
     # the official splits, one seed
     for cell in CELLS:
         r, c = off_table.loc[cell], committed_off.loc[cell]
-        results.append(f"| {cell} | {num(r.val_top1_mean)} | {num(r.test_top1_mean)} | [{num(c.test_ci_low)}, "
-                       f"{num(c.test_ci_high)}] | {num(r.test_top1_unseen_mean)} | {num(r.test_top1_seen_mean)} | "
-                       f"{r.best_epoch:.0f} |")
-    results += [f"| *zero-shot MiniLM, 128 tokens* | – | *{num(base_off['all']['zero-shot'])}* | | "
-                f"*{num(base_off['unseen']['zero-shot'])}* | *{num(base_off['seen']['zero-shot'])}* | |",
-                f"| *TF-IDF* | – | *{num(base_off['all']['TF-IDF'])}* | | *{num(base_off['unseen']['TF-IDF'])}* | "
-                f"*{num(base_off['seen']['TF-IDF'])}* | |"]
+        results.append(
+            f"| {cell} | {num(r.val_top1_mean)} | {num(r.test_top1_mean)} | [{num(c.test_ci_low)}, "
+            f"{num(c.test_ci_high)}] | {num(r.test_top1_unseen_mean)} | {num(r.test_top1_seen_mean)} | "
+            f"{r.best_epoch:.0f} |"
+        )
+    results += [
+        f"| *zero-shot MiniLM, 128 tokens* | – | *{num(base_off['all']['zero-shot'])}* | | "
+        f"*{num(base_off['unseen']['zero-shot'])}* | *{num(base_off['seen']['zero-shot'])}* | |",
+        f"| *TF-IDF* | – | *{num(base_off['all']['TF-IDF'])}* | | *{num(base_off['unseen']['TF-IDF'])}* | "
+        f"*{num(base_off['seen']['TF-IDF'])}* | |",
+    ]
     for cell in CELLS[1:]:
         d, c = off_paired.loc[cell], committed_off_paired.loc[cell]
-        groups = " | ".join(f"{num(d[f'diff_{g}'], sign=True)} [{num(c[f'ci_{g}_low'], sign=True)}, "
-                            f"{num(c[f'ci_{g}_high'], sign=True)}]" for g in ("unseen", "seen"))
-        results.append(f"| {cell} | {num(d.diff_test_top1, sign=True)} | [{num(c.ci_low, sign=True)}, "
-                       f"{num(c.ci_high, sign=True)}] | {pvalue(c.p_holm)} | {c.verdict} | {groups} |")
+        groups = " | ".join(
+            f"{num(d[f'diff_{g}'], sign=True)} [{num(c[f'ci_{g}_low'], sign=True)}, "
+            f"{num(c[f'ci_{g}_high'], sign=True)}]"
+            for g in ("unseen", "seen")
+        )
+        results.append(
+            f"| {cell} | {num(d.diff_test_top1, sign=True)} | [{num(c.ci_low, sign=True)}, "
+            f"{num(c.ci_high, sign=True)}] | {pvalue(c.p_holm)} | {c.verdict} | {groups} |"
+        )
 
     # lr × batch, one seed
     runs = find_runs([GPU / "lr_batch_ln_relu"])
     assign_cells(runs, also=("trainer.lr",))
     for run, o in zip(runs, run_outcomes(runs, "trainer.lr").itertuples()):
-        results.append(f"| {lr(o.x)} | {run.flat['trainer.batch_size']} | {num(o.best_val)} | {num(o.test_at_best)} | "
-                       f"{o.best_epoch} |")
+        results.append(
+            f"| {lr(o.x)} | {run.flat['trainer.batch_size']} | {num(o.best_val)} | {num(o.test_at_best)} | "
+            f"{o.best_epoch} |"
+        )
 
     # same seed, different numbers
     same = {}
-    for folder in ("smoke_ln_relu_2epochs", "finetune_dedup_5seeds/3_ln_relu_s0", "lr_batch_ln_relu/0_ln_relu_s0",
-                   "deterministic_3epochs/nondet", "deterministic_3epochs/det1", "deterministic_3epochs/det2"):
+    for folder in (
+        "smoke_ln_relu_2epochs",
+        "finetune_dedup_5seeds/3_ln_relu_s0",
+        "lr_batch_ln_relu/0_ln_relu_s0",
+        "deterministic_3epochs/nondet",
+        "deterministic_3epochs/det1",
+        "deterministic_3epochs/det2",
+    ):
         m, f = metrics(folder), final(folder)
         test = m[m["split"] == "test"].set_index("epoch")["top1"]
         after = " | ".join(num(test[e]) if e in test else "–" for e in (1, 2, 3))
@@ -229,56 +275,85 @@ def expected(dedup, official) -> dict[str, list[str]]:
         results.append(f"| {loss:.4f} | {after} | {f['best_epoch']} | {num(f['best']['test']['top1'])} |")
         same[folder] = f
     a, b = same["finetune_dedup_5seeds/3_ln_relu_s0"], same["lr_batch_ln_relu/0_ln_relu_s0"]
-    times = {k: metrics(f"deterministic_3epochs/{k}")["epoch_time_s"].dropna().to_numpy() for k in ("det1", "det2", "nondet")}
+    times = {
+        k: metrics(f"deterministic_3epochs/{k}")["epoch_time_s"].dropna().to_numpy()
+        for k in ("det1", "det2", "nondet")
+    }
     slower = np.mean([times["det1"][1:], times["det2"][1:]]) / np.mean(times["nondet"][1:])
 
     # the sentences of "The answer" and of the section that quote the numbers
     ranked = sorted(CELLS, key=lambda c: -mean[c])
-    results.append("Test top-1: " + ", ".join(f"`{c}` {num(mean[c])}" for c in ranked)
-                   + f"; zero-shot MiniLM cosine {num(zs)}")
+    results.append(
+        "Test top-1: " + ", ".join(f"`{c}` {num(mean[c])}" for c in ranked) + f"; zero-shot MiniLM cosine {num(zs)}"
+    )
     better = [c for c in ranked if base[c, "zero-shot"]["verdict"] == "better"]
     level = [c for c in ranked if base[c, "zero-shot"]["verdict"] != "better"]
-    vs_zs = lambda c, unit="": (f"`{c}` {points(base[c, 'zero-shot']['diff'])}{unit} "
-                                f"[{points(base[c, 'zero-shot']['low'])}, {points(base[c, 'zero-shot']['high'])}]")
-    results.append(f"{vs_zs(better[0], ' points')}, " + ", ".join(vs_zs(c) for c in better[1:-1])
-                   + f" and {vs_zs(better[-1])}, better; " + "; ".join(vs_zs(c) for c in level)
-                   + ", no significant difference")
-    vs_plain = lambda c: (f"`{c}` {points(paired.loc[c, 'diff_test_top1'])}", f"[{points(paired.loc[c, 'ci_low'])}, "
-                          f"{points(paired.loc[c, 'ci_high'])}]")
-    results.append(f"{vs_plain('ln')[0]} points {vs_plain('ln')[1]} (p_holm {pvalue(paired.loc['ln', 'p_holm'])}), worse")
+    vs_zs = lambda c, unit="": (
+        f"`{c}` {points(base[c, 'zero-shot']['diff'])}{unit} "
+        f"[{points(base[c, 'zero-shot']['low'])}, {points(base[c, 'zero-shot']['high'])}]"
+    )
+    results.append(
+        f"{vs_zs(better[0], ' points')}, "
+        + ", ".join(vs_zs(c) for c in better[1:-1])
+        + f" and {vs_zs(better[-1])}, better; "
+        + "; ".join(vs_zs(c) for c in level)
+        + ", no significant difference"
+    )
+    vs_plain = lambda c: (
+        f"`{c}` {points(paired.loc[c, 'diff_test_top1'])}",
+        f"[{points(paired.loc[c, 'ci_low'])}, {points(paired.loc[c, 'ci_high'])}]",
+    )
+    results.append(
+        f"{vs_plain('ln')[0]} points {vs_plain('ln')[1]} (p_holm {pvalue(paired.loc['ln', 'p_holm'])}), worse"
+    )
     results.append(f"{' '.join(vs_plain('ln_relu'))} and {' '.join(vs_plain('relu'))}, no significant difference")
     frozen = pd.read_csv(RESULTS / "frozen_arguana_top1.csv").set_index("cell")["test_top1_mean"]
     results.append(", ".join(f"`{c}` {num(frozen[c])} → {num(mean[c])}" for c in CELLS))
-    results.append(f"test top-1 {span(off_table['test_top1_mean'])} on all 1401 queries, "
-                   f"{span(off_table['test_top1_seen_mean'])} on the 795 seen in training and "
-                   f"{span(off_table['test_top1_unseen_mean'])} on the 606 unseen")
+    results.append(
+        f"test top-1 {span(off_table['test_top1_mean'])} on all 1401 queries, "
+        f"{span(off_table['test_top1_seen_mean'])} on the 795 seen in training and "
+        f"{span(off_table['test_top1_unseen_mean'])} on the 606 unseen"
+    )
     unseen = [base_off["unseen"][c, "zero-shot"]["diff"] for c in CELLS]
-    results.append(f"above zero-shot ({num(base_off['unseen']['zero-shot'])} there) by {points(min(unseen))} to "
-                   f"{points(max(unseen))} points")
+    results.append(
+        f"above zero-shot ({num(base_off['unseen']['zero-shot'])} there) by {points(min(unseen))} to "
+        f"{points(max(unseen))} points"
+    )
     for group, baseline in (("unseen", "TF-IDF"), ("seen", "zero-shot")):
         diffs = [base_off[group][c, baseline]["diff"] for c in CELLS]
         results.append(f"{points(min(diffs))} to {points(max(diffs))}")
-    results.append(f"differ by {num(b['best']['test']['top1'] - a['best']['test']['top1'])} test top-1, about the "
-                   f"seed-to-seed std of the `ln_relu` cell ({num(table.loc['ln_relu', 'test_top1_std'])})")
-    results.append(f"reached test top-1 {num(a['best']['test']['top1'])} and {num(b['best']['test']['top1'])} at their "
-                   f"best val epochs (epochs {a['best_epoch']} and {b['best_epoch']})")
+    results.append(
+        f"differ by {num(b['best']['test']['top1'] - a['best']['test']['top1'])} test top-1, about the "
+        f"seed-to-seed std of the `ln_relu` cell ({num(table.loc['ln_relu', 'test_top1_std'])})"
+    )
+    results.append(
+        f"reached test top-1 {num(a['best']['test']['top1'])} and {num(b['best']['test']['top1'])} at their "
+        f"best val epochs (epochs {a['best_epoch']} and {b['best_epoch']})"
+    )
     results.append(f"at about {slower:.1f}× the epoch time")
 
     # the summary table's fine-tuned rows
     for cell in CELLS:
         c, z = committed.loc[cell], base[cell, "zero-shot"]
-        vs = "– | |" if cell == "plain" else (f"{' '.join(vs_plain(cell)).split(' ', 1)[1]} | "
-                                             f"{paired.loc[cell, 'verdict']} | GA")
-        results.append(f"| fine-tuned | triplet_ce | {cell} | {num(mean[cell])} [{num(c.test_ci_low)}, "
-                       f"{num(c.test_ci_high)}] | {vs} | {points(z['diff'])} [{points(z['low'])}, "
-                       f"{points(z['high'])}] | {z['verdict']} | GB |")
+        vs = (
+            "– | |"
+            if cell == "plain"
+            else (f"{' '.join(vs_plain(cell)).split(' ', 1)[1]} | {paired.loc[cell, 'verdict']} | GA")
+        )
+        results.append(
+            f"| fine-tuned | triplet_ce | {cell} | {num(mean[cell])} [{num(c.test_ci_low)}, "
+            f"{num(c.test_ci_high)}] | {vs} | {points(z['diff'])} [{points(z['low'])}, "
+            f"{points(z['high'])}] | {z['verdict']} | GB |"
+        )
 
     # the README's answer
     assert all(base[c, "zero-shot"]["verdict"] == "better" for c in ("relu", "plain", "ln_relu"))
     readme.append(f"{vs_plain('ln')[0].split()[1]} {vs_plain('ln')[1]} with it fine-tuned")
     readme.append(f"{vs_plain('relu')[0].split()[1]} {vs_plain('relu')[1]} fine-tuned (no significant difference)")
-    readme.append(f"`relu` {num(mean['relu'])}, `plain` {num(mean['plain'])} and `ln_relu` {num(mean['ln_relu'])} "
-                  f"against zero-shot MiniLM's {num(zs)} (better)")
+    readme.append(
+        f"`relu` {num(mean['relu'])}, `plain` {num(mean['plain'])} and `ln_relu` {num(mean['ln_relu'])} "
+        f"against zero-shot MiniLM's {num(zs)} (better)"
+    )
     return {"RESULTS.md": results, "README.md": readme, "BENCHMARKS.md": bench_rows(slower)}
 
 
@@ -287,20 +362,40 @@ def bench_rows(slower: float) -> list[str]:
     text = (GPU / "bench.txt").read_text()
     device = lambda d: "H100" if d.startswith("NVIDIA H100") else "CPU, 16 threads (H100 machine)"
     rows = []
-    for m in re.finditer(r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +ArguAna test .*?\) +([\d.]+) +([\d.]+) +"
-                         r"([\d.]+) +([\d.]+)x +([\d.]+)x$", text, flags=re.M):
+    for m in re.finditer(
+        r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +ArguAna test .*?\) +([\d.]+) +([\d.]+) +"
+        r"([\d.]+) +([\d.]+)x +([\d.]+)x$",
+        text,
+        flags=re.M,
+    ):
         rows.append(f"| {device(m[1])} | {m[2]} s | {m[3]} s | {m[4]} s | {m[5]}× | {m[6]}× |")
-    models = {"tiny": "tiny (2 layers, 32 hidden)", "minilm": "MiniLM-sized (6 × 384)",
-              "bert-base": "bert-base-sized (12 × 768)"}
-    for m in re.finditer(r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(tiny|minilm|bert-base) +(\d+) triplets x "
-                         r"(\d+) tok +(\w+) +([\d.]+) +(\d+) +([\d.]+) +(\S+)$", text, flags=re.M):
+    models = {
+        "tiny": "tiny (2 layers, 32 hidden)",
+        "minilm": "MiniLM-sized (6 × 384)",
+        "bert-base": "bert-base-sized (12 × 768)",
+    }
+    for m in re.finditer(
+        r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(tiny|minilm|bert-base) +(\d+) triplets x "
+        r"(\d+) tok +(\w+) +([\d.]+) +(\d+) +([\d.]+) +(\S+)$",
+        text,
+        flags=re.M,
+    ):
         tokens = f"{int(m[7]):,}".replace(",", " ")  # 1494974 → 1 494 974
-        rows.append(f"| {device(m[1])} | {models[m[2]]} | {m[3]} triplets × {m[4]} tok | {m[5]} | {m[6]} | {tokens} | "
-                    f"{m[8]} | {m[9]} |")
-    for m in re.finditer(r"^(CPU \(scikit-learn\)|CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(balltree|exact) +N=1k +"
-                         r"([\d.]+)s +N=4k +([\d.]+)s +N=16k +([\d.]+)s +b=([\d.]+)$", text, flags=re.M):
-        index = ("BallTree (scikit-learn), CPU 16 threads (H100 machine)" if m[2] == "balltree" else
-                 "exact (float32 shortlist, float64 re-rank), " + device(m[1]).replace("CPU, 16", "CPU 16"))
+        rows.append(
+            f"| {device(m[1])} | {models[m[2]]} | {m[3]} triplets × {m[4]} tok | {m[5]} | {m[6]} | {tokens} | "
+            f"{m[8]} | {m[9]} |"
+        )
+    for m in re.finditer(
+        r"^(CPU \(scikit-learn\)|CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(balltree|exact) +N=1k +"
+        r"([\d.]+)s +N=4k +([\d.]+)s +N=16k +([\d.]+)s +b=([\d.]+)$",
+        text,
+        flags=re.M,
+    ):
+        index = (
+            "BallTree (scikit-learn), CPU 16 threads (H100 machine)"
+            if m[2] == "balltree"
+            else "exact (float32 shortlist, float64 re-rank), " + device(m[1]).replace("CPU, 16", "CPU 16")
+        )
         rows.append(f"| {index} | {m[3]} s | {m[4]} s | {m[5]} s | {m[6]} |")
     assert len(rows) == 2 + 6 + 3, "bench.txt: a row the docs quote is missing"
     for name in ("exact", "balltree", "compile", "b64"):
@@ -315,8 +410,12 @@ def bench_rows(slower: float) -> list[str]:
 
 def missing(docs: dict[str, str], wanted: dict[str, list[str]]) -> list[str]:
     """The snippets a document lacks (``document: snippet``)."""
-    return [f"{name}: {snippet}" for name, snippets in wanted.items() for snippet in snippets
-            if normalise(snippet) not in normalise(docs[name])]
+    return [
+        f"{name}: {snippet}"
+        for name, snippets in wanted.items()
+        for snippet in snippets
+        if normalise(snippet) not in normalise(docs[name])
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +434,7 @@ def test_a_changed_number_is_caught(wanted, docs):
         for snippet in snippets:
             number = re.search(r"\d+\.\d+", snippet)
             assert number, snippet
-            bumped = snippet[:number.end() - 1] + str((int(number[0][-1]) + 1) % 10) + snippet[number.end():]
+            bumped = snippet[: number.end() - 1] + str((int(number[0][-1]) + 1) % 10) + snippet[number.end() :]
             text = normalise(docs[name])
             changed = {**docs, name: text.replace(normalise(snippet), normalise(bumped))}
             assert missing(changed, {name: [snippet]}), f"{name}: a change in '{snippet}' went unnoticed"
@@ -367,8 +466,10 @@ def test_every_decimal_of_the_gpu_section_has_a_source(docs):
 @pytest.mark.slow
 def test_the_committed_tables_are_the_scripts_output():
     """plot_top1.py's tables for the GPU runs, recomputed from the logs with its 10 000 resamples."""
-    for folder, stem in (("finetune_dedup_5seeds", "finetune_gpu_top1"),
-                         ("finetune_official_1seed", "finetune_gpu_official_splits_top1")):
+    for folder, stem in (
+        ("finetune_dedup_5seeds", "finetune_gpu_top1"),
+        ("finetune_official_1seed", "finetune_gpu_official_splits_top1"),
+    ):
         runs = find_runs([GPU / folder])
         assign_cells(runs)
         table = summary_table(runs, n_boot=N_BOOT)

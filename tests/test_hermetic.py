@@ -14,9 +14,18 @@ def test_the_default_embedding_cache_is_the_tests_own(tmp_embedding_cache):
     assert not any(tmp_embedding_cache.iterdir())
     assert Path(compose_cfg([]).trainer.cache_dir) == tmp_embedding_cache  # trainer.cache_dir's default
     # a command line the test starts gets the same folder, and the session's home for "~"
-    shown = subprocess.run([sys.executable, "-c", "import os; from biencoder.engine.config.schema import default_cache_dir; "
-                            "print(default_cache_dir()); print(os.path.expanduser('~'))"],
-                           capture_output=True, text=True, check=True, env=os.environ).stdout.split()
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import os; from biencoder.engine.config.schema import default_cache_dir; "
+            "print(default_cache_dir()); print(os.path.expanduser('~'))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=os.environ,
+    ).stdout.split()
     assert shown == [str(tmp_embedding_cache), str(conftest.SESSION_HOME)]
 
 

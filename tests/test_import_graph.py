@@ -154,9 +154,12 @@ def test_the_engine_reads_no_node_of_hydras():
     folder) live in hydra_glue: no string in the engine's code names one."""
     import ast
 
-    named = sorted(f"{path.name}: {node.value}" for path in (SRC / "biencoder" / "engine").rglob("*.py")
-                   for node in ast.walk(ast.parse(path.read_text()))
-                   if isinstance(node, ast.Constant) and str(node.value).startswith(("hydra.", ".hydra")))
+    named = sorted(
+        f"{path.name}: {node.value}"
+        for path in (SRC / "biencoder" / "engine").rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and str(node.value).startswith(("hydra.", ".hydra"))
+    )
     assert named == []
 
 

@@ -15,34 +15,89 @@ from conftest import REPO
 @pytest.mark.slow
 def test_the_wheel_runs_from_another_folder(tmp_path):
     wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(REPO)], check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     wheel = next(wheels.glob("biencoder-*.whl"))
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     # the dependencies come from this environment (a .pth), the package itself only from the wheel
     (site / "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
-                    "-q", str(wheel)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(venv / "bin" / "python"),
+            "install",
+            "--no-deps",
+            "-q",
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import biencoder, biencoder.engine.training.runner, biencoder.hydra_glue as c; "
-                            "print(biencoder.__file__); print(c.conf_dir())"],
-                           check=True, capture_output=True, text=True, cwd=elsewhere, env=env).stdout.split()
+    where = subprocess.run(
+        [
+            str(venv / "bin" / "python"),
+            "-c",
+            "import biencoder, biencoder.engine.training.runner, biencoder.hydra_glue as c; "
+            "print(biencoder.__file__); print(c.conf_dir())",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+    ).stdout.split()
     assert where[0].startswith(str(site)) and where[1] == str(site / "biencoder" / "conf")
     for command in ([str(venv / "bin" / "biencoder-train")], [str(venv / "bin" / "python"), "-m", "biencoder.train"]):
-        shown = subprocess.run([*command, "model=tiny", "+variant=ln_relu", "--cfg", "job"],
-                               capture_output=True, text=True, cwd=elsewhere, env=env)
+        shown = subprocess.run(
+            [*command, "model=tiny", "+variant=ln_relu", "--cfg", "job"],
+            capture_output=True,
+            text=True,
+            cwd=elsewhere,
+            env=env,
+        )
         assert shown.returncode == 0, shown.stderr
         assert "use_layernorm: true" in shown.stdout and "name: tiny" in shown.stdout
-    stats = subprocess.run([str(venv / "bin" / "biencoder-corpus"), "stats", "demo"], capture_output=True, text=True,
-                           cwd=elsewhere, env=env)
+    stats = subprocess.run(
+        [str(venv / "bin" / "biencoder-corpus"), "stats", "demo"],
+        capture_output=True,
+        text=True,
+        cwd=elsewhere,
+        env=env,
+    )
     assert stats.returncode == 0 and "pairs" in stats.stdout
-    plot = subprocess.run([str(venv / "bin" / "biencoder-plot"), str(elsewhere)], capture_output=True, text=True,
-                          cwd=elsewhere, env=env)  # biencoder.report ships in the wheel too
+    plot = subprocess.run(
+        [str(venv / "bin" / "biencoder-plot"), str(elsewhere)], capture_output=True, text=True, cwd=elsewhere, env=env
+    )  # biencoder.report ships in the wheel too
     assert plot.returncode == 2 and "no run folders" in plot.stderr, plot.stderr
 
 

@@ -17,9 +17,20 @@ from conftest import REPO, compose_cfg
 def test_joblib_sweep_runs_two_jobs(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "biencoder.train", "-m", "hydra/launcher=parallel", "model=tiny",
-           "trainer.progress=false", "trainer.max_epochs=1", "trainer.batch_size=8", "eval.tasks=false",
-           "+variant=ln,plain", f"hydra.sweep.dir={sweep}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "biencoder.train",
+        "-m",
+        "hydra/launcher=parallel",
+        "model=tiny",
+        "trainer.progress=false",
+        "trainer.max_epochs=1",
+        "trainer.batch_size=8",
+        "eval.tasks=false",
+        "+variant=ln,plain",
+        f"hydra.sweep.dir={sweep}",
+    ]
     env = {**os.environ, "BIENCODER_JOBS": "2", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -64,10 +75,25 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     from biencoder.engine.training.runner import run
 
     sweep = tmp_path / "sweep"
-    settings = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=2", "trainer.batch_size=8",
-                "eval.tasks=false", "trainer.device=cpu"]
-    cmd = [sys.executable, "-m", "biencoder.train", "-m", "hydra/launcher=submitit_local", *settings,
-           "+variant=ln,plain", f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path}"]
+    settings = [
+        "model=tiny",
+        "trainer.progress=false",
+        "trainer.max_epochs=2",
+        "trainer.batch_size=8",
+        "eval.tasks=false",
+        "trainer.device=cpu",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "biencoder.train",
+        "-m",
+        "hydra/launcher=submitit_local",
+        *settings,
+        "+variant=ln,plain",
+        f"hydra.sweep.dir={sweep}",
+        f"paths.log_dir={tmp_path}",
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     killed = sweep / "1_plain_s0"
     sweeping = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
@@ -83,7 +109,9 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     assert json.loads(done.read_text())["status"] == "done" and not (killed / "final.json").exists()
     first = done.read_text()
 
-    proc = subprocess.run([*cmd, "trainer.resume=true"], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    proc = subprocess.run(
+        [*cmd, "trainer.resume=true"], capture_output=True, text=True, env=env, cwd=REPO, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert done.read_text() == first  # the finished job was skipped
     log = (killed / "train.log").read_text()
@@ -95,8 +123,10 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     # every job went through pickles both ways: submitted, then its result (Hydra's JobReturn) read back
     results = [pickle_load(p) for p in sweep.glob(".submitit/*/*_result.pkl")]
     assert len(results) == 3 and all(status == "success" for status, _ in results)  # ln twice, plain once
-    best_val = {job: json.loads((sweep / job / "final.json").read_text())["best"]["val"]["top1"]
-                for job in ("0_ln_s0", "1_plain_s0")}
+    best_val = {
+        job: json.loads((sweep / job / "final.json").read_text())["best"]["val"]["top1"]
+        for job in ("0_ln_s0", "1_plain_s0")
+    }
     assert sorted(r.return_value for _, r in results) == sorted([best_val["0_ln_s0"]] * 2 + [best_val["1_plain_s0"]])
     # continued exactly: the numbers of an uninterrupted run
     alone = run(compose_cfg(settings + ["+variant=plain"]), tmp_path / "alone")
@@ -110,10 +140,27 @@ def test_optuna_preset_maximises_best_val_top1(tmp_path):
     import yaml
 
     sweep = tmp_path / "opt"
-    proc = subprocess.run([sys.executable, "-m", "biencoder.train", "-m", "+hparams_search=head_lr", "+variant=ln",
-                           "model=tiny", "trainer.max_epochs=2", "trainer.progress=false", "eval.tasks=false",
-                           "hydra.sweeper.n_trials=3", f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path}"],
-                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "biencoder.train",
+            "-m",
+            "+hparams_search=head_lr",
+            "+variant=ln",
+            "model=tiny",
+            "trainer.max_epochs=2",
+            "trainer.progress=false",
+            "eval.tasks=false",
+            "hydra.sweeper.n_trials=3",
+            f"hydra.sweep.dir={sweep}",
+            f"paths.log_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
     finals = [json.loads(f.read_text()) for f in sweep.glob("*/final.json")]
@@ -124,11 +171,25 @@ def test_optuna_preset_maximises_best_val_top1(tmp_path):
 
 def test_a_sweep_ends_with_its_folder_and_table(tmp_path):
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, "-m", "biencoder.train", "-m", "+variant=ln,plain", "model=tiny",
-                           "trainer.max_epochs=1", "trainer.progress=false", "eval.tasks=false",
-                           f"hydra.sweep.dir={sweep}", f"paths.log_dir={tmp_path}"],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "biencoder.train",
+            "-m",
+            "+variant=ln,plain",
+            "model=tiny",
+            "trainer.max_epochs=1",
+            "trainer.progress=false",
+            "eval.tasks=false",
+            f"hydra.sweep.dir={sweep}",
+            f"paths.log_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    tail = proc.stdout[proc.stdout.index("== sweep finished"):]
+    tail = proc.stdout[proc.stdout.index("== sweep finished") :]
     assert str(sweep) in tail and "| ln | 1 |" in tail and "| plain | 1 |" in tail
     assert f"python scripts/plot_top1.py {sweep}" in tail and (sweep / "top1.png").is_file()

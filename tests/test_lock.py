@@ -30,8 +30,14 @@ from biencoder.engine.runs.records import read_metrics
 from biencoder.engine.training.runner import run
 from conftest import FAST, REPO, compose_cfg, hold
 
-RUN = ["+variant=ln", "model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer.max_epochs=3",
-       "eval.tasks=false"]
+RUN = [
+    "+variant=ln",
+    "model=tiny",
+    "trainer.progress=false",
+    "trainer.batch_size=8",
+    "trainer.max_epochs=3",
+    "eval.tasks=false",
+]
 
 
 def cli(*args: str) -> list[str]:
@@ -62,8 +68,14 @@ def finished(tmp_path_factory) -> Path:
     """A 3-epoch run of the demo corpus made by the CLI, last.pt kept."""
     tmp = tmp_path_factory.mktemp("lock")
     folder = tmp / "run"
-    proc = subprocess.run(cli(*RUN, "trainer.keep_last=true", f"hydra.run.dir={folder}"), capture_output=True,
-                          text=True, cwd=REPO, env=environ(tmp), timeout=600)
+    proc = subprocess.run(
+        cli(*RUN, "trainer.keep_last=true", f"hydra.run.dir={folder}"),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=environ(tmp),
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return folder
 
@@ -88,8 +100,17 @@ def test_two_resumes_started_together_one_trains_and_one_refuses(finished, inter
     lock both resumed after epoch 0, both exited 0, and metrics.jsonl held every row of epochs 1-2 twice."""
     folder, env = interrupted, environ(tmp_path)
     log_before = (folder / "train.log").read_text()
-    procs = [subprocess.Popen(cli(*RUN, f"trainer.resume={folder}"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=REPO, env=env) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            cli(*RUN, f"trainer.resume={folder}"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=env,
+        )
+        for _ in range(2)
+    ]
     outputs = [proc.communicate(timeout=600) for proc in procs]
     codes = [proc.returncode for proc in procs]
     assert sorted(codes) == [0, 2], [err[-1500:] for _, err in outputs]
@@ -101,7 +122,7 @@ def test_two_resumes_started_together_one_trains_and_one_refuses(finished, inter
     assert keys(folder) == keys(finished)  # every (epoch, split) once, in order: none twice, none missing
     assert json.loads((folder / "final.json").read_text())["status"] == "done"
     log = (folder / "train.log").read_text()
-    assert log.startswith(log_before) and log[len(log_before):].count("resuming") == 1  # the loser wrote no line
+    assert log.startswith(log_before) and log[len(log_before) :].count("resuming") == 1  # the loser wrote no line
     assert (folder / LOCK_NAME).read_text() == ""  # let go at the end
 
 
@@ -111,20 +132,22 @@ def test_a_resume_killed_with_sigkill_leaves_no_lock_behind(finished, interrupte
     (naming the killed process), and ends with every row once."""
     folder, env = interrupted, environ(tmp_path)
     log_before = (folder / "train.log").read_text()
-    proc = subprocess.Popen(cli(*RUN, f"trainer.resume={folder}"), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=REPO, env=env)
+    proc = subprocess.Popen(
+        cli(*RUN, f"trainer.resume={folder}"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, env=env
+    )
     deadline = time.time() + 300
-    while "resuming" not in (folder / "train.log").read_text()[len(log_before):]:  # it holds the folder and writes
+    while "resuming" not in (folder / "train.log").read_text()[len(log_before) :]:  # it holds the folder and writes
         assert proc.poll() is None and time.time() < deadline, "the resume ended before it could be killed"
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     assert proc.wait() == -signal.SIGKILL
     assert json.loads((folder / LOCK_NAME).read_text())["pid"] == proc.pid  # it died holding the folder
 
-    done = subprocess.run(cli(*RUN, f"trainer.resume={folder}"), capture_output=True, text=True, cwd=REPO, env=env,
-                          timeout=600)
+    done = subprocess.run(
+        cli(*RUN, f"trainer.resume={folder}"), capture_output=True, text=True, cwd=REPO, env=env, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    log = (folder / "train.log").read_text()[len(log_before):]
+    log = (folder / "train.log").read_text()[len(log_before) :]
     takeovers = [line for line in log.splitlines() if "took over a stale lock" in line]
     assert len(takeovers) == 1 and f"pid {proc.pid} on {socket.gethostname()}" in takeovers[0], log
     assert keys(folder) == keys(finished)
@@ -139,8 +162,14 @@ def test_a_resume_of_a_held_folder_changes_nothing(interrupted, tmp_path):
     holder = hold(interrupted)
     try:
         before = snapshot(interrupted)
-        proc = subprocess.run(cli(*RUN, f"trainer.resume={interrupted}"), capture_output=True, text=True, cwd=REPO,
-                              env=environ(tmp_path), timeout=600)
+        proc = subprocess.run(
+            cli(*RUN, f"trainer.resume={interrupted}"),
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            env=environ(tmp_path),
+            timeout=600,
+        )
         assert proc.returncode == 2 and len(error_lines(proc.stderr)) == 1, proc.stderr[-2000:]
         assert f"{interrupted} is in use by pid {holder.pid} on {socket.gethostname()}" in proc.stderr
         assert snapshot(interrupted) == before

@@ -72,7 +72,8 @@ def test_infonce_equals_the_hand_computed_value():
     # scale multiplies the cosines: with s = 2 the mined negative e0 of query 2 (row 2) still scores as high as c0
     scores2, _, _ = InfoNCELoss(scale=2.0).scores(E, E, E[[1, 2, 0]], text_id)
     assert torch.nn.functional.cross_entropy(scores2, target).item() == pytest.approx(
-        -2.0 + math.log(2 * math.e ** 2 + 4), rel=1e-6)
+        -2.0 + math.log(2 * math.e**2 + 4), rel=1e-6
+    )
 
 
 def floats(parts: dict) -> dict[str, float]:
@@ -114,8 +115,11 @@ def test_a_duplicate_of_the_positive_is_never_scored_as_a_negative():
         same[target[i]] = False
         assert torch.isinf(scores[i, same]).all()
     keep = ~masked[0]
-    kept = 5.0 * torch.nn.functional.normalize(point[:1], dim=-1) @ torch.nn.functional.normalize(
-        torch.cat([counter, negative])[keep], dim=-1).T
+    kept = (
+        5.0
+        * torch.nn.functional.normalize(point[:1], dim=-1)
+        @ torch.nn.functional.normalize(torch.cat([counter, negative])[keep], dim=-1).T
+    )
     by_hand = -kept[0, 0] + torch.logsumexp(kept[0], 0)
     per_query = torch.nn.functional.cross_entropy(scores, target, reduction="none")
     assert per_query[0].item() == pytest.approx(by_hand.item(), rel=1e-5)
@@ -163,8 +167,8 @@ def _two_rank_infonce(rank: int, world: int, rendezvous: str, out: str) -> None:
     try:
         torch.manual_seed(0)
         point, counter, negative = (torch.randn(world * 3, 8) for _ in range(3))
-        own = [t[rank * 3:(rank + 1) * 3].clone().requires_grad_() for t in (point, counter, negative)]
-        text_id = torch.arange(3 * world * 3).view(3, world * 3)[:, rank * 3:(rank + 1) * 3]
+        own = [t[rank * 3 : (rank + 1) * 3].clone().requires_grad_() for t in (point, counter, negative)]
+        text_id = torch.arange(3 * world * 3).view(3, world * 3)[:, rank * 3 : (rank + 1) * 3]
         scores, target, _ = InfoNCELoss(scale=5.0, gather=True).scores(*own, text_id)
         loss = torch.nn.functional.cross_entropy(scores, target)
         loss.backward()
@@ -186,13 +190,13 @@ def test_gathered_negatives_across_two_processes(tmp_path):
     candidates = torch.nn.functional.normalize(torch.cat([counter, negative]), dim=-1)
     scores = 5.0 * torch.nn.functional.normalize(point, dim=-1) @ candidates.T
     per_query = torch.nn.functional.cross_entropy(scores, torch.arange(world * 3), reduction="none")
-    total = sum(per_query[r * 3:(r + 1) * 3].mean() for r in range(world))
+    total = sum(per_query[r * 3 : (r + 1) * 3].mean() for r in range(world))
     total.backward()
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        assert torch.allclose(got["loss"], per_query[rank * 3:(rank + 1) * 3].mean().detach(), atol=1e-6)
+        assert torch.allclose(got["loss"], per_query[rank * 3 : (rank + 1) * 3].mean().detach(), atol=1e-6)
         for mine, full in zip(got["grads"], (point, counter, negative)):
-            assert torch.allclose(mine, full.grad[rank * 3:(rank + 1) * 3], atol=1e-6)
+            assert torch.allclose(mine, full.grad[rank * 3 : (rank + 1) * 3], atol=1e-6)
 
 
 def _worker_entry(rank: int, world: int, rendezvous: str, folder: str) -> None:
@@ -227,6 +231,7 @@ def test_infonce_scores_and_softmax_are_fp32_under_autocast(tiny_model_and_token
     torch.testing.assert_close(amp_scores, ref_scores, rtol=1e-6, atol=1e-6)
     assert amp_scores.dtype == torch.float32
 
+
 @pytest.mark.parametrize("name", ["triplet_ce", "infonce"])
 def test_what_a_loss_returns_besides_its_value(tiny_model_and_tokenizer, name):
     """The total to backpropagate is the logged loss; features and head input (the head statistics of
@@ -234,8 +239,9 @@ def test_what_a_loss_returns_besides_its_value(tiny_model_and_tokenizer, name):
     candidates masked per query, a mean over the queries."""
     model = copy.deepcopy(tiny_model_and_tokenizer[0])
     torch.manual_seed(0)
-    point, counter, negative = (Embeddings(torch.randn(3, 128, requires_grad=True), torch.randn(3, 32))
-                                for _ in range(3))
+    point, counter, negative = (
+        Embeddings(torch.randn(3, 128, requires_grad=True), torch.randn(3, 32)) for _ in range(3)
+    )
     # candidates' texts [c0 c1 c2 n0 n1 n2] = [10 10 11 20 21 10]. Query 0 (counter text 10): c1 and n2 masked;
     # query 1 (10): c0 and n2; query 2 (11): none. 4 in all, 4/3 per query
     text_id = torch.tensor([[0, 1, 2], [10, 10, 11], [20, 21, 10]])
@@ -244,7 +250,8 @@ def test_what_a_loss_returns_besides_its_value(tiny_model_and_tokenizer, name):
     assert out.total.requires_grad and out.total.item() == out.parts["loss"].item()
     features = model.pair_features(
         Embeddings(torch.cat([point.sim, point.sim]), torch.cat([point.pooled, point.pooled])),
-        Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])))
+        Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
+    )
     torch.testing.assert_close(out.features, features)
     torch.testing.assert_close(out.head_input, model.head(features)[0])
     if name == "infonce":
@@ -273,7 +280,11 @@ def test_each_losss_own_defaults_are_the_schemas():
 
     own, configured = TripletCELoss(), build_loss(compose_cfg([]).loss)
     assert (own.triplet.margin, own.triplet.p, own.triplet_weight, own.ce_weight) == (
-        configured.triplet.margin, configured.triplet.p, configured.triplet_weight, configured.ce_weight)
+        configured.triplet.margin,
+        configured.triplet.p,
+        configured.triplet_weight,
+        configured.ce_weight,
+    )
     own, configured = InfoNCELoss(), build_loss(compose_cfg(["loss=infonce"]).loss)
     assert (own.scale, own.ce_weight, own.gather) == (configured.scale, configured.ce_weight, configured.gather)
 

@@ -23,7 +23,9 @@ def make_model(encoder, fusion="concat", ln=False, relu=False, pooling="pooler")
     return BiModel(encoder, sim_dim=128, pooling=pooling, fusion=fusion, use_layernorm=ln, use_relu=relu)
 
 
-@pytest.mark.parametrize("fusion, ln, relu", list(itertools.product(["concat", "sim", "cls"], [False, True], [False, True])))
+@pytest.mark.parametrize(
+    "fusion, ln, relu", list(itertools.product(["concat", "sim", "cls"], [False, True], [False, True]))
+)
 def test_shapes_for_every_fusion_and_flag(tiny_model_and_tokenizer, fusion, ln, relu):
     base, tokenizer = tiny_model_and_tokenizer
     model = make_model(base.encoder, fusion, ln, relu)
@@ -89,14 +91,21 @@ def test_the_four_variant_configs_build_four_different_heads(tiny_model_and_toke
     for variant in ("ln_relu", "ln", "relu", "plain"):
         model, _ = build_model(compose_cfg(["model=tiny", f"+variant={variant}"]).model)
         heads[variant] = (type(model.norm).__name__, type(model.act).__name__)
-    assert heads == {"ln_relu": ("LayerNorm", "ReLU"), "ln": ("LayerNorm", "Identity"),
-                     "relu": ("Identity", "ReLU"), "plain": ("Identity", "Identity")}
+    assert heads == {
+        "ln_relu": ("LayerNorm", "ReLU"),
+        "ln": ("LayerNorm", "Identity"),
+        "relu": ("Identity", "ReLU"),
+        "plain": ("Identity", "Identity"),
+    }
 
 
 def test_poolings_differ_and_mean_ignores_padding(tiny_model_and_tokenizer):
     base, tokenizer = tiny_model_and_tokenizer
     tokens = TokenizedTexts(["one two three", "one two three four five six seven"], tokenizer, 32)
-    pooled = {p: make_model(base.encoder, pooling=p).eval().embed(**tokens.batch([0, 1])).pooled for p in ("pooler", "cls", "mean")}
+    pooled = {
+        p: make_model(base.encoder, pooling=p).eval().embed(**tokens.batch([0, 1])).pooled
+        for p in ("pooler", "cls", "mean")
+    }
     assert not torch.allclose(pooled["cls"], pooled["mean"]) and not torch.allclose(pooled["cls"], pooled["pooler"])
     alone = make_model(base.encoder, pooling="mean").eval().embed(**tokens.batch([0])).pooled
     assert torch.allclose(alone[0], pooled["mean"][0], atol=1e-5)  # padding in the 2-row batch changes nothing
@@ -122,8 +131,12 @@ def test_pair_margins_are_classify_pairs_margins_to_the_bit(tiny_model_and_token
     emb = Embeddings(torch.randn(10, 128), torch.randn(10, 32))
     a, b = np.array([0, 1, 2, 3, 9]), np.array([5, 5, 6, 7, 0])
     with torch.no_grad():
-        logits = torch.cat([model.classify_pair(emb.index(a[i:i + batch_size]), emb.index(b[i:i + batch_size]))
-                            for i in range(0, len(a), batch_size)])
+        logits = torch.cat(
+            [
+                model.classify_pair(emb.index(a[i : i + batch_size]), emb.index(b[i : i + batch_size]))
+                for i in range(0, len(a), batch_size)
+            ]
+        )
     margins = pair_margins(model, emb, a, b, batch_size=batch_size)
     assert margins.dtype == np.float32 and np.array_equal(margins, (logits[:, 1] - logits[:, 0]).numpy())
     assert pair_margins(model, emb, a[:0], b[:0], batch_size=batch_size).shape == (0,)
@@ -229,8 +242,16 @@ def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny
 
     model, tokenizer = tiny_model_and_tokenizer
     assert model.encoder.config._attn_implementation == "sdpa"
-    texts = TokenizedTexts(["a short one", "a much longer text than the short one, with more words in it", "two",
-                            "and a fourth text of middling length"], tokenizer, 32)
+    texts = TokenizedTexts(
+        [
+            "a short one",
+            "a much longer text than the short one, with more words in it",
+            "two",
+            "and a fourth text of middling length",
+        ],
+        tokenizer,
+        32,
+    )
     reads = []
     for rows in ([0, 1, 2, 3], [1, 1], [2, 2, 2]):
         batch = texts.batch(rows)
@@ -257,16 +278,40 @@ def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny
     assert encoder_mask(model.encoder, mask, True).shape == (2, 1, mask.shape[1], mask.shape[1])
 
 
-SMALL = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
-         "vocab_size": 100, "max_position_embeddings": 64}
-SMALL_CONFIGS = {"bert": SMALL, "roberta": SMALL, "xlm-roberta": SMALL, "electra": SMALL,
-                 "albert": {**SMALL, "embedding_size": 16},
-                 "distilbert": {"dim": 32, "n_layers": 2, "n_heads": 2, "hidden_dim": 64, "vocab_size": 100,
-                                "max_position_embeddings": 64},
-                 "modernbert": {**SMALL, "global_attn_every_n_layers": 2, "local_attention": 4,
-                                "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "cls_token_id": 1,
-                                "sep_token_id": 2},
-                 "bert as a decoder": {**SMALL, "is_decoder": True}}
+SMALL = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "vocab_size": 100,
+    "max_position_embeddings": 64,
+}
+SMALL_CONFIGS = {
+    "bert": SMALL,
+    "roberta": SMALL,
+    "xlm-roberta": SMALL,
+    "electra": SMALL,
+    "albert": {**SMALL, "embedding_size": 16},
+    "distilbert": {
+        "dim": 32,
+        "n_layers": 2,
+        "n_heads": 2,
+        "hidden_dim": 64,
+        "vocab_size": 100,
+        "max_position_embeddings": 64,
+    },
+    "modernbert": {
+        **SMALL,
+        "global_attn_every_n_layers": 2,
+        "local_attention": 4,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "cls_token_id": 1,
+        "sep_token_id": 2,
+    },
+    "bert as a decoder": {**SMALL, "is_decoder": True},
+}
 
 
 @pytest.mark.parametrize("kind", list(SMALL_CONFIGS))

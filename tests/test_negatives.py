@@ -9,11 +9,16 @@ from biencoder.engine.retrieval.negatives import forbidden_texts, mine_negatives
 def paired_split(points, counters, debate=None):
     """A PairedSplit from texts: row i = point i, row Q + i = counter i."""
     q = len(points)
-    table = pd.DataFrame({
-        "theme": "t", "debate": debate or ["d"] * (2 * q), "stance": "pro",
-        "kind": ["point"] * q + ["counter"] * q, "text": list(points) + list(counters),
-        "pair_id": [f"p{i}" for i in range(q)] * 2,
-    })
+    table = pd.DataFrame(
+        {
+            "theme": "t",
+            "debate": debate or ["d"] * (2 * q),
+            "stance": "pro",
+            "kind": ["point"] * q + ["counter"] * q,
+            "text": list(points) + list(counters),
+            "pair_id": [f"p{i}" for i in range(q)] * 2,
+        }
+    )
     table["text_id"] = pd.factorize(table["text"])[0]
     return PairedSplit("train", table)
 
@@ -97,8 +102,13 @@ def test_a_pair_without_an_eligible_negative_is_refused_at_any_rate(rate):
         mine_negatives(np.zeros((4, 2)), split, rate, np.random.default_rng(0), n_neighbors=1)
 
 
-@pytest.mark.parametrize("points, counters", [(["a", "a"], ["a", "a"]),  # one text in all
-                                              (["a", "a"], ["a", "b"])])  # pair 0 may take b, pair 1 nothing
+@pytest.mark.parametrize(
+    "points, counters",
+    [
+        (["a", "a"], ["a", "a"]),  # one text in all
+        (["a", "a"], ["a", "b"]),
+    ],
+)  # pair 0 may take b, pair 1 nothing
 def test_one_pair_without_an_eligible_negative_is_enough_to_refuse(points, counters):
     with pytest.raises(ValueError, match="^a pair has no eligible negative"):
         mine_negatives(np.zeros((4, 2)), paired_split(points, counters), 0.0, np.random.default_rng(0), n_neighbors=1)
@@ -152,16 +162,32 @@ def test_mining_statistics_by_hand():
 
     from biencoder.engine.retrieval.negatives import MinedNegatives
 
-    mixed = MinedNegatives(row=np.array([5, 6, 7, 4]), is_random=np.array([True, False, False, True]),
-                           distance=np.array([1.0, 2.0, 4.0, 8.0]), rate=0.3)
-    assert mixed.stats() == {"random_rate": 0.3, "share_random": 0.5, "share_hard": 0.5, "neg_distance": 3.75,
-                             "neg_distance_hard": 3.0}
-    hard = MinedNegatives(row=np.array([5, 6]), is_random=np.array([False, False]), distance=np.array([1.0, 2.0]),
-                          rate=0.0)
-    assert hard.stats() == {"random_rate": 0.0, "share_random": 0.0, "share_hard": 1.0, "neg_distance": 1.5,
-                            "neg_distance_hard": 1.5}
+    mixed = MinedNegatives(
+        row=np.array([5, 6, 7, 4]),
+        is_random=np.array([True, False, False, True]),
+        distance=np.array([1.0, 2.0, 4.0, 8.0]),
+        rate=0.3,
+    )
+    assert mixed.stats() == {
+        "random_rate": 0.3,
+        "share_random": 0.5,
+        "share_hard": 0.5,
+        "neg_distance": 3.75,
+        "neg_distance_hard": 3.0,
+    }
+    hard = MinedNegatives(
+        row=np.array([5, 6]), is_random=np.array([False, False]), distance=np.array([1.0, 2.0]), rate=0.0
+    )
+    assert hard.stats() == {
+        "random_rate": 0.0,
+        "share_random": 0.0,
+        "share_hard": 1.0,
+        "neg_distance": 1.5,
+        "neg_distance_hard": 1.5,
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # numpy warns on the mean of nothing
-        stats = MinedNegatives(row=np.array([5, 6]), is_random=np.array([True, True]), distance=np.array([1.0, 2.0]),
-                               rate=1.0).stats()
+        stats = MinedNegatives(
+            row=np.array([5, 6]), is_random=np.array([True, True]), distance=np.array([1.0, 2.0]), rate=1.0
+        ).stats()
     assert stats["share_hard"] == 0.0 and stats["neg_distance"] == 1.5 and np.isnan(stats["neg_distance_hard"])

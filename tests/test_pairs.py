@@ -18,8 +18,13 @@ from conftest import compose_cfg
 
 #: a hand-countable set: test t0..t2; val repeats test's "a2"; train repeats val's "va1" and holds a duplicated pair
 ROWS = {
-    "train": [("ta0", "tp0", "g1", "tn0"), ("ta1", "tp1", "g1", None), ("ta1", "tp1", "g2", None),
-              ("va1", "tp3", "g2", None), ("ta4", "tp4", "g2", "tp0")],
+    "train": [
+        ("ta0", "tp0", "g1", "tn0"),
+        ("ta1", "tp1", "g1", None),
+        ("ta1", "tp1", "g2", None),
+        ("va1", "tp3", "g2", None),
+        ("ta4", "tp4", "g2", "tp0"),
+    ],
     "val": [("va0", "vp0", "g1", None), ("va1", "vp1", "g1", None), ("a2", "vp2", "g2", None)],
     "test": [("a0", "p0", "g1", None), ("a1", "p1", "g1", None), ("a2", "p2", "g2", None)],
 }
@@ -41,8 +46,15 @@ def write_jsonl(folder, rows_by_split=None, **extra):
 
 def test_hand_counted_counts_dedup_and_overlap(tmp_path):
     pairs = read_pairs(write_jsonl(tmp_path))
-    assert pairs.counts["train"] == {"pairs": 5, "duplicated_pairs": 1, "distinct_texts": 8, "anchors": 4,
-                                     "positives": 4, "with_negative": 2, "groups": 2}
+    assert pairs.counts["train"] == {
+        "pairs": 5,
+        "duplicated_pairs": 1,
+        "distinct_texts": 8,
+        "anchors": 4,
+        "positives": 4,
+        "with_negative": 2,
+        "groups": 2,
+    }
     assert pairs.counts["test"]["duplicated_pairs"] == 0 and pairs.counts["val"]["groups"] == 2
     # val drops (a2, vp2): a2 is a test text; train drops (va1, tp3): va1 is a val text; the duplicate stays
     dedup = pairs.deduplicated()
@@ -56,7 +68,12 @@ def test_the_paired_split_of_pair_files(tmp_path):
     split = read_pairs(write_jsonl(tmp_path)).paired("train")
     assert split.n_pairs == 5 and split.texts[:5] == ["ta0", "ta1", "ta1", "va1", "ta4"]
     assert split.texts[5:] == ["tp0", "tp1", "tp1", "tp3", "tp4"] and split.table["group"].tolist()[:5] == [
-        "g1", "g1", "g2", "g2", "g2"]
+        "g1",
+        "g1",
+        "g2",
+        "g2",
+        "g2",
+    ]
     assert split.text_id.tolist() == [0, 1, 1, 2, 3, 4, 5, 5, 6, 7]  # a repeated text shares its id
     assert not split.supports_tasks and split.table["pair_id"][0].endswith("train.jsonl:line 1")
     # given negatives: "tn0" is new (training row 10), "tp0" is pair 0's positive (its text id, 4)
@@ -70,9 +87,11 @@ def test_every_format_and_a_split_column_read_the_same(tmp_path):
     expected = read_pairs(write_jsonl(tmp_path / "jsonl")).pairs.drop(columns=["source", "where"])
     frames = {s: pd.DataFrame(records(s)).rename(columns={"anchor": "question"}) for s in ("train", "val", "test")}
     mapping = {"anchor": "question"}
-    for fmt, write in (("csv", lambda f, p: f.to_csv(p, index=False)),
-                       ("tsv", lambda f, p: f.to_csv(p, index=False, sep="\t")),
-                       ("parquet", lambda f, p: f.to_parquet(p, index=False))):
+    for fmt, write in (
+        ("csv", lambda f, p: f.to_csv(p, index=False)),
+        ("tsv", lambda f, p: f.to_csv(p, index=False, sep="\t")),
+        ("parquet", lambda f, p: f.to_parquet(p, index=False)),
+    ):
         paths = {s: tmp_path / f"{s}.{fmt}" for s in frames}
         for s, frame in frames.items():
             write(frame, paths[s])
@@ -96,13 +115,24 @@ def test_optional_columns_absent_or_switched_off(tmp_path):
     assert not off.has_group and off.counts["train"]["with_negative"] == 0
 
 
-@pytest.mark.parametrize("rename, mapping, message", [
-    ({}, {"anchor": "question"}, "has no column 'question' (columns: anchor, positive, group, negative): rename it, "
-                                 "or map it with data.columns.anchor=<column>"),
-    ({"anchor": "anchr"}, {}, "has no column 'anchor' (columns: anchr, positive, group, negative): did you mean "
-                              "'anchr'? rename it, or map it with data.columns.anchor=anchr"),
-    ({}, {"group": "topic"}, "has no column 'topic'"),  # a mapped optional column must be there
-])
+@pytest.mark.parametrize(
+    "rename, mapping, message",
+    [
+        (
+            {},
+            {"anchor": "question"},
+            "has no column 'question' (columns: anchor, positive, group, negative): rename it, "
+            "or map it with data.columns.anchor=<column>",
+        ),
+        (
+            {"anchor": "anchr"},
+            {},
+            "has no column 'anchor' (columns: anchr, positive, group, negative): did you mean "
+            "'anchr'? rename it, or map it with data.columns.anchor=anchr",
+        ),
+        ({}, {"group": "topic"}, "has no column 'topic'"),  # a mapped optional column must be there
+    ],
+)
 def test_a_missing_column_lists_the_columns_found(tmp_path, rename, mapping, message):
     rows = {s: [{rename.get(k, k): v for k, v in r.items()} for r in records(s)] for s in ROWS}
     with pytest.raises(PairsError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
@@ -160,8 +190,10 @@ def test_within_group_shortlists_by_hand_and_against_a_dense_reference(tmp_path)
     # random vectors, several groups and duplicate texts: the same as a dense per-query sort of the group pool
     rng = np.random.default_rng(0)
     n = 40
-    rows = {s: [{"anchor": f"a{i % 35}", "positive": f"p{i % 31}", "group": f"g{i % 4}"} for i in range(n)]
-            for s in ("train", "val", "test")}
+    rows = {
+        s: [{"anchor": f"a{i % 35}", "positive": f"p{i % 31}", "group": f"g{i % 4}"} for i in range(n)]
+        for s in ("train", "val", "test")
+    }
     for pool in ("all", "positives"):
         split = read_pairs(write_jsonl(tmp_path / f"random-{pool}", rows)).paired("test", pool)
         sim = rng.normal(size=(2 * n, 3))
@@ -174,16 +206,25 @@ def test_within_group_shortlists_by_hand_and_against_a_dense_reference(tmp_path)
         assert got.tolist() == expected.tolist(), pool
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["data=pairs"], "data=pairs needs data.train, data.val, data.test"),
-    (["data=pairs", "data.train=a.jsonl"], "needs data.val, data.test"),
-    (["data=pairs", "data.file=a.jsonl", "data.train=b.jsonl"], "data.file and data.train are both set"),
-    (["data=pairs_demo", "data.max_debates=2"], "data.max_debates=2 slices ArguAna"),
-    (["data=pairs_demo", "data.format=xlsx"], "data.format='xlsx' is not valid"),
-    (["data=pairs_demo", "data.pool=nearest"], "data.pool='nearest' is not valid: use one of all, positives"),
-    (["data.train=a.jsonl"], "data.train=a.jsonl is read only from pair files, and data=demo is the ArguAna layout"),
-    (["data=arguana", "data.columns.anchor=question"], "data.columns.anchor=question is read only from pair files"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data=pairs"], "data=pairs needs data.train, data.val, data.test"),
+        (["data=pairs", "data.train=a.jsonl"], "needs data.val, data.test"),
+        (["data=pairs", "data.file=a.jsonl", "data.train=b.jsonl"], "data.file and data.train are both set"),
+        (["data=pairs_demo", "data.max_debates=2"], "data.max_debates=2 slices ArguAna"),
+        (["data=pairs_demo", "data.format=xlsx"], "data.format='xlsx' is not valid"),
+        (["data=pairs_demo", "data.pool=nearest"], "data.pool='nearest' is not valid: use one of all, positives"),
+        (
+            ["data.train=a.jsonl"],
+            "data.train=a.jsonl is read only from pair files, and data=demo is the ArguAna layout",
+        ),
+        (
+            ["data=arguana", "data.columns.anchor=question"],
+            "data.columns.anchor=question is read only from pair files",
+        ),
+    ],
+)
 def test_bad_data_configs_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         validate(compose_cfg(overrides))
@@ -194,7 +235,9 @@ def test_the_example_config_validates_and_records_its_files():
     validate(cfg)
     files = data_files(cfg.data)
     assert set(files) == {"train", "val", "test"} and files["test"]["path"] == str(pairs_demo() / "test.jsonl")
-    assert len(files["test"]["sha256"]) == 64 and files["test"]["bytes"] == (pairs_demo() / "test.jsonl").stat().st_size
+    assert (
+        len(files["test"]["sha256"]) == 64 and files["test"]["bytes"] == (pairs_demo() / "test.jsonl").stat().st_size
+    )
     assert data_files(compose_cfg().data) == {}  # the ArguAna layout records its root, not file hashes
 
 
@@ -205,10 +248,21 @@ def test_runs_on_other_file_contents_are_never_one_cell(tmp_path):
     from biencoder.report.runs import Run, assign_cells
 
     def run(path, sha):
-        config = {"seed": 0, "data": {"name": "pairs", "layout": "pairs", "train": path},
-                  "data_files": {"train": {"path": path, "bytes": 10, "sha256": sha}}}
-        return Run(path=tmp_path, config=config, metrics=pd.DataFrame(), final=None, hits=None, variant="ln", seed=0,
-                   flat=run_settings(config))
+        config = {
+            "seed": 0,
+            "data": {"name": "pairs", "layout": "pairs", "train": path},
+            "data_files": {"train": {"path": path, "bytes": 10, "sha256": sha}},
+        }
+        return Run(
+            path=tmp_path,
+            config=config,
+            metrics=pd.DataFrame(),
+            final=None,
+            hits=None,
+            variant="ln",
+            seed=0,
+            flat=run_settings(config),
+        )
 
     runs = [run("/a/train.jsonl", "a" * 64), run("/b/train.jsonl", "a" * 64), run("/a/train.jsonl", "b" * 64)]
     assign_cells(runs)

@@ -40,46 +40,96 @@ def raw(path: Path, content: bytes) -> str:
 
 
 def csv_files(tmp: Path, train_bytes: bytes) -> dict[str, str]:
-    rows = {name: b"anchor,positive\n" + b"".join(f"{name} q{i},{name} a{i}\n".encode() for i in range(3))
-            for name in ("val", "test")}
-    return {"train": raw(tmp / "train.csv", train_bytes), "val": raw(tmp / "val.csv", rows["val"]),
-            "test": raw(tmp / "test.csv", rows["test"])}
+    rows = {
+        name: b"anchor,positive\n" + b"".join(f"{name} q{i},{name} a{i}\n".encode() for i in range(3))
+        for name in ("val", "test")
+    }
+    return {
+        "train": raw(tmp / "train.csv", train_bytes),
+        "val": raw(tmp / "val.csv", rows["val"]),
+        "test": raw(tmp / "test.csv", rows["test"]),
+    }
 
 
 # (id, files builder(tmp) -> {role: path}, the substrings the error line must hold)
 CASES = [
-    ("missing file", lambda t: {**pair_files(t), "val": str(t / "nowhere.jsonl")},
-     ["nowhere.jsonl' does not exist: check the path"]),
-    ("unknown suffix", lambda t: {**pair_files(t), "train": jsonl(t / "train.txt", good("train"))},
-     ["train.txt': unknown file type '.txt'", "data.format="]),
-    ("missing column", lambda t: pair_files(t, train=[{"question": "q", "positive": "p"}] * 2),
-     ["train.jsonl' has no column 'anchor' (columns: question, positive)", "data.columns.anchor="]),
-    ("misspelled column", lambda t: pair_files(t, test=[{"anchor": f"a{i}", "positve": f"p{i}"} for i in range(3)]),
-     ["test.jsonl' has no column 'positive'", "did you mean 'positve'?", "data.columns.positive=positve"]),
-    ("empty text", lambda t: pair_files(t, train=good("train") + [{"anchor": "q", "positive": "   "}]),
-     ["train.jsonl' line 4: 'positive' is empty"]),
-    ("non-string text", lambda t: pair_files(t, val=[{"anchor": 42, "positive": "p"}] + good("val")),
-     ["val.jsonl' line 1: 'anchor' is 42, not a text"]),
-    ("null text", lambda t: pair_files(t, val=good("val") + [{"anchor": "q", "positive": None}]),
-     ["val.jsonl' line 4: 'positive' is empty"]),
-    ("a split with fewer than 2 pairs", lambda t: pair_files(t, val=good("val")[:1]),
-     ["val.jsonl': split 'val' has 1 pair", "at least 2"]),
-    ("not UTF-8", lambda t: csv_files(t, b"anchor,positive\nq,caf\xe9 au lait\n" + b"q2,p2\n"),
-     ["train.csv' is not UTF-8", "line 2", "re-save it as UTF-8"]),
-    ("ragged CSV row", lambda t: csv_files(t, b"anchor,positive\nq1,p1\nq2,p2,extra\nq3,p3\n"),
-     ["train.csv' line 3 has 3 fields, the header has 2", "quote"]),
-    ("a negative equal to its positive", lambda t: pair_files(
-        t, train=good("train") + [{"anchor": "q", "positive": "p", "negative": " p "}]),
-     ["train.jsonl' line 4: the negative equals its positive"]),
-    ("a line that is not JSON", lambda t: pair_files(t, test=[GOOD[0], '{"anchor": "q", "positive": ', GOOD[1]]),
-     ["test.jsonl' line 2 is not JSON"]),
-    ("a JSON array", lambda t: pair_files(t, test=[json.dumps(GOOD)]),
-     ["test.jsonl' holds a JSON array, not JSON Lines"]),
-    ("a group in one file only", lambda t: pair_files(t, val=[{**r, "group": "g"} for r in good("val")]),
-     ["val.jsonl' has a group column and", "data.columns.group=null"]),
-    ("an unknown split in a split column", lambda t: {"file": jsonl(t / "all.jsonl", [
-        {**r, "split": s} for s in ("train", "val", "dev") for r in good(s)])},
-     ["all.jsonl' line 7: split 'dev' is not train, val or test"]),
+    (
+        "missing file",
+        lambda t: {**pair_files(t), "val": str(t / "nowhere.jsonl")},
+        ["nowhere.jsonl' does not exist: check the path"],
+    ),
+    (
+        "unknown suffix",
+        lambda t: {**pair_files(t), "train": jsonl(t / "train.txt", good("train"))},
+        ["train.txt': unknown file type '.txt'", "data.format="],
+    ),
+    (
+        "missing column",
+        lambda t: pair_files(t, train=[{"question": "q", "positive": "p"}] * 2),
+        ["train.jsonl' has no column 'anchor' (columns: question, positive)", "data.columns.anchor="],
+    ),
+    (
+        "misspelled column",
+        lambda t: pair_files(t, test=[{"anchor": f"a{i}", "positve": f"p{i}"} for i in range(3)]),
+        ["test.jsonl' has no column 'positive'", "did you mean 'positve'?", "data.columns.positive=positve"],
+    ),
+    (
+        "empty text",
+        lambda t: pair_files(t, train=good("train") + [{"anchor": "q", "positive": "   "}]),
+        ["train.jsonl' line 4: 'positive' is empty"],
+    ),
+    (
+        "non-string text",
+        lambda t: pair_files(t, val=[{"anchor": 42, "positive": "p"}] + good("val")),
+        ["val.jsonl' line 1: 'anchor' is 42, not a text"],
+    ),
+    (
+        "null text",
+        lambda t: pair_files(t, val=good("val") + [{"anchor": "q", "positive": None}]),
+        ["val.jsonl' line 4: 'positive' is empty"],
+    ),
+    (
+        "a split with fewer than 2 pairs",
+        lambda t: pair_files(t, val=good("val")[:1]),
+        ["val.jsonl': split 'val' has 1 pair", "at least 2"],
+    ),
+    (
+        "not UTF-8",
+        lambda t: csv_files(t, b"anchor,positive\nq,caf\xe9 au lait\n" + b"q2,p2\n"),
+        ["train.csv' is not UTF-8", "line 2", "re-save it as UTF-8"],
+    ),
+    (
+        "ragged CSV row",
+        lambda t: csv_files(t, b"anchor,positive\nq1,p1\nq2,p2,extra\nq3,p3\n"),
+        ["train.csv' line 3 has 3 fields, the header has 2", "quote"],
+    ),
+    (
+        "a negative equal to its positive",
+        lambda t: pair_files(t, train=good("train") + [{"anchor": "q", "positive": "p", "negative": " p "}]),
+        ["train.jsonl' line 4: the negative equals its positive"],
+    ),
+    (
+        "a line that is not JSON",
+        lambda t: pair_files(t, test=[GOOD[0], '{"anchor": "q", "positive": ', GOOD[1]]),
+        ["test.jsonl' line 2 is not JSON"],
+    ),
+    (
+        "a JSON array",
+        lambda t: pair_files(t, test=[json.dumps(GOOD)]),
+        ["test.jsonl' holds a JSON array, not JSON Lines"],
+    ),
+    (
+        "a group in one file only",
+        lambda t: pair_files(t, val=[{**r, "group": "g"} for r in good("val")]),
+        ["val.jsonl' has a group column and", "data.columns.group=null"],
+    ),
+    (
+        "an unknown split in a split column",
+        lambda t: {
+            "file": jsonl(t / "all.jsonl", [{**r, "split": s} for s in ("train", "val", "dev") for r in good(s)])
+        },
+        ["all.jsonl' line 7: split 'dev' is not train, val or test"],
+    ),
 ]
 
 
@@ -110,8 +160,18 @@ def test_stats_refuses_a_bad_pair_file_in_one_line(tmp_path, files, expect):
 def test_train_refuses_a_bad_pair_file_in_one_line_and_leaves_no_run_folder(tmp_path, files, expect):
     given = files(tmp_path)
     logs = tmp_path / "logs"
-    line = one_error_line(run(["biencoder.train", *FAST, "data=pairs", *(f"data.{k}={v}" for k, v in given.items()),
-                               f"paths.log_dir={logs}"], tmp_path))
+    line = one_error_line(
+        run(
+            [
+                "biencoder.train",
+                *FAST,
+                "data=pairs",
+                *(f"data.{k}={v}" for k, v in given.items()),
+                f"paths.log_dir={logs}",
+            ],
+            tmp_path,
+        )
+    )
     for text in expect:
         assert text in line, line
     assert finished_folders(tmp_path) == []
@@ -119,7 +179,9 @@ def test_train_refuses_a_bad_pair_file_in_one_line_and_leaves_no_run_folder(tmp_
 
 
 def test_train_without_files_names_the_keys(tmp_path):
-    line = one_error_line(run(["biencoder.train", *FAST, "data=pairs", f"paths.log_dir={tmp_path / 'logs'}"], tmp_path))
+    line = one_error_line(
+        run(["biencoder.train", *FAST, "data=pairs", f"paths.log_dir={tmp_path / 'logs'}"], tmp_path)
+    )
     assert "data=pairs needs data.train, data.val, data.test" in line
     assert not (tmp_path / "logs" / "runs").exists() or list((tmp_path / "logs" / "runs").iterdir()) == []
 
@@ -134,14 +196,22 @@ def test_duplicated_pairs_are_counted_not_refused(tmp_path):
 
 
 def test_evaluate_says_the_8_tasks_need_arguana(tmp_path):
-    line = one_error_line(run(["biencoder.evaluate", "data=pairs_demo", "eval.score=tfidf",
-                               f"paths.log_dir={tmp_path / 'logs'}"], tmp_path))
+    line = one_error_line(
+        run(
+            ["biencoder.evaluate", "data=pairs_demo", "eval.score=tfidf", f"paths.log_dir={tmp_path / 'logs'}"],
+            tmp_path,
+        )
+    )
     assert "biencoder-evaluate runs the 8 official tasks, which need ArguAna's debates" in line
 
 
 def test_help_names_the_pair_files(tmp_path):
     proc = run(["biencoder.train", "--help"], tmp_path)
     assert proc.returncode == 0
-    for said in ("data=pairs data.train=train.jsonl data.val=val.jsonl data.test=test.jsonl", "try data=pairs_demo",
-                 "docs/own-data.md", "data: arguana, demo, pairs, pairs_demo"):
+    for said in (
+        "data=pairs data.train=train.jsonl data.val=val.jsonl data.test=test.jsonl",
+        "try data=pairs_demo",
+        "docs/own-data.md",
+        "data: arguana, demo, pairs, pairs_demo",
+    ):
         assert said in proc.stdout, said

@@ -25,8 +25,10 @@ GROUP_KEYS = {"top1_group", "recall_at_k_group", "candidates_group", "top1_group
 
 
 def rows_of(folder, drop=VOLATILE):
-    return [{k: v for k, v in json.loads(line).items() if k not in drop}
-            for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in drop}
+        for line in (folder / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def pair_overrides(written: dict) -> list[str]:
@@ -44,7 +46,9 @@ def test_the_demo_through_both_readers_gives_the_same_numbers(demo_run, demo_cor
     export writes (group = debate) adds the within-group keys and changes nothing else."""
     demo_out, demo_final = demo_run
     written = export_pairs(demo_corpus, tmp_path / "pairs")
-    plain = run(compose_cfg(FAST + ["+variant=ln", *pair_overrides(written), "data.columns.group=null"]), tmp_path / "a")
+    plain = run(
+        compose_cfg(FAST + ["+variant=ln", *pair_overrides(written), "data.columns.group=null"]), tmp_path / "a"
+    )
     assert rows_of(tmp_path / "a") == rows_of(demo_out)
     assert plain["best"] == demo_final["best"] and plain["baselines"] == demo_final["baselines"]
     assert plain["overlap"] == demo_final["overlap"] and "tasks" in demo_final and "tasks" not in plain
@@ -64,9 +68,22 @@ def test_the_shipped_example_trains_from_the_command_line(demo_run, tmp_path):
     """python -m biencoder.train data=pairs_demo: the demo's numbers, a summary that says what it is, and the files'
     provenance in final.json and config_resolved.yaml."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run([sys.executable, "-m", "biencoder.train", "data=pairs_demo", "+variant=ln", *FAST,
-                           f"hydra.run.dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=tmp_path, env=env,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "biencoder.train",
+            "data=pairs_demo",
+            "+variant=ln",
+            *FAST,
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "run"
     assert rows_of(out, VOLATILE | GROUP_KEYS) == rows_of(demo_run[0])
@@ -76,8 +93,13 @@ def test_the_shipped_example_trains_from_the_command_line(demo_run, tmp_path):
     assert final["data_files"]["train"]["bytes"] == shipped.stat().st_size
     assert resolved["data_files"] == final["data_files"] and final["pool"] == "all"
     log = proc.stderr + (out / "train.log").read_text()
-    for said in ("no 8-task table", "within-group top1", "pool: every point/anchor and counter/positive of the split",
-                 f"sha256 {final['data_files']['test']['sha256']}", "the true positive ranks first"):
+    for said in (
+        "no 8-task table",
+        "within-group top1",
+        "pool: every point/anchor and counter/positive of the split",
+        f"sha256 {final['data_files']['test']['sha256']}",
+        "the true positive ranks first",
+    ):
         assert said in log, said
     assert "8 tasks, score=" not in log
 
@@ -87,8 +109,10 @@ def test_given_negatives_are_trained_on_besides_the_mined_ones(tmp_path):
     text's own vectors (frozen) or tokens (trained encoder); the mined triplets are all still there."""
     data = write_jsonl(tmp_path / "data")
     overrides = ["data=pairs", *(f"data.{s}={data[s]}" for s in ("train", "val", "test")), "data.dedup=false"]
-    frozen = Runner(compose_cfg(FAST + overrides + ["model.encoder.freeze=true", f"trainer.cache_dir={tmp_path / 'c'}"]),
-                    tmp_path / "frozen")
+    frozen = Runner(
+        compose_cfg(FAST + overrides + ["model.encoder.freeze=true", f"trainer.cache_dir={tmp_path / 'c'}"]),
+        tmp_path / "frozen",
+    )
     split = frozen.splits["train"]
     mined = frozen.trainer.mine(0, frozen.embed("train").sim)
     rows = np.concatenate([r for r, _ in frozen.trainer.batches(0, mined)])
@@ -106,8 +130,18 @@ def test_given_negatives_are_trained_on_besides_the_mined_ones(tmp_path):
 
 def test_the_positives_pool_runs_and_is_named(tmp_path):
     data = write_jsonl(tmp_path / "data")
-    final = run(compose_cfg(FAST + ["data=pairs", *(f"data.{s}={data[s]}" for s in ("train", "val", "test")),
-                                    "data.pool=positives", "trainer.max_epochs=1"]), tmp_path / "run")
+    final = run(
+        compose_cfg(
+            FAST
+            + [
+                "data=pairs",
+                *(f"data.{s}={data[s]}" for s in ("train", "val", "test")),
+                "data.pool=positives",
+                "trainer.max_epochs=1",
+            ]
+        ),
+        tmp_path / "run",
+    )
     from biencoder.report.run import summary_text
 
     assert final["pool"] == "positives" and final["best"]["test"]["queries"] == 3
@@ -116,7 +150,11 @@ def test_the_positives_pool_runs_and_is_named(tmp_path):
 
 def test_a_run_is_not_resumed_on_a_changed_file(tmp_path):
     data = write_jsonl(tmp_path / "data")
-    overrides = FAST + ["data=pairs", *(f"data.{s}={data[s]}" for s in ("train", "val", "test")), "trainer.max_epochs=1"]
+    overrides = FAST + [
+        "data=pairs",
+        *(f"data.{s}={data[s]}" for s in ("train", "val", "test")),
+        "trainer.max_epochs=1",
+    ]
     run(compose_cfg(overrides), tmp_path / "run")
     with open(data["test"], "a") as f:
         f.write(json.dumps({"anchor": "a new query", "positive": "its answer", "group": "g1"}) + "\n")
@@ -130,10 +168,17 @@ def test_the_real_corpus_through_both_readers_gives_the_same_numbers(real_corpus
     the second run reads every vector the first one wrote)."""
     monkeypatch.setenv("ARGUANA_ROOT", str(real_root))
     written = export_pairs(real_corpus, tmp_path / "pairs")
-    common = ["+experiment=frozen_arguana", "+variant=ln", "trainer.max_epochs=3", "trainer.progress=false",
-              f"trainer.cache_dir={tmp_path / 'cache'}"]
+    common = [
+        "+experiment=frozen_arguana",
+        "+variant=ln",
+        "trainer.max_epochs=3",
+        "trainer.progress=false",
+        f"trainer.cache_dir={tmp_path / 'cache'}",
+    ]
     corpus_final = run(compose_cfg(common), tmp_path / "corpus")
-    pairs_final = run(compose_cfg(common + pair_overrides(written) + ["data.columns.group=null"]), tmp_path / "pairs_run")
+    pairs_final = run(
+        compose_cfg(common + pair_overrides(written) + ["data.columns.group=null"]), tmp_path / "pairs_run"
+    )
     assert rows_of(tmp_path / "pairs_run") == rows_of(tmp_path / "corpus")
     assert pairs_final["best"] == corpus_final["best"] and pairs_final["baselines"] == corpus_final["baselines"]
     assert pairs_final["pairs"] == corpus_final["pairs"] == {"train": 2796, "val": 1060, "test": 1401}

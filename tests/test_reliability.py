@@ -82,8 +82,12 @@ def test_resume_drops_the_rows_of_an_unfinished_epoch(tmp_path):
     (out / "final.json").unlink()
     with open(out / "metrics.jsonl", "a") as f:
         f.write('{"epoch": 1, "split": "tr')  # torn line
-    final = run(compose_cfg(FAST + ["trainer.max_epochs=2", "trainer.keep_last=true", "eval.tasks=false",
-                                    "trainer.resume=true"]), out)
+    final = run(
+        compose_cfg(
+            FAST + ["trainer.max_epochs=2", "trainer.keep_last=true", "eval.tasks=false", "trainer.resume=true"]
+        ),
+        out,
+    )
     assert final["status"] == "done"
     rows = rows_of(out)
     assert [(r["epoch"], r["split"]) for r in rows] == [(r["epoch"], r["split"]) for r in reference]
@@ -112,8 +116,10 @@ def test_resume_with_other_settings_is_refused(tmp_path):
     run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
     (out / "final.json").unlink()
     with pytest.raises(ConfigError, match=r"trainer\.lr"):
-        run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false", "trainer.lr=1e-4",
-                                "trainer.resume=true"]), out)
+        run(
+            compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false", "trainer.lr=1e-4", "trainer.resume=true"]),
+            out,
+        )
 
 
 def test_a_used_folder_is_not_overwritten_without_resume(tmp_path):
@@ -188,13 +194,16 @@ def remote_code_mentions(source: str) -> list[int]:
     return lines
 
 
-@pytest.mark.parametrize("source", [
-    "AutoModel.from_pretrained(path, trust_remote_code=True)",
-    "flag = cfg.get('remote')\nAutoModel.from_pretrained(path, trust_remote_code=flag)",
-    "AutoModel.from_pretrained(path, **{'trust_remote_code': True})",
-    "def load(path, trust_remote_code=False):\n    pass",
-    "options = dict(trust_remote_code=True)",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "AutoModel.from_pretrained(path, trust_remote_code=True)",
+        "flag = cfg.get('remote')\nAutoModel.from_pretrained(path, trust_remote_code=flag)",
+        "AutoModel.from_pretrained(path, **{'trust_remote_code': True})",
+        "def load(path, trust_remote_code=False):\n    pass",
+        "options = dict(trust_remote_code=True)",
+    ],
+)
 def test_each_way_of_passing_remote_code_is_found(source):
     assert remote_code_mentions(source) != []
 
@@ -221,8 +230,13 @@ def test_no_remote_code_anywhere(monkeypatch):
 
 
 def test_local_model_runs_with_the_hub_offline(tmp_path):
-    cmd, env = train_cli(*FAST, "trainer.max_epochs=1", "eval.tasks=false", f"hydra.run.dir={tmp_path / 'run'}",
-                         env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    cmd, env = train_cli(
+        *FAST,
+        "trainer.max_epochs=1",
+        "eval.tasks=false",
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "run" / "final.json").read_text())["status"] == "done"

@@ -23,19 +23,31 @@ from biencoder.summary import main
 from conftest import REPO
 from test_report_runs import write_run
 
-TINY = {"name": "tiny", "pooling": "mean", "max_length": 64, "sim_dim": 16, "fusion": "concat", "sim_init": "random",
-        "encoder": {"name_or_path": packaged_minilm_path(), "freeze": True,
-                    "random_init": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2,
-                                    "intermediate_size": 64}},
-        "head": {"use_layernorm": False, "use_relu": False}}
+TINY = {
+    "name": "tiny",
+    "pooling": "mean",
+    "max_length": 64,
+    "sim_dim": 16,
+    "fusion": "concat",
+    "sim_init": "random",
+    "encoder": {
+        "name_or_path": packaged_minilm_path(),
+        "freeze": True,
+        "random_init": {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 2, "intermediate_size": 64},
+    },
+    "head": {"use_layernorm": False, "use_relu": False},
+}
 
 
 def demo_run(folder, variant, seed, max_debates, cache, hits, seen=None):
     """A finished run on the demo corpus with the tiny frozen encoder, ``data.max_debates`` as given."""
     write_run(folder, variant, seed, [0.1], [float(np.mean(hits))], hits)
-    config = {"seed": seed, "data": {"name": "demo", "root": str(demo_root()), "dedup": True, "max_debates": max_debates},
-              "model": {**TINY, "head": {"use_layernorm": "ln" in variant, "use_relu": "relu" in variant}},
-              "trainer": {"cache_dir": str(cache)}}
+    config = {
+        "seed": seed,
+        "data": {"name": "demo", "root": str(demo_root()), "dedup": True, "max_debates": max_debates},
+        "model": {**TINY, "head": {"use_layernorm": "ln" in variant, "use_relu": "relu" in variant}},
+        "trainer": {"cache_dir": str(cache)},
+    }
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     if seen is not None:
         np.save(folder / "test_seen.npy", seen)
@@ -129,6 +141,8 @@ def test_the_plot_option_writes_the_table_beside_the_figure(tmp_path, capsys):
     assert csv.splitlines()[0].startswith("cell,seeds,queries,of,test_top1,vs,vs_top1")
     assert (tmp_path / "logs" / "top1_baselines.md").read_text().strip() in out
     assert "top1_baselines.md" in out.splitlines()[-1]  # listed with the other tables
-    proc = run_script(REPO / "scripts" / "compare_baselines.py", tmp_path / "logs", "--queries", "seen", "--n-boot", "200")
+    proc = run_script(
+        REPO / "scripts" / "compare_baselines.py", tmp_path / "logs", "--queries", "seen", "--n-boot", "200"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == (tmp_path / "logs" / "top1_baselines.md").read_text().strip()

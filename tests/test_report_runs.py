@@ -9,18 +9,41 @@ import yaml
 from biencoder.report.runs import assign_cells, best_rows, find_runs, queries_label, recorded_baseline
 
 
-def write_run(folder: Path, variant: str, seed: int, val: list[float], test: list[float], hits=None,
-              complete=True, data="demo", tasks=None):
+def write_run(
+    folder: Path,
+    variant: str,
+    seed: int,
+    val: list[float],
+    test: list[float],
+    hits=None,
+    complete=True,
+    data="demo",
+    tasks=None,
+):
     """A run folder in the runner's format with the given per-epoch val/test top1 (train rows too)."""
     (folder / ".hydra").mkdir(parents=True)
     ln, relu = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}[variant]
-    config = {"seed": seed, "data": {"name": data, "root": None}, "model": {"name": "tiny", "head": {"use_layernorm": ln, "use_relu": relu}}}
+    config = {
+        "seed": seed,
+        "data": {"name": data, "root": None},
+        "model": {"name": "tiny", "head": {"use_layernorm": ln, "use_relu": relu}},
+    }
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     rows = []
     for epoch, (v, t) in enumerate(zip(val, test)):
-        base = {"epoch": epoch, "variant": variant, "seed": seed, "retrieval_top1": 0.0, "mrr": 0.0, "recall_at_k": 0.0}
-        rows += [{**base, "split": "train", "top1": 0.5, "loss": 2.0 - epoch, "head_post_sample_var": 1.0},
-                 {**base, "split": "val", "top1": v}, {**base, "split": "test", "top1": t}]
+        base = {
+            "epoch": epoch,
+            "variant": variant,
+            "seed": seed,
+            "retrieval_top1": 0.0,
+            "mrr": 0.0,
+            "recall_at_k": 0.0,
+        }
+        rows += [
+            {**base, "split": "train", "top1": 0.5, "loss": 2.0 - epoch, "head_post_sample_var": 1.0},
+            {**base, "split": "val", "top1": v},
+            {**base, "split": "test", "top1": t},
+        ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if hits is not None:
         np.save(folder / "test_hits.npy", np.asarray(hits, dtype=bool))

@@ -45,7 +45,9 @@ def test_outcomes_and_ranges_by_hand(sweep):
     assert out.loc[("ln", 1e-2, 0), "collapsed"] and not out.loc[("ln", 1e-2, 1), "collapsed"]
     assert out.loc[("ln", 1e-1, 1), "diverged"] and not out.loc[("ln", 1e-1, 0), "diverged"]
     assert out.loc[("ln", 1e-3, 1), "post_best_noise"] == pytest.approx(np.std([-0.02, 0.02, -0.02, 0.02], ddof=1))
-    assert out.loc[("ln", 1e-3, 1), "best_epoch"] == 1 and out.loc[("ln", 1e-3, 1), "test_at_best"] == pytest.approx(0.25)
+    assert out.loc[("ln", 1e-3, 1), "best_epoch"] == 1 and out.loc[("ln", 1e-3, 1), "test_at_best"] == pytest.approx(
+        0.25
+    )
 
     per_x, per_cell = stability_tables(run_outcomes(runs, "trainer.head_lr"))
     ln, plain = per_cell.set_index("cell").loc["ln"], per_cell.set_index("cell").loc["plain"]
@@ -61,8 +63,13 @@ def test_cli_against_a_key(sweep, capsys):
     assert main([str(sweep), "--x", "trainer.head_lr", "--n-boot", "200"]) == 0
     out = capsys.readouterr().out
     assert "| ln | 0.01 |" in out and "0.001 – 0.01 | 1.0 |" in out
-    for name in ("top1_vs_head_lr.png", "top1_vs_head_lr.md", "top1_vs_head_lr.csv",
-                 "top1_vs_head_lr_per_value.csv", "top1_vs_head_lr_runs.csv"):
+    for name in (
+        "top1_vs_head_lr.png",
+        "top1_vs_head_lr.md",
+        "top1_vs_head_lr.csv",
+        "top1_vs_head_lr_per_value.csv",
+        "top1_vs_head_lr_runs.csv",
+    ):
         assert (sweep / name).is_file()
     assert main([str(sweep), "--x", "head_lr"]) == 2
     assert "did you mean trainer.head_lr?" in capsys.readouterr().err

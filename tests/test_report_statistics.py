@@ -37,7 +37,11 @@ def test_bootstrap_known_answers():
     x = np.zeros(2000)
     x[:1200] = 1
     mean, low, high = bootstrap_ci(x, n_boot=4000)
-    assert mean == 0.6 and low == pytest.approx(0.6 - 0.0215, abs=0.004) and high == pytest.approx(0.6 + 0.0215, abs=0.004)
+    assert (
+        mean == 0.6
+        and low == pytest.approx(0.6 - 0.0215, abs=0.004)
+        and high == pytest.approx(0.6 + 0.0215, abs=0.004)
+    )
     assert verdict(-0.05, 0.01) == "worse" and verdict(0.05, 0.01) == "better" and verdict(0.05, 0.2) != "better"
 
 
@@ -150,6 +154,7 @@ def test_counting_patterns_resamples_like_counting_queries():
         assert stats.mean() == pytest.approx(values.mean(), abs=3 * exact / 200)
         assert stats.std() == pytest.approx(exact, rel=0.02)
 
+
 def test_resampling_is_seeded_and_its_seed_is_0_by_default():
     """Every table resamples with the default seed (0): the same call gives the same interval and p, another seed
     another one."""
@@ -196,7 +201,7 @@ def test_p_value_by_hand():
     difference ≤ 0, so p = 2 · 0.316 = 0.633."""
     diff, low, high, p = paired_bootstrap(np.array([1.0, 0, 0, 0]), np.zeros(4), n_boot=20000)
     assert diff == 0.25 and (low, high) == (0.0, 0.75)
-    assert p == pytest.approx(2 * 0.75 ** 4, abs=0.02)
+    assert p == pytest.approx(2 * 0.75**4, abs=0.02)
 
 
 def test_unmatched_seeds_compare_the_seed_means():

@@ -17,8 +17,12 @@ def test_discovery_grouping_and_aggregation(tmp_path):
     plain_hits[:20] = True
     ln_hits = np.zeros(q, bool)
     ln_hits[:50] = True  # ln gets 30 more queries right, and loses none
-    write_run(tmp_path / "sweeps/a/0_plain_s0", "plain", 0, [0.1, 0.3, 0.2], [0.1, 0.2, 0.3], plain_hits, tasks={"sdoc": 0.5})
-    write_run(tmp_path / "sweeps/a/1_plain_s1", "plain", 1, [0.2, 0.1, 0.4], [0.0, 0.1, 0.2], plain_hits, tasks={"sdoc": 0.7})
+    write_run(
+        tmp_path / "sweeps/a/0_plain_s0", "plain", 0, [0.1, 0.3, 0.2], [0.1, 0.2, 0.3], plain_hits, tasks={"sdoc": 0.5}
+    )
+    write_run(
+        tmp_path / "sweeps/a/1_plain_s1", "plain", 1, [0.2, 0.1, 0.4], [0.0, 0.1, 0.2], plain_hits, tasks={"sdoc": 0.7}
+    )
     write_run(tmp_path / "sweeps/a/2_ln_s0", "ln", 0, [0.5, 0.5, 0.1], [0.4, 0.9, 0.9], ln_hits)
     write_run(tmp_path / "sweeps/a/3_ln_s1", "ln", 1, [0.1, 0.2, 0.3], [0.1, 0.2, 0.5], ln_hits)
     write_run(tmp_path / "runs/crashed_ln_s2", "ln", 2, [0.9], [0.9], complete=False)
@@ -31,8 +35,12 @@ def test_discovery_grouping_and_aggregation(tmp_path):
     table = summary_table(runs, n_boot=2000).set_index("cell")
     # plain: best val epochs 1 (0.3) and 2 (0.4) → test 0.2 and 0.2; ln: epoch 0 (first of the tie) and 2
     assert table.loc["plain", "val_top1_mean"] == pytest.approx(0.35)
-    assert table.loc["plain", "test_top1_mean"] == pytest.approx(0.2) and table.loc["plain", "test_top1_std"] == pytest.approx(0.0)
-    assert table.loc["ln", "val_top1_mean"] == pytest.approx(0.4) and table.loc["ln", "test_top1_mean"] == pytest.approx(0.45)
+    assert table.loc["plain", "test_top1_mean"] == pytest.approx(0.2) and table.loc[
+        "plain", "test_top1_std"
+    ] == pytest.approx(0.0)
+    assert table.loc["ln", "val_top1_mean"] == pytest.approx(0.4) and table.loc[
+        "ln", "test_top1_mean"
+    ] == pytest.approx(0.45)
     assert table.loc["ln", "best_epoch"] == pytest.approx(1.0)  # epochs 0 and 2, counted from 0 as everywhere
     assert table.loc["ln", "seeds"] == 2 and table.loc["ln", "incomplete"] == 1  # the crashed run is not averaged in
     assert table.loc["plain", "sdoc_acc1"] == pytest.approx(0.6)
@@ -80,13 +88,19 @@ def test_comparisons_against_a_setting_and_a_variant_in_one_holm_family(tmp_path
     # the default resamples: with 500, a p of 0 is known only to [0, 0.035], too wide for a Holm family of 4
     table = paired_comparisons(runs, ["plain", "eval.retrieve=sim"])
     got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
-    assert got == pytest.approx({("ln retrieve=encoder", "plain retrieve=encoder"): -0.2,
-                                 ("ln retrieve=sim", "plain retrieve=sim"): 0.1,
-                                 ("ln retrieve=encoder", "ln retrieve=sim"): 0.0,
-                                 ("plain retrieve=encoder", "plain retrieve=sim"): 0.3})
+    assert got == pytest.approx(
+        {
+            ("ln retrieve=encoder", "plain retrieve=encoder"): -0.2,
+            ("ln retrieve=sim", "plain retrieve=sim"): 0.1,
+            ("ln retrieve=encoder", "ln retrieve=sim"): 0.0,
+            ("plain retrieve=encoder", "plain retrieve=sim"): 0.3,
+        }
+    )
     assert np.allclose(table["p_holm"], holm(table["p"]))  # one family of 4
-    assert dict(zip(table["vs"] + "|" + table["cell"], table["verdict"]))[
-        "plain retrieve=sim|plain retrieve=encoder"] == "better"
+    assert (
+        dict(zip(table["vs"] + "|" + table["cell"], table["verdict"]))["plain retrieve=sim|plain retrieve=encoder"]
+        == "better"
+    )
 
 
 def test_paired_comparison_splits_unseen_and_seen(tmp_path):
@@ -95,7 +109,7 @@ def test_paired_comparison_splits_unseen_and_seen(tmp_path):
     seen = np.zeros(100, bool)
     seen[50:] = True
     plain, ln = np.zeros(100, bool), np.zeros(100, bool)
-    plain[:20] = True            # plain: 20 unseen hits
+    plain[:20] = True  # plain: 20 unseen hits
     ln[:10], ln[50:70] = True, True  # ln: 10 unseen, 20 seen
     for seed in (0, 1, 2):
         for variant, hits in (("plain", plain), ("ln", ln)):
@@ -128,12 +142,23 @@ def test_a_reference_of_settings_changed_together(tmp_path):
     """--reference loss.name=triplet_ce,trainer.head_lr=3e-4 pairs each infonce cell (at 1e-3) with the same variant
     under triplet_ce (at 3e-4); loss.name=triplet_ce alone pairs nothing, and a named reference that pairs nothing
     is an error rather than a silently empty table."""
-    runs = _loss_runs(tmp_path, {("plain", "triplet_ce", 3e-4): 20, ("plain", "infonce", 1e-3): 35,
-                                 ("ln", "triplet_ce", 3e-4): 30, ("ln", "infonce", 1e-3): 25})
+    runs = _loss_runs(
+        tmp_path,
+        {
+            ("plain", "triplet_ce", 3e-4): 20,
+            ("plain", "infonce", 1e-3): 35,
+            ("ln", "triplet_ce", 3e-4): 30,
+            ("ln", "infonce", 1e-3): 25,
+        },
+    )
     table = paired_comparisons(runs, "loss.name=triplet_ce,trainer.head_lr=3e-4", n_boot=500)
     got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
-    assert got == pytest.approx({("plain loss=infonce head_lr=0.001", "plain loss=triplet_ce head_lr=0.0003"): 0.15,
-                                 ("ln loss=infonce head_lr=0.001", "ln loss=triplet_ce head_lr=0.0003"): -0.05})
+    assert got == pytest.approx(
+        {
+            ("plain loss=infonce head_lr=0.001", "plain loss=triplet_ce head_lr=0.0003"): 0.15,
+            ("ln loss=infonce head_lr=0.001", "ln loss=triplet_ce head_lr=0.0003"): -0.05,
+        }
+    )
     assert set(table["seeds"]) == {3} and np.allclose(table["p_holm"], holm(table["p"]))
     assert paired_comparisons(runs, "loss.name=triplet_ce", n_boot=100).empty
     with pytest.raises(SummaryError, match="loss.name=triplet_ce pairs no two cells.*loss.name, trainer.head_lr"):
@@ -148,11 +173,29 @@ def test_plot_top1_stops_before_writing_when_a_reference_pairs_nothing(tmp_path,
     _loss_runs(tmp_path / "runs", {("plain", "triplet_ce", 3e-4): 20, ("plain", "infonce", 1e-3): 35})
     out = tmp_path / "out" / "top1.png"
     out.parent.mkdir()
-    assert main([str(tmp_path / "runs"), "--out", str(out), "--reference", "loss.name=triplet_ce", "--n-boot", "100"]) != 0
+    assert (
+        main([str(tmp_path / "runs"), "--out", str(out), "--reference", "loss.name=triplet_ce", "--n-boot", "100"])
+        != 0
+    )
     assert "pairs no two cells" in capsys.readouterr().err and not any(out.parent.iterdir())
-    assert main([str(tmp_path / "runs"), "--out", str(out), "--n-boot", "100",
-                 "--reference", "loss.name=triplet_ce,trainer.head_lr=3e-4"]) == 0
-    assert "| plain loss=infonce head_lr=0.001 | plain loss=triplet_ce head_lr=0.0003 | 3 (matched" in out.with_suffix(".md").read_text()
+    assert (
+        main(
+            [
+                str(tmp_path / "runs"),
+                "--out",
+                str(out),
+                "--n-boot",
+                "100",
+                "--reference",
+                "loss.name=triplet_ce,trainer.head_lr=3e-4",
+            ]
+        )
+        == 0
+    )
+    assert (
+        "| plain loss=infonce head_lr=0.001 | plain loss=triplet_ce head_lr=0.0003 | 3 (matched"
+        in out.with_suffix(".md").read_text()
+    )
 
 
 def test_a_named_reference_whose_runs_are_unfinished_is_no_error(tmp_path, capsys):

@@ -66,8 +66,14 @@ def test_per_epoch_rerank_by_hand(line):
     metrics, hits = retrieve_rerank(model, emb, split, k=2, index="exact")
     # margins: q0 C0 1 > P1 0 → hit; q1 C1 3 > C0 1 → hit; q2 C2 2 < C1 3 → rank 2; q3 its counter not in the k
     assert hits.tolist() == [True, True, False, False]
-    assert metrics == {"top1": 0.5, "retrieval_top1": 0.75, "recall_at_k": 0.75, "mrr": (1 + 1 + 1 / 2 + 0) / 4,
-                       "queries": 4, "k": 2}
+    assert metrics == {
+        "top1": 0.5,
+        "retrieval_top1": 0.75,
+        "recall_at_k": 0.75,
+        "mrr": (1 + 1 + 1 / 2 + 0) / 4,
+        "queries": 4,
+        "k": 2,
+    }
 
 
 def test_pool_ranks_by_hand(line):
@@ -106,15 +112,20 @@ ROWS = np.array([[4, 1, 2], [5, 0, NONE], [0, 1, 2]])  # true counters 4 and 5 l
 TRUE = np.array([4, 5, 6])
 
 
-@pytest.mark.parametrize("margins, count", [
-    (np.full((3, 3), np.nan), 8),                                  # all NaN: 8 listed places (one is NONE)
-    (np.array([[np.nan, 1.0, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), 1),  # the true counter's own margin
-    (np.array([[3.0, np.nan, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), 1),  # a rival's: NaN never beats anything
-    (np.array([[3.0, 1.0, 2.0], [3.0, 1.0, 0.0], [np.inf, 0.0, 0.0]]), 1),  # inf, where the true counter is absent
-])
+@pytest.mark.parametrize(
+    "margins, count",
+    [
+        (np.full((3, 3), np.nan), 8),  # all NaN: 8 listed places (one is NONE)
+        (np.array([[np.nan, 1.0, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), 1),  # the true counter's own margin
+        (np.array([[3.0, np.nan, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0]]), 1),  # a rival's: NaN never beats anything
+        (np.array([[3.0, 1.0, 2.0], [3.0, 1.0, 0.0], [np.inf, 0.0, 0.0]]), 1),  # inf, where the true counter is absent
+    ],
+)
 def test_a_non_finite_margin_is_an_error_never_a_hit(margins, count):
     """NaN compares false: ranked, a NaN true counter would come first (all NaN: top-1 = recall@k = 2/3 here)."""
-    with pytest.raises(NonFiniteMargins, match=rf"^{count} of 8 classifier margins on split val are not finite") as err:
+    with pytest.raises(
+        NonFiniteMargins, match=rf"^{count} of 8 classifier margins on split val are not finite"
+    ) as err:
         shortlist_ranks(ROWS, margins, TRUE, "val")
     assert (err.value.count, err.value.total, err.value.split) == (count, 8, "val")
 
@@ -158,8 +169,9 @@ def test_nan_margins_stop_a_run_as_diverged(tmp_path, monkeypatch):
     from biencoder.engine.training.runner import run
     from conftest import FAST, compose_cfg
 
-    monkeypatch.setattr(rerank, "pair_margins", lambda model, emb, queries, rows, *args: np.full(len(rows), np.nan,
-                                                                                                 np.float32))
+    monkeypatch.setattr(
+        rerank, "pair_margins", lambda model, emb, queries, rows, *args: np.full(len(rows), np.nan, np.float32)
+    )
     out = tmp_path / "run"
     with pytest.raises(Diverged, match=r"epoch 0: non-finite train classifier margins \((\d+) of \1\)"):
         run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
@@ -210,8 +222,9 @@ def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_co
     results = []
     for size in (7, 16, 64, 256):  # 160 pairs: partial blocks, and one block
         emb = embed_pooled(model, pooled, batch_size=size)
-        margins = shortlist_margins(model, emb, split.query, [retrieve(emb.sim.numpy(), split, 5, "exact")[0]],
-                                    batch_size=size)
+        margins = shortlist_margins(
+            model, emb, split.query, [retrieve(emb.sim.numpy(), split, 5, "exact")[0]], batch_size=size
+        )
         results.append((emb.sim, margins[0], retrieve_rerank(model, emb, split, k=5, batch_size=size, index="exact")))
     for sim, margins, (metrics, hits) in results[1:]:
         torch.testing.assert_close(sim, results[0][0], rtol=1e-5, atol=1e-6)
@@ -225,8 +238,13 @@ def test_sorted_unique_is_numpys_unique():
     from biencoder.engine.retrieval.rerank import sorted_unique
 
     rng = np.random.default_rng(0)
-    for values in (rng.integers(0, 50, 300), rng.integers(-5, 10**9, 1000), np.array([7]), np.array([], dtype=np.int64),
-                   np.array([3, 3, 3])):
+    for values in (
+        rng.integers(0, 50, 300),
+        rng.integers(-5, 10**9, 1000),
+        np.array([7]),
+        np.array([], dtype=np.int64),
+        np.array([3, 3, 3]),
+    ):
         got = sorted_unique(values)
         np.testing.assert_array_equal(got, np.unique(values))
         assert got.dtype == values.dtype
@@ -252,6 +270,7 @@ def test_nan_margins_in_the_within_group_top1_stop_a_run_as_diverged(tmp_path, m
     final = json.loads((out / "final.json").read_text())
     assert final["status"] == "diverged" and final["what"].startswith("train classifier margins (")
 
+
 def test_pool_ranks_of_two_queries_beyond_their_shortlist(line):
     """k=1 with C2 moved to 27: for q2 (at 20) C1 ties its counter at 7 and, the lower row, takes the one place;
     for q3 (at 30) C2 does. Each one's rank counts only its own pool members nearer than its counter."""
@@ -268,8 +287,14 @@ def test_per_epoch_rerank_of_some_queries(line):
     metrics, hits = retrieve_rerank(model, emb, split, k=2, index="exact", pairs=np.array([0, 2]))
     # as in test_per_epoch_rerank_by_hand: q0 a hit, q2 its counter second after reranking; both nearest first
     assert hits.tolist() == [True, False]
-    assert metrics == {"top1": 0.5, "retrieval_top1": 1.0, "recall_at_k": 1.0, "mrr": (1 + 1 / 2) / 2,
-                       "queries": 2, "k": 2}
+    assert metrics == {
+        "top1": 0.5,
+        "retrieval_top1": 1.0,
+        "recall_at_k": 1.0,
+        "mrr": (1 + 1 / 2) / 2,
+        "queries": 2,
+        "k": 2,
+    }
 
 
 def test_distances_are_computed_from_the_differences():
@@ -314,11 +339,14 @@ def test_a_k_above_the_smallest_pool_is_cut_to_it(line):
     assert metrics["k"] == 6 and metrics["recall_at_k"] == 1.0
 
 
-
 def test_top1_of_the_unseen_and_the_seen_queries_by_hand():
     from biencoder.engine.retrieval.rerank import seen_unseen
 
     hits, seen = np.array([True, False, True, True, False]), np.array([True, True, False, False, False])
     assert seen_unseen(hits, seen) == {"top1_unseen": 2 / 3, "queries_unseen": 3, "top1_seen": 0.5, "queries_seen": 2}
-    assert seen_unseen(hits, np.zeros(5, bool)) == {"top1_unseen": 0.6, "queries_unseen": 5, "top1_seen": None,
-                                                    "queries_seen": 0}
+    assert seen_unseen(hits, np.zeros(5, bool)) == {
+        "top1_unseen": 0.6,
+        "queries_unseen": 5,
+        "top1_seen": None,
+        "queries_seen": 0,
+    }

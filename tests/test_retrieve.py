@@ -94,8 +94,9 @@ def test_input_formats(tmp_path):
 
 
 def test_cli_outputs(trained, tmp_path, capsys):
-    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": f"candidate {i} about schools", "id": f"c{i}"}) + "\n"
-                                              for i in range(12)))
+    (tmp_path / "c.jsonl").write_text(
+        "".join(json.dumps({"text": f"candidate {i} about schools", "id": f"c{i}"}) + "\n" for i in range(12))
+    )
     args = [str(trained), "--candidates", str(tmp_path / "c.jsonl"), "--cache-dir", str(tmp_path / "cache"), "-k", "4"]
     assert main(args + ["--query", "first query", "--query", "second query", "--json"]) == 0
     records = json.loads(capsys.readouterr().out)
@@ -106,21 +107,44 @@ def test_cli_outputs(trained, tmp_path, capsys):
     assert main(args + ["--query", "a query"]) == 0
     captured = capsys.readouterr()
     assert "rank" in captured.out and "12 candidates" in captured.err
-    assert main([str(trained), "--corpus", "demo", "--split", "val", "--query", "q", "--jsonl", "-k", "2",
-                 "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert (
+        main(
+            [
+                str(trained),
+                "--corpus",
+                "demo",
+                "--split",
+                "val",
+                "--query",
+                "q",
+                "--jsonl",
+                "-k",
+                "2",
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ]
+        )
+        == 0
+    )
     assert len(json.loads(capsys.readouterr().out.splitlines()[0])["hits"]) == 2
 
 
-@pytest.mark.parametrize("case, make, message", [
-    ("empty query", lambda t, run: [run, "--corpus", "demo", "--query", "  "], "an empty query"),
-    ("empty file", lambda t, run: [run, "--candidates", str(t / "empty.txt"), "--query", "q"], "holds no texts"),
-    ("missing file", lambda t, run: [run, "--candidates", str(t / "nope.txt"), "--query", "q"], "does not exist"),
-    ("missing column", lambda t, run: [run, "--candidates", str(t / "c.csv"), "--text-column", "body", "--query", "q"],
-     "has no column 'body' (columns: text)"),
-    ("not utf-8", lambda t, run: [run, "--candidates", str(t / "latin1.txt"), "--query", "q"], "is not UTF-8"),
-    ("no best.pt", lambda t, run: [str(t), "--corpus", "demo", "--query", "q"], "has no best.pt"),
-    ("bad k", lambda t, run: [run, "--corpus", "demo", "--query", "q", "-k", "0"], "-k 0 is not valid"),
-])
+@pytest.mark.parametrize(
+    "case, make, message",
+    [
+        ("empty query", lambda t, run: [run, "--corpus", "demo", "--query", "  "], "an empty query"),
+        ("empty file", lambda t, run: [run, "--candidates", str(t / "empty.txt"), "--query", "q"], "holds no texts"),
+        ("missing file", lambda t, run: [run, "--candidates", str(t / "nope.txt"), "--query", "q"], "does not exist"),
+        (
+            "missing column",
+            lambda t, run: [run, "--candidates", str(t / "c.csv"), "--text-column", "body", "--query", "q"],
+            "has no column 'body' (columns: text)",
+        ),
+        ("not utf-8", lambda t, run: [run, "--candidates", str(t / "latin1.txt"), "--query", "q"], "is not UTF-8"),
+        ("no best.pt", lambda t, run: [str(t), "--corpus", "demo", "--query", "q"], "has no best.pt"),
+        ("bad k", lambda t, run: [run, "--corpus", "demo", "--query", "q", "-k", "0"], "-k 0 is not valid"),
+    ],
+)
 def test_bad_inputs_are_one_line(trained, tmp_path, capsys, case, make, message):
     (tmp_path / "empty.txt").write_text("\n \n")
     (tmp_path / "c.csv").write_text("text\nhello\n")

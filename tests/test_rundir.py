@@ -22,8 +22,9 @@ TINY = ["model=tiny", "trainer.progress=false", "trainer.batch_size=8", "trainer
 
 def train(*args, cwd=REPO):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run([sys.executable, "-m", "biencoder.train", *args], capture_output=True, text=True,
-                           cwd=cwd, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "biencoder.train", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 def snapshot(root: Path) -> dict[str, str]:
@@ -129,7 +130,6 @@ def test_in_a_folder_that_existed_only_this_jobs_hydra_files_are_removed(tmp_pat
     assert (home / "other_project" / "last.pt").exists()
 
 
-
 def test_job_files_outside_the_folder_or_behind_a_symlink_are_never_removed(tmp_path):
     """A job name with a path in it (hydra.job.name=../notes) or a .hydra that is a symlink elsewhere: the files
     named lie outside the folder, so nothing is removed, however new they are."""
@@ -175,8 +175,14 @@ def test_a_quoted_run_dir_is_removed_after_an_error_and_a_quoted_resume_path_exp
     one_error_line(train(*TINY, f"data.root={tmp_path / 'no-corpus'}", f"hydra.run.dir='{folder}'", cwd=tmp_path))
     assert not folder.exists()
     env = {**{k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}, "HOME": str(home)}
-    proc = subprocess.run([sys.executable, "-m", "biencoder.train", *TINY, "trainer.resume='~/r1'"],
-                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "biencoder.train", *TINY, "trainer.resume='~/r1'"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0 and "already done" in proc.stdout + proc.stderr, proc.stderr[-2000:]
     assert not (tmp_path / "~").exists()
 
@@ -204,8 +210,17 @@ def test_resumed_jobs_stay_in_their_cell(finished_sweep, tmp_path):
     killed = next(p for p in sweep.iterdir() if p.name.endswith("_plain_s1"))
     for name in ("final.json", "best.pt", "test_hits.npy"):  # as a kill before the end leaves it
         (killed / name).unlink()
-    proc = train("-m", *TINY, "+variant=ln,plain", "seed=0,1", f"hydra.sweep.dir={sweep}", "trainer.resume=true",
-                 "trainer.keep_last=true", "trainer.num_workers=0", "trainer.eval_batch_size=16")
+    proc = train(
+        "-m",
+        *TINY,
+        "+variant=ln,plain",
+        "seed=0,1",
+        f"hydra.sweep.dir={sweep}",
+        "trainer.resume=true",
+        "trainer.keep_last=true",
+        "trainer.num_workers=0",
+        "trainer.eval_batch_size=16",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trainer" in (killed / "config_resolved.yaml").read_text()
     runs = find_runs([sweep])
@@ -231,8 +246,9 @@ def test_a_sweep_resumed_while_one_job_is_held_refuses_at_that_job(finished_swee
     holder = hold(jobs[1])
     try:
         before = {job.name: snapshot(job) for job in jobs[1:]}
-        error = one_error_line(train("-m", *TINY, "+variant=ln,plain", "seed=0,1", f"hydra.sweep.dir={sweep}",
-                                     "trainer.resume=true"))
+        error = one_error_line(
+            train("-m", *TINY, "+variant=ln,plain", "seed=0,1", f"hydra.sweep.dir={sweep}", "trainer.resume=true")
+        )
         assert f"{jobs[1]} is in use by pid {holder.pid} on {socket.gethostname()} since " in error
         assert {job.name: snapshot(job) for job in jobs[1:]} == before
         assert "already done" in (jobs[0] / "train.log").read_text()  # job 0 went as it goes without a holder
@@ -246,12 +262,18 @@ def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):
     run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
     final = (out / "final.json").read_text()
     with pytest.raises(ConfigError, match=r"trainer\.lr.*trainer\.max_epochs|trainer\.max_epochs"):
-        run(compose_cfg(FAST + ["trainer.max_epochs=12", "trainer.lr=0.5", "eval.tasks=false",
-                                "trainer.resume=true"]), out)
+        run(
+            compose_cfg(FAST + ["trainer.max_epochs=12", "trainer.lr=0.5", "eval.tasks=false", "trainer.resume=true"]),
+            out,
+        )
     assert (out / "final.json").read_text() == final
     # the same settings: skipped, as before
-    again = run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false", "trainer.resume=true",
-                                    "trainer.progress=true"]), out)
+    again = run(
+        compose_cfg(
+            FAST + ["trainer.max_epochs=1", "eval.tasks=false", "trainer.resume=true", "trainer.progress=true"]
+        ),
+        out,
+    )
     assert again == json.loads(final)
 
 
@@ -283,15 +305,21 @@ def test_the_precision_actually_used_separates_cells_and_older_runs_group_as_bef
 
     import yaml
 
-    used = {yaml.safe_load((job / "config_resolved.yaml").read_text())["trainer"]["precision"]
-            for job in finished_sweep.iterdir() if job.is_dir()}
+    used = {
+        yaml.safe_load((job / "config_resolved.yaml").read_text())["trainer"]["precision"]
+        for job in finished_sweep.iterdir()
+        if job.is_dir()
+    }
     assert len(used) == 1 and used <= {"fp32", "bf16"}  # auto, resolved: fp32 on a CPU, bf16 on a recent GPU
     (same,), (other,) = used, {"fp32", "bf16"} - used
     run(compose_cfg(TINY + ["+variant=plain", f"trainer.precision={other}"]), tmp_path / "other")
     runs = find_runs([finished_sweep, tmp_path / "other"])
     assert assign_cells(runs) == ["trainer.precision"]
-    assert sorted({r.cell for r in runs}) == [f"ln precision={same}", f"plain precision={other}",
-                                              f"plain precision={same}"]
+    assert sorted({r.cell for r in runs}) == [
+        f"ln precision={same}",
+        f"plain precision={other}",
+        f"plain precision={same}",
+    ]
     # runs from before the record (precision: auto, no runtime section) load and group as they did
     old = tmp_path / "old"
     shutil.copytree(finished_sweep, old)
@@ -319,7 +347,8 @@ def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
         run(compose_cfg(cfg + ["trainer.precision=bf16", "trainer.resume=true"]), out)
     assert "\n" not in str(err.value)
     assert {k: v for k, v in snapshot(out).items() if k != "config_resolved.yaml"} == {
-        k: v for k, v in before.items() if k != "config_resolved.yaml"}
+        k: v for k, v in before.items() if k != "config_resolved.yaml"
+    }
     # a run recorded before device and precision were resolved is not checked on them, as before
     as_before_the_record(out)
     assert run(compose_cfg(cfg + ["trainer.resume=true"]), out) == json.loads((out / "final.json").read_text())

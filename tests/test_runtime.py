@@ -20,26 +20,36 @@ TORCHRUN_2 = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RA
 @pytest.fixture
 def gpus(monkeypatch):
     """``gpus(n, bf16=True)``: torch reports n visible CUDA devices (n=0: none) from now on in this test."""
+
     def fake(n: int, bf16: bool = True):
         monkeypatch.setattr(torch.cuda, "is_available", lambda: n > 0)
         monkeypatch.setattr(torch.cuda, "device_count", lambda: n)
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: bf16)
+
     return fake
 
 
-@pytest.mark.parametrize("n_gpus, device, precision, env, expect", [
-    (0, "auto", "auto", {}, ("cpu", "fp32", None)),
-    (1, "auto", "auto", {}, ("cuda:0", "bf16", None)),
-    (1, "cpu", "auto", {}, ("cpu", "fp32", None)),                        # asked for the CPU: it gets it
-    (1, "cuda", "fp32", {}, ("cuda:0", "fp32", None)),
-    (0, "auto", "bf16", {}, ("cpu", "bf16", None)),                       # bf16 autocast on the CPU when asked
-    (2, "auto", "auto", TORCHRUN_2, ("cuda:1", "bf16", "nccl")),          # each process its LOCAL_RANK's GPU
-    (1, "cpu", "auto", TORCHRUN_2, ("cpu", "fp32", "gloo")),              # gloo even with CUDA visible
-    (0, "auto", "auto", TORCHRUN_2, ("cpu", "fp32", "gloo")),
-    # two nodes of two GPUs: rank 3 is the second process of the second node
-    (2, "auto", "auto", {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "RANK": "3", "LOCAL_RANK": "1"},
-     ("cuda:1", "bf16", "nccl")),
-])
+@pytest.mark.parametrize(
+    "n_gpus, device, precision, env, expect",
+    [
+        (0, "auto", "auto", {}, ("cpu", "fp32", None)),
+        (1, "auto", "auto", {}, ("cuda:0", "bf16", None)),
+        (1, "cpu", "auto", {}, ("cpu", "fp32", None)),  # asked for the CPU: it gets it
+        (1, "cuda", "fp32", {}, ("cuda:0", "fp32", None)),
+        (0, "auto", "bf16", {}, ("cpu", "bf16", None)),  # bf16 autocast on the CPU when asked
+        (2, "auto", "auto", TORCHRUN_2, ("cuda:1", "bf16", "nccl")),  # each process its LOCAL_RANK's GPU
+        (1, "cpu", "auto", TORCHRUN_2, ("cpu", "fp32", "gloo")),  # gloo even with CUDA visible
+        (0, "auto", "auto", TORCHRUN_2, ("cpu", "fp32", "gloo")),
+        # two nodes of two GPUs: rank 3 is the second process of the second node
+        (
+            2,
+            "auto",
+            "auto",
+            {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "RANK": "3", "LOCAL_RANK": "1"},
+            ("cuda:1", "bf16", "nccl"),
+        ),
+    ],
+)
 def test_the_decision(gpus, n_gpus, device, precision, env, expect):
     gpus(n_gpus)
     runtime = decide(device, precision, environ=env)
@@ -86,8 +96,14 @@ def test_the_record():
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)  # the thread count of the moment: it moves a CPU run's last digits
-        assert runtime.record() == {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": True,
-                                    "processes": 2, "cpu_threads": 1}
+        assert runtime.record() == {
+            "device": "cpu",
+            "device_name": "cpu",
+            "precision": "fp32",
+            "deterministic": True,
+            "processes": 2,
+            "cpu_threads": 1,
+        }
     finally:
         torch.set_num_threads(before)
 
@@ -145,12 +161,27 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
         "    torch.nn.functional.max_unpool1d(torch.ones(1, 1, 2), torch.tensor([[[0, 1]]]), 2)\n"
         "    return forward(self, *args, **kwargs)\n"
         "epoch.TripletStep.forward = with_unpool\n"
-        "train.cli()\n")
+        "train.cli()\n"
+    )
     logs = tmp_path / "logs"
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    proc = subprocess.run([sys.executable, str(wrapper), "model=tiny", "trainer.progress=false", "trainer.max_epochs=1",
-                           "eval.tasks=false", "trainer.deterministic=true", f"paths.log_dir={logs}"],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(wrapper),
+            "model=tiny",
+            "trainer.progress=false",
+            "trainer.max_epochs=1",
+            "eval.tasks=false",
+            "trainer.deterministic=true",
+            f"paths.log_dir={logs}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
@@ -164,20 +195,41 @@ def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determini
     from biencoder.engine.training.runner import run
     from conftest import compose_cfg
 
-    final = run(compose_cfg(["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "eval.tasks=false",
-                             "trainer.deterministic=true"]), tmp_path)
-    expected = {"device": "cpu", "device_name": "cpu", "precision": "fp32", "deterministic": True, "processes": 1,
-                "cpu_threads": torch.get_num_threads()}
+    final = run(
+        compose_cfg(
+            [
+                "model=tiny",
+                "trainer.progress=false",
+                "trainer.max_epochs=1",
+                "eval.tasks=false",
+                "trainer.deterministic=true",
+            ]
+        ),
+        tmp_path,
+    )
+    expected = {
+        "device": "cpu",
+        "device_name": "cpu",
+        "precision": "fp32",
+        "deterministic": True,
+        "processes": 1,
+        "cpu_threads": torch.get_num_threads(),
+    }
     assert final["runtime"] == expected == json.loads((tmp_path / "final.json").read_text())["runtime"]
     saved = yaml.safe_load((tmp_path / "config_resolved.yaml").read_text())
     assert saved["runtime"] == expected
     # auto, resolved: what the summaries group by and what a resume is checked against
     assert (saved["trainer"]["device"], saved["trainer"]["precision"], saved["trainer"]["deterministic"]) == (
-        "cpu", "fp32", True)
+        "cpu",
+        "fp32",
+        True,
+    )
     assert saved["eval"]["pair_batch_size"] == 256  # null in the config: the CPU's block size, as used
     threads = torch.get_num_threads()
-    assert f"on cpu (fp32, deterministic, 1 process, {threads} CPU thread{'s' if threads > 1 else ''})" in (
-        tmp_path / "train.log").read_text()
+    assert (
+        f"on cpu (fp32, deterministic, 1 process, {threads} CPU thread{'s' if threads > 1 else ''})"
+        in (tmp_path / "train.log").read_text()
+    )
 
 
 @pytest.mark.parametrize("device", ["auto", "cuda"])
@@ -195,11 +247,20 @@ def test_deterministic_sets_cublas_before_anything_asks_cuda(global_determinism,
         def call(*args, **kwargs):
             seen.append((name, os.environ.get("CUBLAS_WORKSPACE_CONFIG")))
             return value
+
         monkeypatch.setattr(torch.cuda, name, call)
 
-    for name, value in [("is_available", True), ("device_count", 1), ("is_bf16_supported", True), ("init", None),
-                        ("current_device", 0), ("get_device_capability", (9, 0)), ("get_device_name", "fake GPU"),
-                        ("get_device_properties", None), ("_lazy_init", None)]:
+    for name, value in [
+        ("is_available", True),
+        ("device_count", 1),
+        ("is_bf16_supported", True),
+        ("init", None),
+        ("current_device", 0),
+        ("get_device_capability", (9, 0)),
+        ("get_device_name", "fake GPU"),
+        ("get_device_properties", None),
+        ("_lazy_init", None),
+    ]:
         fake(name, value)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     cfg = compose_cfg(["trainer.deterministic=true", "trainer.precision=auto", f"trainer.device={device}"])

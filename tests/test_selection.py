@@ -28,10 +28,13 @@ def test_the_rule():
     assert selection(0.0) == {"split": "val", "metric": "retrieval_top1"}
 
 
-@pytest.mark.parametrize("ce_weight, metric, best, label", [
-    (0, "retrieval_top1", 1, "val retrieval top-1"),  # the first of the tie at 0.3; the reranked top-1 would say 0
-    (1, "top1", 0, "val top-1 (reranked)"),
-])
+@pytest.mark.parametrize(
+    "ce_weight, metric, best, label",
+    [
+        (0, "retrieval_top1", 1, "val retrieval top-1"),  # the first of the tie at 0.3; the reranked top-1 would say 0
+        (1, "top1", 0, "val top-1 (reranked)"),
+    ],
+)
 def test_the_best_epoch_is_picked_by_the_metric_the_run_reports(tmp_path, monkeypatch, ce_weight, metric, best, label):
     """With planted val values whose best epochs differ, ``loss.ce_weight=0`` picks by val retrieval top-1 and the
     default by the reranked top-1; final.json records it, test_hits.npy holds that metric's hits at that epoch, and
@@ -46,8 +49,19 @@ def test_the_best_epoch_is_picked_by_the_metric_the_run_reports(tmp_path, monkey
 
     monkeypatch.setattr(Runner, "evaluate_split", planted)
     out = tmp_path / "run"
-    final = run(compose_cfg(FAST + ["loss=infonce", f"loss.ce_weight={ce_weight}", "trainer.max_epochs=3",
-                                    "eval.tasks=false", "eval.baselines=false"]), out)
+    final = run(
+        compose_cfg(
+            FAST
+            + [
+                "loss=infonce",
+                f"loss.ce_weight={ce_weight}",
+                "trainer.max_epochs=3",
+                "eval.tasks=false",
+                "eval.baselines=false",
+            ]
+        ),
+        out,
+    )
     assert json.loads((out / "final.json").read_text())["selection"] == {"split": "val", "metric": metric}
     assert final["best_epoch"] == best and final["best"]["val"][metric] == PLANTED[metric][best]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -62,8 +76,13 @@ def test_a_resumed_best_from_before_the_field_is_valued_by_this_run_s_metric():
     """A last.pt written before the selection was recorded holds ``val_top1``: it selected by the reranked top-1.
     Resumed by a run that selects by retrieval top-1, its best epoch is kept and valued by its val retrieval top-1
     (the metric later epochs are compared with); by a run that selects by top-1, it is what it was."""
-    old = {"epoch": 2, "val_top1": 0.4, "metrics": {"val": {"top1": 0.4, "retrieval_top1": 0.3}}, "state": None,
-           "hits": None}
+    old = {
+        "epoch": 2,
+        "val_top1": 0.4,
+        "metrics": {"val": {"top1": 0.4, "retrieval_top1": 0.3}},
+        "state": None,
+        "hits": None,
+    }
     for metric, value in (("retrieval_top1", 0.3), ("top1", 0.4)):
         runner = SimpleNamespace(selection={"split": "val", "metric": metric}, folder=SimpleNamespace(last="last.pt"))
         best = Runner._selected_by_rule(runner, dict(old))
@@ -73,16 +92,24 @@ def test_a_resumed_best_from_before_the_field_is_valued_by_this_run_s_metric():
 def _write(folder: Path, seed: int, final: dict | None, ce_weight: float = 0.0) -> Path:
     """A finished run folder whose val/test reranked top-1 peak at epoch 0 and retrieval top-1 at epoch 1."""
     (folder / ".hydra").mkdir(parents=True)
-    config = {"seed": seed, "data": {"name": "demo", "root": None}, "loss": {"name": "infonce", "ce_weight": ce_weight},
-              "model": {"name": "tiny", "head": {"use_layernorm": False, "use_relu": False}}}
+    config = {
+        "seed": seed,
+        "data": {"name": "demo", "root": None},
+        "loss": {"name": "infonce", "ce_weight": ce_weight},
+        "model": {"name": "tiny", "head": {"use_layernorm": False, "use_relu": False}},
+    }
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
-    values = {"val": {"top1": [0.5, 0.1, 0.2], "retrieval_top1": [0.1, 0.3, 0.2]},
-              "test": {"top1": [0.9, 0.0, 0.0], "retrieval_top1": [0.2, 0.25, 0.1]}}
+    values = {
+        "val": {"top1": [0.5, 0.1, 0.2], "retrieval_top1": [0.1, 0.3, 0.2]},
+        "test": {"top1": [0.9, 0.0, 0.0], "retrieval_top1": [0.2, 0.25, 0.1]},
+    }
     rows = []
     for epoch in range(3):
         base = {"epoch": epoch, "variant": "plain", "seed": seed, "mrr": 0.0, "recall_at_k": 0.0}
         rows.append({**base, "split": "train", "top1": 0.5, "retrieval_top1": 0.5, "loss": 1.0})
-        rows += [{**base, "split": split, **{k: v[epoch] for k, v in values[split].items()}} for split in ("val", "test")]
+        rows += [
+            {**base, "split": split, **{k: v[epoch] for k, v in values[split].items()}} for split in ("val", "test")
+        ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     hits = np.zeros(20, bool)
     hits[:5] = True  # 0.25: test retrieval top-1 at epoch 1
@@ -107,7 +134,9 @@ def test_tables_and_figure_read_each_run_s_selection(tmp_path, capsys):
     assert shown_top1["selected_by"] == "val retrieval top-1" and np.isnan(shown_top1.get("test_ci_low", np.nan))
     shown = summary_table(new, "retrieval_top1", n_boot=100)
     row = shown.iloc[0]
-    assert row["val_retrieval_top1_mean"] == pytest.approx(0.3) and row["test_retrieval_top1_mean"] == pytest.approx(0.25)
+    assert row["val_retrieval_top1_mean"] == pytest.approx(0.3) and row["test_retrieval_top1_mean"] == pytest.approx(
+        0.25
+    )
     assert row["test_ci_low"] <= 0.25 <= row["test_ci_high"]  # test_hits.npy holds this metric
     assert "best epoch (from 0) by val retrieval top-1" in to_markdown(shown, shown.iloc[:0], "retrieval_top1")
     outcomes = run_outcomes(new, "seed")

@@ -16,8 +16,10 @@ NAN, INF = float("nan"), float("inf")
 
 def strict_loads(text: str):
     """What jq or JavaScript's JSON.parse accept: no NaN, Infinity or -Infinity."""
+
     def refuse(constant):
         raise ValueError(f"not strict JSON: {constant}")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -32,8 +34,13 @@ def same(a, b) -> bool:
     return type(a) is type(b) and a == b
 
 
-RECORD = {"status": "diverged", "epoch": 3, "loss_parts": {"loss": NAN, "ce_pos": 0.5, "a/b~c": INF},
-          "curve": [0.1, -INF, None], "top1_seen": None}
+RECORD = {
+    "status": "diverged",
+    "epoch": 3,
+    "loss_parts": {"loss": NAN, "ce_pos": 0.5, "a/b~c": INF},
+    "curve": [0.1, -INF, None],
+    "top1_seen": None,
+}
 
 
 def test_a_non_finite_value_is_null_and_named():
@@ -42,7 +49,11 @@ def test_a_non_finite_value_is_null_and_named():
     assert written["loss_parts"] == {"loss": None, "ce_pos": 0.5, "a/b~c": None}
     assert written["curve"] == [0.1, None, None] and written["top1_seen"] is None  # a null that was None stays one
     # RFC 6901 pointers: "/" in a key is "~1", "~" is "~0"
-    assert written[NON_FINITE] == {"/loss_parts/loss": "NaN", "/loss_parts/a~1b~0c": "Infinity", "/curve/1": "-Infinity"}
+    assert written[NON_FINITE] == {
+        "/loss_parts/loss": "NaN",
+        "/loss_parts/a~1b~0c": "Infinity",
+        "/curve/1": "-Infinity",
+    }
     assert same(read_json(text), RECORD)
 
 
@@ -65,8 +76,10 @@ def test_records_written_before_read_the_same(tmp_path):
     values through read_final and read_metrics."""
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir(), new.mkdir()
-    rows = [{"epoch": 0, "split": "train", "loss": 1.0, "neg_distance_hard": NAN}, {"epoch": 1, "split": "train",
-                                                                                     "loss": 0.5, "neg_distance_hard": 2.0}]
+    rows = [
+        {"epoch": 0, "split": "train", "loss": 1.0, "neg_distance_hard": NAN},
+        {"epoch": 1, "split": "train", "loss": 0.5, "neg_distance_hard": 2.0},
+    ]
     (old / "final.json").write_text(json.dumps(RECORD, indent=2))
     (old / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert "NaN" in (old / "final.json").read_text()
@@ -125,7 +138,10 @@ NOT_RECORDS = {
 
 def test_every_json_text_the_package_writes_goes_through_strict_json():
     src = REPO / "src" / "biencoder"
-    calls = {str(p.relative_to(src)): len(re.findall(r"\bjson\.dumps?\(", p.read_text()))
-             for p in src.rglob("*.py") if p.name != "state.py"}
+    calls = {
+        str(p.relative_to(src)): len(re.findall(r"\bjson\.dumps?\(", p.read_text()))
+        for p in src.rglob("*.py")
+        if p.name != "state.py"
+    }
     assert {name for name, n in calls.items() if n} == set(NOT_RECORDS)
     assert all(calls[name] == 1 for name in NOT_RECORDS)

@@ -34,16 +34,33 @@ def test_cli_outputs_and_errors(tmp_path, capsys):
     (tmp_path / "o").mkdir()
     assert main([str(tmp_path / "logs"), "--out", str(tmp_path / "o" / "summary")]) == 0
     assert f"figure: {tmp_path / 'o' / 'summary.png'}" in capsys.readouterr().out
-    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["summary.csv", "summary.md", "summary.png",
-                                                                  "summary_paired.csv"]
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "summary.csv",
+        "summary.md",
+        "summary.png",
+        "summary_paired.csv",
+    ]
 
 
 def test_script_on_real_runner_output(tmp_path):
     for variant in ("plain", "ln"):
         from biencoder.engine.training.runner import run
+
         out = tmp_path / f"{variant}_s0"
         run(compose_cfg(FAST + [f"+variant={variant}", "trainer.max_epochs=1", "eval.tasks=false"]), out)
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "plot_top1.py"), str(tmp_path), "--metric", "mrr",
-                           "--split", "val", "test"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "plot_top1.py"),
+            str(tmp_path),
+            "--metric",
+            "mrr",
+            "--split",
+            "val",
+            "test",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "| ln |" in proc.stdout and (tmp_path / "mrr.png").is_file()

@@ -11,8 +11,10 @@ SCRIPT = runpy.run_path(str(REPO / "scripts" / "make_synthetic_pairs.py"))
 
 
 def read(folder):
-    return {name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
-            for name in ("train", "val", "test")}
+    return {
+        name: [json.loads(line) for line in (folder / f"{name}.jsonl").read_text().splitlines()]
+        for name in ("train", "val", "test")
+    }
 
 
 def test_files_are_deterministic_by_seed_and_split_as_asked(tmp_path):

@@ -49,15 +49,18 @@ def test_types_of_one_query(grid):
     row = lambda pair_id, kind: int(np.flatnonzero((t["pair_id"] == pair_id) & (t["kind"] == kind))[0])
     assert types[q] == -1 and types[row("theme0/debate00/pro01", "counter")] == -1
     assert types[row("theme1/debate10/con01", "counter")] == -1  # twin of the true counter
-    named = {"debate-same-counter": row("theme0/debate00/pro02", "counter"),
-             "debate-oppo-counter": row("theme0/debate00/con01", "counter"),
-             "debate-oppo-point": row("theme0/debate00/con02", "point"),
-             "debate-same-point": row("theme0/debate00/pro02", "point"),
-             "theme-counter": row("theme0/debate01/pro01", "counter"),
-             "theme-point": row("theme0/debate01/con01", "point"),
-             "portal-counter": row("theme1/debate11/pro02", "counter"),
-             "portal-point": row("theme1/debate10/pro01", "point")}
+    named = {
+        "debate-same-counter": row("theme0/debate00/pro02", "counter"),
+        "debate-oppo-counter": row("theme0/debate00/con01", "counter"),
+        "debate-oppo-point": row("theme0/debate00/con02", "point"),
+        "debate-same-point": row("theme0/debate00/pro02", "point"),
+        "theme-counter": row("theme0/debate01/pro01", "counter"),
+        "theme-point": row("theme0/debate01/con01", "point"),
+        "portal-counter": row("theme1/debate11/pro02", "counter"),
+        "portal-point": row("theme1/debate10/pro01", "point"),
+    }
     from biencoder.engine.retrieval.official_tasks import TYPES
+
     for name, r in named.items():
         assert TYPES[types[r]] == name
 
@@ -75,10 +78,20 @@ def test_one_ranking_by_hand(grid):
     position[row("theme0/debate00/con01", "point")] = 3.0
     position[row("theme0/debate01/pro01", "point")] = 1.5
     scores = -np.abs(position - position[q])[None, :]
-    masks = {task: m[q:q + 1] for task, m in task_masks(candidate_types(grid)).items()}
-    ranks = {task: 1 / query_ranks(scores, m, grid.counter[q:q + 1])[0] for task, m in masks.items()}  # MRR of one query
-    assert ranks == {"sdoc": 1 / 2, "sdc": 1 / 2, "sdoa": 1 / 2, "sda": 1 / 2,
-                     "stc": 1 / 2, "sta": 1 / 3, "epc": 1 / 2, "epa": 1 / 3}
+    masks = {task: m[q : q + 1] for task, m in task_masks(candidate_types(grid)).items()}
+    ranks = {
+        task: 1 / query_ranks(scores, m, grid.counter[q : q + 1])[0] for task, m in masks.items()
+    }  # MRR of one query
+    assert ranks == {
+        "sdoc": 1 / 2,
+        "sdc": 1 / 2,
+        "sdoa": 1 / 2,
+        "sda": 1 / 2,
+        "stc": 1 / 2,
+        "sta": 1 / 3,
+        "epc": 1 / 2,
+        "epa": 1 / 3,
+    }
 
 
 def test_ties_count_against_and_all_scores_agree_on_a_perfect_model(grid):
@@ -136,8 +149,15 @@ def test_real_test_pools(real_corpus):
     split = real_corpus.paired("test")
     sizes = pool_sizes(split)
     assert {t: s["candidates"] for t, s in sizes.items()} == {
-        "sdoc": 4052, "sdc": 9312, "sdoa": 9312, "sda": 18630,
-        "stc": 189870, "sta": 379746, "epc": 1961182, "epa": 3922582}
+        "sdoc": 4052,
+        "sdc": 9312,
+        "sdoa": 9312,
+        "sda": 18630,
+        "stc": 189870,
+        "sta": 379746,
+        "epc": 1961182,
+        "epa": 3922582,
+    }
     assert all(s["queries"] == 1401 for s in sizes.values())
     # epa = every paired argument but the query and the true counter, less the true counter's 218 twins
     assert sizes["epa"]["candidates"] == 1401 * (2802 - 2) - 218
@@ -162,8 +182,10 @@ def test_the_task_table_gives_each_splits_own_pool_size():
     from biencoder.report.run import format_tasks
 
     def results(per_query, queries):
-        return {t: {"accuracy_at_1": 0.5, "mrr": 0.75, "queries": queries, "candidates": per_query * queries,
-                    "groups": {}} for t in TASKS}
+        return {
+            t: {"accuracy_at_1": 0.5, "mrr": 0.75, "queries": queries, "candidates": per_query * queries, "groups": {}}
+            for t in TASKS
+        }
 
     lines = format_tasks({"val": results(10, 4), "test": results(20, 5)}).splitlines()
     assert lines[0] == "| task | avg false cands (val / test) | val acc@1 | val MRR | test acc@1 | test MRR |"

@@ -25,7 +25,8 @@ BASE = FAST + ["+variant=ln", "eval.tasks=false", "trainer.max_epochs=4", "train
 def same(got, want):
     """Same steps, same values (TensorBoard stores float32)."""
     return [s for s, _ in got] == [s for s, _ in want] and all(
-        v == pytest.approx(w, rel=1e-6, abs=1e-7) for (_, v), (_, w) in zip(got, want))
+        v == pytest.approx(w, rel=1e-6, abs=1e-7) for (_, v), (_, w) in zip(got, want)
+    )
 
 
 def expected(folder, key, split):
@@ -105,19 +106,34 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
     wrapper makes EpochTrainer.train_epoch raise at head_lr 2): a too-high rate used to crash foreach AdamW's scalar
     conversion, but the fused optimiser turns it into a divergence, which is recorded and does not end the sweep."""
     crashing = tmp_path / "crash_at_head_lr_2.py"
-    crashing.write_text("from biencoder.engine import epoch\n"
-                        "train_epoch = epoch.EpochTrainer.train_epoch\n"
-                        "def crash(self, *args):\n"
-                        "    if self.cfg.trainer.head_lr == 2:\n"
-                        "        raise RuntimeError('the crash of test_a_sweep_with_a_failing_job')\n"
-                        "    return train_epoch(self, *args)\n"
-                        "epoch.EpochTrainer.train_epoch = crash\n"
-                        "from biencoder.train import cli\n"
-                        "cli()\n")
+    crashing.write_text(
+        "from biencoder.engine import epoch\n"
+        "train_epoch = epoch.EpochTrainer.train_epoch\n"
+        "def crash(self, *args):\n"
+        "    if self.cfg.trainer.head_lr == 2:\n"
+        "        raise RuntimeError('the crash of test_a_sweep_with_a_failing_job')\n"
+        "    return train_epoch(self, *args)\n"
+        "epoch.EpochTrainer.train_epoch = crash\n"
+        "from biencoder.train import cli\n"
+        "cli()\n"
+    )
     sweep = tmp_path / "sweep"
-    proc = subprocess.run([sys.executable, str(crashing), "-m", *BASE, "trainer.max_epochs=2", "logger=mlflow",
-                           f"paths.log_dir={tmp_path}", f"hydra.sweep.dir={sweep}", "trainer.head_lr=1e-3,2"],
-                          capture_output=True, text=True, cwd=REPO)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(crashing),
+            "-m",
+            *BASE,
+            "trainer.max_epochs=2",
+            "logger=mlflow",
+            f"paths.log_dir={tmp_path}",
+            f"hydra.sweep.dir={sweep}",
+            "trainer.head_lr=1e-3,2",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert proc.returncode != 0  # the failed job ends the sweep (the basic launcher), after the first finished
     assert "the crash of test_a_sweep_with_a_failing_job" in proc.stderr
     client = client_for(tmp_path)

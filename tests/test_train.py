@@ -42,9 +42,20 @@ def test_run_folder_contents(demo_run):
         # data.dedup (default): the demo shares one text across its splits, so train and val lose 2 pairs each
         assert row["variant"] == "ln" and row["seed"] == 0 and row["queries"] == DEDUP_QUERIES[row["split"]]
     train = rows[0]
-    assert {"loss", "triplet", "ce_pos", "ce_neg", "random_rate", "share_random", "neg_distance",
-            "head_pre_sample_var", "head_post_sample_var", "head_post_zero_share",
-            "grad_norm_encoder", "grad_norm_head"} <= set(train)
+    assert {
+        "loss",
+        "triplet",
+        "ce_pos",
+        "ce_neg",
+        "random_rate",
+        "share_random",
+        "neg_distance",
+        "head_pre_sample_var",
+        "head_post_sample_var",
+        "head_post_zero_share",
+        "grad_norm_encoder",
+        "grad_norm_head",
+    } <= set(train)
     assert train["random_rate"] == pytest.approx(0.8) and rows[3]["random_rate"] == pytest.approx(0.79)
     # LayerNorm is on: the head input is normalised per sample
     assert train["head_post_sample_var"] == pytest.approx(1.0, abs=0.01)
@@ -67,7 +78,9 @@ def test_same_seed_same_numbers(demo_run, tmp_path, global_determinism):
     assert numbers(read_rows(tmp_path / "again" / "metrics.jsonl")) == numbers(read_rows(out / "metrics.jsonl"))
     # torch's deterministic algorithms: on the CPU the same numbers again, to the last digit
     run(compose_cfg(FAST + ["+variant=ln", "trainer.deterministic=true"]), tmp_path / "deterministic")
-    assert numbers(read_rows(tmp_path / "deterministic" / "metrics.jsonl")) == numbers(read_rows(out / "metrics.jsonl"))
+    assert numbers(read_rows(tmp_path / "deterministic" / "metrics.jsonl")) == numbers(
+        read_rows(out / "metrics.jsonl")
+    )
     run(compose_cfg(FAST + ["+variant=ln", "seed=1"]), tmp_path / "other")
     assert numbers(read_rows(tmp_path / "other" / "metrics.jsonl")) != numbers(read_rows(out / "metrics.jsonl"))
 
@@ -117,7 +130,7 @@ def test_batches_carry_the_mined_tokens(tmp_path):
     for i, (point, counter, negative) in enumerate(rows):  # layout: 4 points, 4 counters, 4 negatives
         for offset, row in ((0, point), (4, counter), (8, negative)):
             ids = tokens.ids[row]
-            assert batch["input_ids"][offset + i, :len(ids)].tolist() == ids.tolist()
+            assert batch["input_ids"][offset + i, : len(ids)].tolist() == ids.tolist()
         assert negative == mined.row[point] and split.texts[negative] != split.texts[counter]
 
 
@@ -131,11 +144,20 @@ def test_cli_single_run_and_evaluate_checkpoint(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     (run_dir,) = (tmp_path / "runs").iterdir()
     assert run_dir.name.endswith("_relu_s0") and (run_dir / ".hydra" / "config.yaml").is_file()
-    assert {"metrics.jsonl", "final.json", "train.log", "best.pt", "test_hits.npy"} <= {p.name for p in run_dir.iterdir()}
+    assert {"metrics.jsonl", "final.json", "train.log", "best.pt", "test_hits.npy"} <= {
+        p.name for p in run_dir.iterdir()
+    }
     assert "8 tasks" in proc.stdout + proc.stderr
     out = tmp_path / "eval.json"
-    proc = cli("biencoder.evaluate", f"eval.checkpoint={run_dir}", "eval.score=rerank", "eval.split=val",
-               f"eval.output={out}", "trainer.progress=false", f"paths.log_dir={tmp_path}")
+    proc = cli(
+        "biencoder.evaluate",
+        f"eval.checkpoint={run_dir}",
+        "eval.score=rerank",
+        "eval.split=val",
+        f"eval.output={out}",
+        "trainer.progress=false",
+        f"paths.log_dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(out.read_text())
     final = json.loads((run_dir / "final.json").read_text())
@@ -143,8 +165,15 @@ def test_cli_single_run_and_evaluate_checkpoint(tmp_path):
 
 
 def test_cli_sweep_four_cells(tmp_path):
-    proc = cli("biencoder.train", "-m", "+variant=glob(*)", *FAST[:-2], "trainer.max_epochs=1",
-               "eval.tasks=false", f"paths.log_dir={tmp_path}")
+    proc = cli(
+        "biencoder.train",
+        "-m",
+        "+variant=glob(*)",
+        *FAST[:-2],
+        "trainer.max_epochs=1",
+        "eval.tasks=false",
+        f"paths.log_dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (sweep,) = (tmp_path / "sweeps").iterdir()
     jobs = sorted(p for p in sweep.iterdir() if p.is_dir())
@@ -157,10 +186,13 @@ def test_cli_sweep_four_cells(tmp_path):
     assert all((job / "final.json").is_file() for job in jobs)
 
 
-@pytest.mark.parametrize("args, expect", [
-    (["model.head.use_layernorm=maybe"], "model.head.use_layernorm"),
-    (["data.root=/no/such/corpus"], "/no/such/corpus"),
-])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["model.head.use_layernorm=maybe"], "model.head.use_layernorm"),
+        (["data.root=/no/such/corpus"], "/no/such/corpus"),
+    ],
+)
 def test_cli_bad_input_one_line_exit_2_no_run_folder(tmp_path, args, expect):
     proc = cli("biencoder.train", *FAST, *args, f"paths.log_dir={tmp_path}")
     assert proc.returncode == 2
@@ -198,8 +230,9 @@ def test_bf16_autocast_path_runs_on_cpu(tmp_path):
 
     handle = torch.nn.modules.module.register_module_forward_hook(record)
     try:
-        final = run(compose_cfg(FAST + ["trainer.precision=bf16", "trainer.max_epochs=1", "eval.tasks=false"]),
-                    tmp_path)
+        final = run(
+            compose_cfg(FAST + ["trainer.precision=bf16", "trainer.max_epochs=1", "eval.tasks=false"]), tmp_path
+        )
     finally:
         handle.remove()
     rows = read_rows(tmp_path / "metrics.jsonl")
@@ -238,7 +271,9 @@ def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
     true = scores[np.arange(split.n_pairs), split.counter]
     hits = ~((scores >= true[:, None]) & pool & (np.arange(len(split.texts)) != split.counter[:, None])).any(axis=1)
     assert final["baselines"]["test"]["tfidf"]["top1"] == pytest.approx(hits.mean())
-    assert final["baselines"]["test"]["tfidf"]["queries"] == 32 and "top1_unseen" in final["baselines"]["test"]["tfidf"]
+    assert (
+        final["baselines"]["test"]["tfidf"]["queries"] == 32 and "top1_unseen" in final["baselines"]["test"]["tfidf"]
+    )
     assert 0 <= final["baselines"]["val"]["encoder_cosine"]["top1"] <= 1
     text = summary_text(final, out)
     low, high = wilson(round(final["best"]["test"]["top1"] * 32), 32)
@@ -274,8 +309,11 @@ def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path,
     pro = layout["training"]["theme0"]["debate00"]["pro"]
     pro[1] = (pro[1][0], pro[0][1])  # the counter of pro01 is now word for word the counter of pro00
     root = make_corpus(layout)
-    cfg = compose_cfg(FAST + ["loss=infonce", f"data.root={root}", "trainer.batch_size=64"]
-                      + (["model.encoder.freeze=true"] if frozen else []))
+    cfg = compose_cfg(
+        FAST
+        + ["loss=infonce", f"data.root={root}", "trainer.batch_size=64"]
+        + (["model.encoder.freeze=true"] if frozen else [])
+    )
     runner = Runner(cfg, tmp_path)
     split = runner.splits["train"]
     mined = runner.trainer.mine(0, runner.embed("train").sim)
@@ -285,7 +323,9 @@ def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path,
         assert text_id.tolist() == split.text_id[rows.T.ravel()].tolist()  # points, counters, negatives
         emb = runner.model.from_pooled(inputs["pooled"]) if frozen else runner.model.embed(**inputs)
         point, counter, negative = emb.chunk(3)
-        scores, target, masked = runner.trainer.step.loss_fn.scores(point.sim, counter.sim, negative.sim, text_id.view(3, -1))
+        scores, target, masked = runner.trainer.step.loss_fn.scores(
+            point.sim, counter.sim, negative.sim, text_id.view(3, -1)
+        )
         candidate_text = split.text_id[np.concatenate([rows[:, 1], rows[:, 2]])]
         for i, positive in enumerate(split.text_id[rows[:, 1]]):
             same = candidate_text == positive

@@ -15,8 +15,13 @@ def _ran_jobs(sweep: Path) -> bool:
     least its log), so a file below a subfolder is newer than the process."""
     from .engine.runs.folder import PROCESS_START
 
-    return sweep.is_dir() and any(file.stat().st_mtime >= PROCESS_START for sub in sweep.iterdir() if sub.is_dir()
-                                  for file in sub.rglob("*") if file.is_file())
+    return sweep.is_dir() and any(
+        file.stat().st_mtime >= PROCESS_START
+        for sub in sweep.iterdir()
+        if sub.is_dir()
+        for file in sub.rglob("*")
+        if file.is_file()
+    )
 
 
 class SweepSummary(Callback):
@@ -31,11 +36,20 @@ class SweepSummary(Callback):
 
             discard_if_ours(sweep)  # only a folder this process made (it holds Hydra's multirun.yaml, nothing else)
             # an exit, not an exception: Hydra turns a callback's exceptions into warnings
-            sys.exit(report(ConfigError("the sweep launched 0 jobs: a list or glob() in the overrides matched no "
-                                        "option (a group's options are its files, e.g. conf/variant/*.yaml for "
-                                        "+variant=glob(*))")))
+            sys.exit(
+                report(
+                    ConfigError(
+                        "the sweep launched 0 jobs: a list or glob() in the overrides matched no "
+                        "option (a group's options are its files, e.g. conf/variant/*.yaml for "
+                        "+variant=glob(*))"
+                    )
+                )
+            )
         print(f"\n== sweep finished: {sweep}", flush=True)
         if any(sweep.rglob("final.json")):
             main([str(sweep)])  # the same settings as plot_top1.py, so both print the same p-values and verdicts
-        print(f"compare again (other options: --internals, --x KEY, --reference ...): "
-              f"python scripts/plot_top1.py {sweep}", flush=True)
+        print(
+            f"compare again (other options: --internals, --x KEY, --reference ...): "
+            f"python scripts/plot_top1.py {sweep}",
+            flush=True,
+        )

@@ -7,21 +7,39 @@ Hydra (through :mod:`biencoder.hydra_glue`).
 """
 
 from .engine.config.schema import (
-           NON_RESULT_KEYS,
-           Schema,
-           flags_name,
-           flatten,
-           is_non_result_key,
-           packaged_minilm_path,
-           resume_folder,
-           resume_requested,
-           run_settings,
+    NON_RESULT_KEYS,
+    Schema,
+    flags_name,
+    flatten,
+    is_non_result_key,
+    packaged_minilm_path,
+    resume_folder,
+    resume_requested,
+    run_settings,
 )
 from .engine.config.validation import check_known_keys, validate
 from .engine.machine.runtime import set_seed_everywhere, show_progress
 from .errors import ConfigError
 from .hydra_glue import conf_dir, fail, hydra_cli, register, variant_name
 
-__all__ = ["ConfigError", "NON_RESULT_KEYS", "Schema", "check_known_keys", "conf_dir", "fail", "flags_name",
-           "flatten", "hydra_cli", "is_non_result_key", "packaged_minilm_path", "register", "resume_folder",
-           "resume_requested", "run_settings", "set_seed_everywhere", "show_progress", "validate", "variant_name"]
+__all__ = [
+    "ConfigError",
+    "NON_RESULT_KEYS",
+    "Schema",
+    "check_known_keys",
+    "conf_dir",
+    "fail",
+    "flags_name",
+    "flatten",
+    "hydra_cli",
+    "is_non_result_key",
+    "packaged_minilm_path",
+    "register",
+    "resume_folder",
+    "resume_requested",
+    "run_settings",
+    "set_seed_everywhere",
+    "show_progress",
+    "validate",
+    "variant_name",
+]

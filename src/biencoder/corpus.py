@@ -26,8 +26,18 @@ from .engine.data.pair_files import EXPORTED, SUFFIXES, PairFiles, export_pairs,
 from .engine.files import strict_json
 from .errors import command
 
-__all__ = ["Corpus", "CorpusError", "PairedSplit", "demo_root", "main", "read_corpus", "resolve_root", "run_splits",
-           "seen_queries", "split_name"]  # the Python names, from the engine
+__all__ = [
+    "Corpus",
+    "CorpusError",
+    "PairedSplit",
+    "demo_root",
+    "main",
+    "read_corpus",
+    "resolve_root",
+    "run_splits",
+    "seen_queries",
+    "split_name",
+]  # the Python names, from the engine
 
 
 def format_stats(counts: dict[str, dict[str, int]]) -> str:
@@ -46,53 +56,79 @@ def pair_sources(paths: list[str], fmt: str | None = None, columns: dict | None 
     if len(paths) == 3:
         return {**base, **dict(zip(("train", "val", "test"), paths))}
     if len(paths) != 1:
-        raise CorpusError(f"{len(paths)} paths: pass one corpus root, one folder or file of pairs, or three pair "
-                          "files (train, val, test)")
+        raise CorpusError(
+            f"{len(paths)} paths: pass one corpus root, one folder or file of pairs, or three pair "
+            "files (train, val, test)"
+        )
     path = Path(paths[0])
     if path.is_file():
         return {**base, "file": str(path)}
     if str(path) == "demo" or not path.is_dir():
         return None  # the ArguAna reader says what is wrong with it
-    found = {name: sorted(f for f in path.iterdir() if f.stem == name and f.suffix.lower() in SUFFIXES)
-             for name in ("train", "val", "test")}
+    found = {
+        name: sorted(f for f in path.iterdir() if f.stem == name and f.suffix.lower() in SUFFIXES)
+        for name in ("train", "val", "test")
+    }
     if not all(found.values()):
         return None
     return {**base, **{name: str(files[0]) for name, files in found.items()}}
 
 
 def _print_overlap(overlap: dict, debates: bool) -> None:
-    print("\ncross-split overlap (the same text in two splits" + (": a debate filed under two themes)" if debates else ")"))
-    print(f"{'':18} {'pairs (both texts as a pair of b)':>38} {'texts':>16}" + (f" {'debates (URL)':>15}" if debates else ""))
+    print(
+        "\ncross-split overlap (the same text in two splits"
+        + (": a debate filed under two themes)" if debates else ")")
+    )
+    print(
+        f"{'':18} {'pairs (both texts as a pair of b)':>38} {'texts':>16}"
+        + (f" {'debates (URL)':>15}" if debates else "")
+    )
     for key, o in overlap.items():
-        print(f"{key:18} {o['pairs']:>26} of {o['of_pairs']:<9} {o['texts']:>6} of {o['of_texts']:<6}"
-              + (f" {o['debates']:>5} of {o['of_debates']:<6}" if debates else ""))
+        print(
+            f"{key:18} {o['pairs']:>26} of {o['of_pairs']:<9} {o['texts']:>6} of {o['of_texts']:<6}"
+            + (f" {o['debates']:>5} of {o['of_debates']:<6}" if debates else "")
+        )
 
 
 def stats(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if any("=" not in c for c in args.column):
-        raise CorpusError(f"--column {next(c for c in args.column if '=' not in c)}: use ROLE=NAME, e.g. --column "
-                          "anchor=question")
+        raise CorpusError(
+            f"--column {next(c for c in args.column if '=' not in c)}: use ROLE=NAME, e.g. --column anchor=question"
+        )
     columns = dict(c.split("=", 1) for c in args.column)
     data = pair_sources(args.paths, args.format, columns)
     corpus: Corpus | PairFiles = read_pairs(data) if data else read_corpus(args.paths[0])
     overlap = corpus.overlap()
     dropped = corpus.deduplicated(check=False).dropped if data else corpus.deduplicated().dropped
     if args.json:
-        print(strict_json({"splits": corpus.counts, "overlap": overlap, "dedup_dropped": dropped,
-                           **({"files": corpus.files} if data else {})}, indent=2))
+        print(
+            strict_json(
+                {
+                    "splits": corpus.counts,
+                    "overlap": overlap,
+                    "dedup_dropped": dropped,
+                    **({"files": corpus.files} if data else {}),
+                },
+                indent=2,
+            )
+        )
         return 0
     if data:
         for role, f in corpus.files.items():
             print(f"{role}: {f['path']}  ({f['bytes']} bytes, sha256 {f['sha256']})")
-        print(f"(read in {time.perf_counter() - start:.2f} s; duplicated_pairs: rows that repeat an earlier anchor and "
-              "positive, each its own query)")
+        print(
+            f"(read in {time.perf_counter() - start:.2f} s; duplicated_pairs: rows that repeat an earlier anchor and "
+            "positive, each its own query)"
+        )
     else:
         print(f"{corpus.root}  (read in {time.perf_counter() - start:.2f} s)")
     print(format_stats(corpus.counts))
     _print_overlap(overlap, debates=not data)
-    print(f"\ndata.dedup=true (the default) drops train {dropped['train']} of {corpus.counts['train']['pairs']}, "
-          f"val {dropped['val']} of {corpus.counts['val']['pairs']}, test 0 pairs")
+    print(
+        f"\ndata.dedup=true (the default) drops train {dropped['train']} of {corpus.counts['train']['pairs']}, "
+        f"val {dropped['val']} of {corpus.counts['val']['pairs']}, test 0 pairs"
+    )
     return 0
 
 
@@ -104,8 +140,10 @@ def same_splits(corpus: Corpus, pairs: PairFiles) -> list[str]:
         a, b = corpus.used(dedup), pairs.used(dedup)
         for name in ("train", "val", "test"):
             if a.paired(name).texts != b.paired(name).texts:
-                out.append(f"{name} ({'deduplicated' if dedup else 'official'}: {a.paired(name).n_pairs} pairs in the "
-                           f"corpus, {b.paired(name).n_pairs} in the files)")
+                out.append(
+                    f"{name} ({'deduplicated' if dedup else 'official'}: {a.paired(name).n_pairs} pairs in the "
+                    f"corpus, {b.paired(name).n_pairs} in the files)"
+                )
     return out
 
 
@@ -117,33 +155,54 @@ def export(args: argparse.Namespace) -> int:
         print(f"{path}  ({corpus.counts[name]['pairs']} pairs)")
     differ = same_splits(corpus, pairs)
     if differ:
-        print("note: the files give other paired splits than the corpus in " + "; ".join(differ) + ": ArguAna's "
-              "dedup also removes texts of points without a counter, which pair files do not hold")
+        print(
+            "note: the files give other paired splits than the corpus in " + "; ".join(differ) + ": ArguAna's "
+            "dedup also removes texts of points without a counter, which pair files do not hold"
+        )
     else:
         dedup = corpus.deduplicated()
-        print("read back: the same paired splits as the corpus, official ("
-              + "/".join(str(corpus.counts[n]["pairs"]) for n in EXPORTED) + ") and deduplicated ("
-              + "/".join(str(len(dedup.split_pairs(n))) for n in EXPORTED) + f"); train on them with data=pairs "
-              f"data.train={written['train']} data.val={written['val']} data.test={written['test']}")
+        print(
+            "read back: the same paired splits as the corpus, official ("
+            + "/".join(str(corpus.counts[n]["pairs"]) for n in EXPORTED)
+            + ") and deduplicated ("
+            + "/".join(str(len(dedup.split_pairs(n))) for n in EXPORTED)
+            + f"); train on them with data=pairs "
+            f"data.train={written['train']} data.val={written['val']} data.test={written['test']}"
+        )
     return 0
 
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m biencoder.corpus",
-                                     description="What an ArguAna corpus or a set of pair files holds; ArguAna as pair files.")
+    parser = argparse.ArgumentParser(
+        prog="python -m biencoder.corpus",
+        description="What an ArguAna corpus or a set of pair files holds; ArguAna as pair files.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     stats_parser = sub.add_parser("stats", help="counts per split, the cross-split overlap and what data.dedup drops")
-    stats_parser.add_argument("paths", nargs="+", metavar="path",
-                              help=f"an ArguAna corpus root (holding {EXTRACTED}/) or that folder, 'demo' for the "
-                                   "bundled one; or pair files: train val test, a folder holding train.*, val.* and "
-                                   "test.*, or one file with a split column")
-    stats_parser.add_argument("--json", action="store_true",
-                              help="print one JSON object: splits (counts per split), overlap, dedup_dropped (files)")
-    stats_parser.add_argument("--format", choices=sorted(set(SUFFIXES.values())), help="pair files: their format "
-                                                                                       "(default: from the suffix)")
-    stats_parser.add_argument("--column", action="append", default=[], metavar="ROLE=NAME",
-                              help="pair files: the column of a role, as data.columns.<role> (e.g. anchor=question)")
+    stats_parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="path",
+        help=f"an ArguAna corpus root (holding {EXTRACTED}/) or that folder, 'demo' for the "
+        "bundled one; or pair files: train val test, a folder holding train.*, val.* and "
+        "test.*, or one file with a split column",
+    )
+    stats_parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object: splits (counts per split), overlap, dedup_dropped (files)",
+    )
+    stats_parser.add_argument(
+        "--format", choices=sorted(set(SUFFIXES.values())), help="pair files: their format (default: from the suffix)"
+    )
+    stats_parser.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="ROLE=NAME",
+        help="pair files: the column of a role, as data.columns.<role> (e.g. anchor=question)",
+    )
     export_parser = sub.add_parser("export-pairs", help="write an ArguAna-layout corpus as train/val/test.jsonl pairs")
     export_parser.add_argument("corpus", help="an ArguAna corpus root, or 'demo' for the bundled one")
     export_parser.add_argument("folder", help="a new or empty folder for train.jsonl, val.jsonl and test.jsonl")

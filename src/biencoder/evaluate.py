@@ -53,8 +53,17 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     if score != "tfidf":
         model, emb, model_cfg, trained = _embedded(cfg, split, runtime)
         retrieve = retrieve or trained
-    tasks = evaluate_tasks(split, score, model=model, emb=emb, k=cfg.eval.k, device=device, groups=groups,
-                           batch_size=runtime.pair_batch_size(cfg.eval.pair_batch_size), retrieve=retrieve or "sim")
+    tasks = evaluate_tasks(
+        split,
+        score,
+        model=model,
+        emb=emb,
+        k=cfg.eval.k,
+        device=device,
+        groups=groups,
+        batch_size=runtime.pair_batch_size(cfg.eval.pair_batch_size),
+        retrieve=retrieve or "sim",
+    )
     result = {
         "score": score,
         "retrieve": (retrieve or "sim") if score == "rerank" else None,
@@ -71,8 +80,15 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     output = Path(cfg.eval.output) if cfg.eval.output else out_dir / "eval.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(output, result)
-    log.info("8 tasks on %s, score=%s (%.1f s, peak RSS %.0f MB)\n%s\nwritten to %s", split_name, score,
-             result["wall_time_s"], result["peak_rss_mb"], format_tasks({split_name: tasks}), output)
+    log.info(
+        "8 tasks on %s, score=%s (%.1f s, peak RSS %.0f MB)\n%s\nwritten to %s",
+        split_name,
+        score,
+        result["wall_time_s"],
+        result["peak_rss_mb"],
+        format_tasks({split_name: tasks}),
+        output,
+    )
     return result
 
 
@@ -81,20 +97,28 @@ def _checked(cfg: DictConfig) -> tuple[str, str]:
     :class:`ConfigError`, before any work."""
     validate(cfg)
     if cfg.eval.output and Path(cfg.eval.output).is_dir():  # found now, not after the evaluation
-        raise ConfigError(f"eval.output={cfg.eval.output} is a folder: name the JSON file to write, e.g. "
-                          f"eval.output={Path(cfg.eval.output) / 'eval.json'}")
+        raise ConfigError(
+            f"eval.output={cfg.eval.output} is a folder: name the JSON file to write, e.g. "
+            f"eval.output={Path(cfg.eval.output) / 'eval.json'}"
+        )
     try:
         split_name = canonical_split(str(cfg.eval.split))
     except CorpusError:
-        raise ConfigError(f"eval.split={cfg.eval.split!r} is not valid: use val or test (or train; the folder "
-                          "names validation/training work too)") from None
+        raise ConfigError(
+            f"eval.split={cfg.eval.split!r} is not valid: use val or test (or train; the folder "
+            "names validation/training work too)"
+        ) from None
     if cfg.data.layout != "arguana":
-        raise ConfigError(f"data={cfg.data.name}: biencoder-evaluate runs the 8 official tasks, which need ArguAna's "
-                          "debates, sides and themes (data=arguana or data=demo); a run on pair files has its top-1 "
-                          "and baselines in its final.json")
+        raise ConfigError(
+            f"data={cfg.data.name}: biencoder-evaluate runs the 8 official tasks, which need ArguAna's "
+            "debates, sides and themes (data=arguana or data=demo); a run on pair files has its top-1 "
+            "and baselines in its final.json"
+        )
     if cfg.eval.checkpoint is None and cfg.eval.score in NEEDS_TRAINED:
-        raise ConfigError(f"eval.score={cfg.eval.score} needs trained weights: pass eval.checkpoint=<run folder or "
-                          "best.pt>, or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf")
+        raise ConfigError(
+            f"eval.score={cfg.eval.score} needs trained weights: pass eval.checkpoint=<run folder or "
+            "best.pt>, or use eval.score=encoder_cosine (zero-shot) or eval.score=tfidf"
+        )
     return split_name, cfg.eval.score
 
 
@@ -113,9 +137,18 @@ def _embedded(cfg: DictConfig, split: PairedSplit, runtime: Runtime) -> tuple[Bi
     # which the frozen runs share; a fine-tuned encoder's would be used by this checkpoint alone
     untrained = cfg.eval.checkpoint is None or model_cfg["encoder"].get("freeze")
     cache_dir = cfg.trainer.cache_dir if untrained else None
-    pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], cache_dir,
-                            cfg.trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, progress,
-                            f"encode {split.name}")
+    pooled = pooled_vectors(
+        model,
+        tokenizer,
+        split.texts,
+        model_cfg["max_length"],
+        cache_dir,
+        cfg.trainer.eval_batch_size,
+        runtime.device,
+        runtime.autocast_dtype,
+        progress,
+        f"encode {split.name}",
+    )
     emb = embed_pooled(model, pooled, runtime.pair_batch_size(cfg.eval.pair_batch_size), runtime.device)
     return model, emb, model_cfg, trained
 

@@ -16,14 +16,18 @@ __all__ = ["PairClassifier", "embed", "export", "load_pair_classifier", "main"] 
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m biencoder.export",
-                                     description="Export a run as a sentence-transformers model + pair classifier.")
+    parser = argparse.ArgumentParser(
+        prog="python -m biencoder.export",
+        description="Export a run as a sentence-transformers model + pair classifier.",
+    )
     parser.add_argument("run", help="a run folder of biencoder.train (or its best.pt)")
     parser.add_argument("out_dir", help="a new (or empty) folder for the sentence-transformers model")
     args = parser.parse_args(argv)
     out = export(args.run, args.out_dir, progress=sys.stderr.isatty())
-    print(f"sentence-transformers model: {out}  (SentenceTransformer('{out}').encode(texts) = the sim embeddings)\n"
-          f"pair classifier: {out / CLASSIFIER}  (biencoder.export.load_pair_classifier('{out}'))")
+    print(
+        f"sentence-transformers model: {out}  (SentenceTransformer('{out}').encode(texts) = the sim embeddings)\n"
+        f"pair classifier: {out / CLASSIFIER}  (biencoder.export.load_pair_classifier('{out}'))"
+    )
     return 0
 
 

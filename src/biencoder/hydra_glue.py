@@ -79,8 +79,9 @@ def register() -> None:
     OmegaConf.register_new_resolver("hydra_subdir", hydra_subdir_resolver, replace=True)
 
 
-def compose_config(overrides=(), config_name: str = "config", config_dir: str | Path | None = None,
-                   hydra_config: bool = False) -> DictConfig:
+def compose_config(
+    overrides=(), config_name: str = "config", config_dir: str | Path | None = None, hydra_config: bool = False
+) -> DictConfig:
     """The configs of ``conf/`` (or of ``config_dir``) composed with ``overrides`` as the apps compose them, without
     a run folder: the schema, the loss options and the resolvers registered first. ``hydra_config``: with the
     ``hydra`` node (launcher, sweeper). Not validated (:func:`biencoder.engine.config.validation.validate`)."""
@@ -177,13 +178,17 @@ def _one_line(err: BaseException) -> str:
         first += " (" + "; ".join(h[0].lower() + h[1:] for h in hints) + ")"
     if "Available options in" in text:
         listed = text.split("Available options in", 1)[1].splitlines()[1:]
-        options = [line.strip() for line in listed[:next((i for i, line in enumerate(listed)
-                                                          if not line.startswith("\t")), len(listed))]]
+        options = [
+            line.strip()
+            for line in listed[: next((i for i, line in enumerate(listed) if not line.startswith("\t")), len(listed))]
+        ]
         first += f" (available: {', '.join(options)})"
     cause = err.__cause__
     if cause is not None and str(cause).strip():
         cause_text = str(cause).strip().splitlines()
-        key = next((line.split(":", 1)[1].strip() for line in cause_text if line.strip().startswith("full_key:")), None)
+        key = next(
+            (line.split(":", 1)[1].strip() for line in cause_text if line.strip().startswith("full_key:")), None
+        )
         first += f": {cause_text[0]}" + (f" (key {key})" if key and key not in cause_text[0] else "")
     return first
 
@@ -256,18 +261,27 @@ def hydra_cli(app) -> None:
         unwritable = _in_chain(err, OSError) if "Unable to configure handler" in str(err) else None
         if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
             reason = unwritable.strerror or unwritable
-            print(f"error: cannot write the log file {unwritable.filename or ''} ({reason}): hydra.run.dir (or "
-                  "paths.log_dir, or the trainer.resume folder) must be a writable folder", file=sys.stderr)
+            print(
+                f"error: cannot write the log file {unwritable.filename or ''} ({reason}): hydra.run.dir (or "
+                "paths.log_dir, or the trainer.resume folder) must be a writable folder",
+                file=sys.stderr,
+            )
             sys.exit(2)
         if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
             raise
-        print(f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "
-              "(e.g. +variant=ln seed=0 --cfg job)", file=sys.stderr)
+        print(
+            f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "
+            "(e.g. +variant=ln seed=0 --cfg job)",
+            file=sys.stderr,
+        )
         sys.exit(2)
     except BrokenPipeError:  # `... --help | head`: the reader left; nothing went wrong here
         sys.stderr.close()
         sys.exit(0)
     except OSError as err:  # e.g. an output folder that cannot be created, a full disk
-        print(f"error: {err.strerror or err}: '{err.filename}': check that paths.log_dir (or hydra.run.dir) "
-              "is a writable folder and that the disk has space", file=sys.stderr)
+        print(
+            f"error: {err.strerror or err}: '{err.filename}': check that paths.log_dir (or hydra.run.dir) "
+            "is a writable folder and that the disk has space",
+            file=sys.stderr,
+        )
         sys.exit(2)

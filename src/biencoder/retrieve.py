@@ -52,7 +52,7 @@ class Hit:
     id: str
     text: str
     retrieval_distance: float  # in the retrieve space (smaller = nearer)
-    rerank_score: float        # classifier logit margin l1 - l0 (higher = more likely the counter)
+    rerank_score: float  # classifier logit margin l1 - l0 (higher = more likely the counter)
 
 
 class Retriever:
@@ -64,8 +64,16 @@ class Retriever:
         device: ``cpu`` or ``cuda``; ``cache_dir``: the embedding cache (None: no cache).
     """
 
-    def __init__(self, run: str | Path, candidates: list[str], ids: list[str] | None = None, device: str = "cpu",
-                 cache_dir: str | Path | None = DEFAULT_CACHE, batch_size: int = 64, progress: bool = False):
+    def __init__(
+        self,
+        run: str | Path,
+        candidates: list[str],
+        ids: list[str] | None = None,
+        device: str = "cpu",
+        cache_dir: str | Path | None = DEFAULT_CACHE,
+        batch_size: int = 64,
+        progress: bool = False,
+    ):
         if not candidates:
             raise InputError("no candidate texts: pass a non-empty collection")
         self.model, self.tokenizer, self.model_cfg, self.settings = load_checkpoint(run, progress, what="run")
@@ -79,12 +87,23 @@ class Retriever:
         start = time.time()
         pooled = self._pool(self.texts, cache_dir, progress, "encode candidates")
         self.candidates = embed_pooled(self.model, pooled, device=self.device)
-        self.index = NeighbourIndex(self.candidates.retrieval(self.space).numpy().astype(np.float64), "exact", self.device)
+        self.index = NeighbourIndex(
+            self.candidates.retrieval(self.space).numpy().astype(np.float64), "exact", self.device
+        )
         self.embed_seconds = time.time() - start
 
     def _pool(self, texts: list[str], cache_dir=None, progress: bool = False, desc: str = "encode") -> torch.Tensor:
-        return pooled_vectors(self.model, self.tokenizer, texts, self.model_cfg["max_length"], cache_dir,
-                              self.batch_size, self.device, progress=progress, desc=desc)
+        return pooled_vectors(
+            self.model,
+            self.tokenizer,
+            texts,
+            self.model_cfg["max_length"],
+            cache_dir,
+            self.batch_size,
+            self.device,
+            progress=progress,
+            desc=desc,
+        )
 
     def search(self, queries: list[str], k: int = 5) -> list[list[Hit]]:
         """Top ``k`` candidates per query, best first (see the module docstring): k hits whenever k candidates have a
@@ -103,14 +122,21 @@ class Retriever:
         # the queries are rows 0..n-1 of the pairs' embeddings, the candidates follow them
         both = Embeddings(torch.cat([q.sim, self.candidates.sim]), torch.cat([q.pooled, self.candidates.pooled]))
         n = len(queries)
-        [margins] = shortlist_margins(self.model, both, np.arange(n), [np.where(rows == NONE, NONE, n + rows)],
-                                      device=self.device)
+        [margins] = shortlist_margins(
+            self.model, both, np.arange(n), [np.where(rows == NONE, NONE, n + rows)], device=self.device
+        )
         results = []
         for i in range(n):
             listed = np.flatnonzero(rows[i] != NONE)
             order = sorted(listed, key=lambda j: (-margins[i, j], dist[i, j]))[:k]
-            results.append([Hit(rank + 1, self.ids[rows[i, j]], self.texts[rows[i, j]], float(dist[i, j]),
-                                float(margins[i, j])) for rank, j in enumerate(order)])
+            results.append(
+                [
+                    Hit(
+                        rank + 1, self.ids[rows[i, j]], self.texts[rows[i, j]], float(dist[i, j]), float(margins[i, j])
+                    )
+                    for rank, j in enumerate(order)
+                ]
+            )
         return results
 
 
@@ -126,8 +152,9 @@ def _read_text(path: Path, what: str) -> str:
         raise InputError(f"{what} '{path}' cannot be read ({err.strerror}): check the path") from None
 
 
-def read_texts(path: str | Path, what: str = "--candidates", text_column: str = "text",
-               id_column: str | None = None) -> tuple[list[str], list[str]]:
+def read_texts(
+    path: str | Path, what: str = "--candidates", text_column: str = "text", id_column: str | None = None
+) -> tuple[list[str], list[str]]:
     """(texts, ids) from plain text (one per line), JSONL (``text_column``, optional ``id_column``) or CSV (the same
     columns). Blank lines are skipped; ids default to the line number (1-based) of each text."""
     path = Path(path)
@@ -142,11 +169,14 @@ def read_texts(path: str | Path, what: str = "--candidates", text_column: str = 
             except json.JSONDecodeError:
                 raise InputError(f"{what} '{path}' line {number} is not JSON: one object per line") from None
             if not isinstance(record, dict) or text_column not in record:
-                raise InputError(f"{what} '{path}' line {number} has no '{text_column}' field: "
-                                 f"name the field with --text-column")
+                raise InputError(
+                    f"{what} '{path}' line {number} has no '{text_column}' field: name the field with --text-column"
+                )
             if not isinstance(record[text_column], str):  # null, a number, a list: not a text ("None" is no query)
-                raise InputError(f"{what} '{path}' line {number}: '{text_column}' is "
-                                 f"{json.dumps(record[text_column])[:40]}, not a string")
+                raise InputError(
+                    f"{what} '{path}' line {number}: '{text_column}' is "
+                    f"{json.dumps(record[text_column])[:40]}, not a string"
+                )
             texts.append(record[text_column])
             ids.append(str(record.get(id_column or "id", number)))
     elif path.suffix.lower() == ".csv":
@@ -154,8 +184,10 @@ def read_texts(path: str | Path, what: str = "--candidates", text_column: str = 
         columns = list(rows[0]) if rows else []
         for column in filter(None, (text_column, id_column)):
             if rows and column not in columns:
-                raise InputError(f"{what} '{path}' has no column '{column}' (columns: {', '.join(columns)}): "
-                                 "name it with --text-column / --id-column")
+                raise InputError(
+                    f"{what} '{path}' has no column '{column}' (columns: {', '.join(columns)}): "
+                    "name it with --text-column / --id-column"
+                )
         for number, row in enumerate(rows, 2):
             if (row.get(text_column) or "").strip():
                 texts.append(row[text_column])
@@ -166,8 +198,9 @@ def read_texts(path: str | Path, what: str = "--candidates", text_column: str = 
                 texts.append(line.strip())
                 ids.append(str(number))
     if not texts:
-        raise InputError(f"{what} '{path}' holds no texts: one per line (.txt), a '{text_column}' field (.jsonl) "
-                         "or column (.csv)")
+        raise InputError(
+            f"{what} '{path}' holds no texts: one per line (.txt), a '{text_column}' field (.jsonl) or column (.csv)"
+        )
     return texts, ids
 
 
@@ -179,17 +212,22 @@ def corpus_candidates(root: str, split: str) -> tuple[list[str], list[str]]:
 
 def _short(text: str, width: int) -> str:
     text = " ".join(text.split())
-    return text if len(text) <= width else text[:width - 1] + "…"
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m biencoder.retrieve",
-        description="Retrieve counter-arguments for new arguments with a trained run (retrieve, then rerank).")
+        description="Retrieve counter-arguments for new arguments with a trained run (retrieve, then rerank).",
+    )
     parser.add_argument("run", help="a run folder of biencoder.train (or its best.pt)")
     parser.add_argument("--query", action="append", default=[], help="a query argument (repeatable)")
-    parser.add_argument("--queries", type=Path, help="queries: .txt (one per line) or .jsonl ('text' field); "
-                                                      "without --query/--queries they are read from stdin")
+    parser.add_argument(
+        "--queries",
+        type=Path,
+        help="queries: .txt (one per line) or .jsonl ('text' field); "
+        "without --query/--queries they are read from stdin",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--corpus", help="candidates from a corpus: 'demo' or a corpus root (with --split)")
     source.add_argument("--candidates", type=Path, help="candidates from a file: .txt, .jsonl or .csv")
@@ -213,7 +251,7 @@ def _queries(args: argparse.Namespace) -> list[str]:
         queries += read_texts(args.queries, "--queries")[0]
     if not args.query and args.queries is None:
         if sys.stdin.isatty():
-            raise InputError("no query: pass --query \"text\", --queries FILE, or pipe queries on stdin")
+            raise InputError('no query: pass --query "text", --queries FILE, or pipe queries on stdin')
         queries = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
     if not queries or any(not q.strip() for q in queries):
         raise InputError("an empty query: every query needs some text")
@@ -247,11 +285,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\nquery: {_short(record['query'], args.width)}")
             print(f"{'rank':>4}  {'rerank':>7}  {'dist':>6}  {'id':<28}  text")
             for h in record["hits"]:
-                print(f"{h['rank']:>4}  {h['rerank_score']:>7.2f}  {h['retrieval_distance']:>6.3f}  "
-                      f"{_short(h['id'], 28):<28}  {_short(h['text'], args.width)}")
-        print(f"\n{len(texts)} candidates ({retriever.space} retrieval, classifier rerank): model and candidate "
-              f"embeddings {loaded:.1f} s (of which embedding {retriever.embed_seconds:.1f} s), "
-              f"{len(queries)} quer{'y' if len(queries) == 1 else 'ies'} {1000 * searched:.0f} ms", file=sys.stderr)
+                print(
+                    f"{h['rank']:>4}  {h['rerank_score']:>7.2f}  {h['retrieval_distance']:>6.3f}  "
+                    f"{_short(h['id'], 28):<28}  {_short(h['text'], args.width)}"
+                )
+        print(
+            f"\n{len(texts)} candidates ({retriever.space} retrieval, classifier rerank): model and candidate "
+            f"embeddings {loaded:.1f} s (of which embedding {retriever.embed_seconds:.1f} s), "
+            f"{len(queries)} quer{'y' if len(queries) == 1 else 'ies'} {1000 * searched:.0f} ms",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -32,26 +32,51 @@ def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="plot_top1.py", description="Compare biencoder runs: figure + tables.")
     parser.add_argument("paths", nargs="+", help="logs folder(s) or run folders, searched recursively")
     parser.add_argument("--out", type=Path, help="PNG path (default: <first path>/<metric>.png); tables go beside it")
-    parser.add_argument("--metric", choices=METRICS, help="the metric drawn and tabulated (default: the one that "
-                        "selected the runs' best epochs, final.json's selection: top1, or retrieval_top1 for runs "
-                        "whose pair classifier was not trained; top1 when they differ)")
+    parser.add_argument(
+        "--metric",
+        choices=METRICS,
+        help="the metric drawn and tabulated (default: the one that "
+        "selected the runs' best epochs, final.json's selection: top1, or retrieval_top1 for runs "
+        "whose pair classifier was not trained; top1 when they differ)",
+    )
     parser.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS, help="splits to draw")
     parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
-    parser.add_argument("--reference", action="append", metavar="VARIANT|KEY=VALUE[,KEY=VALUE]",
-                        help="what cells are compared against: a variant (default plain) or key=value, e.g. "
-                             "eval.retrieve=sim, or key=value pairs joined by commas for settings changed together "
-                             "(loss.name=triplet_ce,trainer.head_lr=3e-4); repeat it for one table with one Holm "
-                             "adjustment over all")
-    parser.add_argument("--n-boot", type=int, default=N_BOOT, help=f"bootstrap resamples (default {N_BOOT}, the "
-                        "setting of every table, the sweep-end one included)")
-    parser.add_argument("--x", metavar="KEY", help="a swept config key (e.g. trainer.head_lr): plot best val and test "
-                        "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)")
-    parser.add_argument("--baselines", nargs="?", const="all", choices=QUERY_GROUPS, metavar="all|unseen|seen",
-                        help="also test every cell against zero-shot and TF-IDF on the same test queries (all, or "
-                             "those unseen / seen in training), each from the cell's own config "
-                             "(<out stem>_baselines.md/.csv)")
-    parser.add_argument("--allow-unfinished", action="store_true",
-                        help="draw the curves even when no run has finished (e.g. during the first sweep)")
+    parser.add_argument(
+        "--reference",
+        action="append",
+        metavar="VARIANT|KEY=VALUE[,KEY=VALUE]",
+        help="what cells are compared against: a variant (default plain) or key=value, e.g. "
+        "eval.retrieve=sim, or key=value pairs joined by commas for settings changed together "
+        "(loss.name=triplet_ce,trainer.head_lr=3e-4); repeat it for one table with one Holm "
+        "adjustment over all",
+    )
+    parser.add_argument(
+        "--n-boot",
+        type=int,
+        default=N_BOOT,
+        help=f"bootstrap resamples (default {N_BOOT}, the setting of every table, the sweep-end one included)",
+    )
+    parser.add_argument(
+        "--x",
+        metavar="KEY",
+        help="a swept config key (e.g. trainer.head_lr): plot best val and test "
+        "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)",
+    )
+    parser.add_argument(
+        "--baselines",
+        nargs="?",
+        const="all",
+        choices=QUERY_GROUPS,
+        metavar="all|unseen|seen",
+        help="also test every cell against zero-shot and TF-IDF on the same test queries (all, or "
+        "those unseen / seen in training), each from the cell's own config "
+        "(<out stem>_baselines.md/.csv)",
+    )
+    parser.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="draw the curves even when no run has finished (e.g. during the first sweep)",
+    )
     return parser
 
 
@@ -64,8 +89,10 @@ def _figure_path(out: Path) -> Path:
     if not out.suffix:
         return out.with_suffix(".png")
     if out.suffix.lower() not in FIGURE_FORMATS:
-        raise SummaryError(f"--out {out}: the figure's format comes from its extension, one of "
-                           f"{', '.join(FIGURE_FORMATS)} (the tables go beside it as .md and .csv)")
+        raise SummaryError(
+            f"--out {out}: the figure's format comes from its extension, one of "
+            f"{', '.join(FIGURE_FORMATS)} (the tables go beside it as .md and .csv)"
+        )
     return out
 
 
@@ -86,20 +113,27 @@ def main(argv: list[str] | None = None) -> int:
     args.metric = args.metric or _selection_metric(runs)
     statuses = pd.Series([r.status for r in runs]).value_counts().to_dict()
     if not any(r.complete for r in runs) and not args.allow_unfinished:
-        raise SummaryError(f"no finished run under {', '.join(args.paths)} ({_counts(statuses)}): wait for the runs, "
-                           "resume them with trainer.resume=true, or pass --allow-unfinished to draw them anyway")
+        raise SummaryError(
+            f"no finished run under {', '.join(args.paths)} ({_counts(statuses)}): wait for the runs, "
+            "resume them with trainer.resume=true, or pass --allow-unfinished to draw them anyway"
+        )
     if args.x and args.baselines:
         raise SummaryError("--baselines goes with the per-cell table: run it without --x")
     if args.reference and (args.x or args.metric not in METRIC_LABELS):
-        raise SummaryError("--reference pairs test top-1 per query (each run's test_hits.npy): use it without --x "
-                           "and with --metric top1 or retrieval_top1")
+        raise SummaryError(
+            "--reference pairs test top-1 per query (each run's test_hits.npy): use it without --x "
+            "and with --metric top1 or retrieval_top1"
+        )
     out = _figure_path(args.out) if args.out else Path(args.paths[0]) / f"{args.metric}.png"
     if args.x:
         return _main_against(runs, args.x, out, statuses)
     varying = assign_cells(runs)
     # before anything is written: a --reference that pairs nothing stops here
-    comparisons = (paired_comparisons(runs, args.reference or ["plain"], args.n_boot, strict=bool(args.reference))
-                   if args.metric in METRIC_LABELS else pd.DataFrame())
+    comparisons = (
+        paired_comparisons(runs, args.reference or ["plain"], args.n_boot, strict=bool(args.reference))
+        if args.metric in METRIC_LABELS
+        else pd.DataFrame()
+    )
     plot(runs, out, args.metric, args.split)
     table = summary_table(runs, args.metric, args.n_boot)
     markdown = to_markdown(table, comparisons, args.metric)
@@ -107,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     table.to_csv(out.with_suffix(".csv"), index=False)
     if len(comparisons):
         comparisons.to_csv(out.with_name(out.stem + "_paired.csv"), index=False)
-    print(f"{len(runs)} runs ({_counts(statuses)}) in {table.shape[0]} cells"
-          + (f"; cells also differ in: {', '.join(varying)}" if varying else ""))
+    print(
+        f"{len(runs)} runs ({_counts(statuses)}) in {table.shape[0]} cells"
+        + (f"; cells also differ in: {', '.join(varying)}" if varying else "")
+    )
     print(markdown)
     files = [out, out.with_suffix(".md"), out.with_suffix(".csv")]
     if len(comparisons):
@@ -143,8 +179,10 @@ def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:
     except KeyError:
         known = sorted({k for r in runs for k in r.flat if not is_non_result_key(k)})
         close = [k for k in known if k.split(".")[-1] == key.split(".")[-1]]
-        raise SummaryError(f"--x {key} is not a config key of these runs"
-                           + (f" (did you mean {close[0]}?)" if close else ": pass a dotted key such as trainer.head_lr")) from None
+        raise SummaryError(
+            f"--x {key} is not a config key of these runs"
+            + (f" (did you mean {close[0]}?)" if close else ": pass a dotted key such as trainer.head_lr")
+        ) from None
     if outcomes.empty:
         raise SummaryError("no finished run to plot: wait for the sweep, or resume it with trainer.resume=true")
     per_x, per_cell = stability_tables(outcomes)
@@ -155,11 +193,18 @@ def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:
     per_cell.to_csv(stem.with_suffix(".csv"), index=False)
     per_x.to_csv(stem.with_name(stem.name + "_per_value.csv"), index=False)
     outcomes.to_csv(stem.with_name(stem.name + "_runs.csv"), index=False)
-    print(f"{len(runs)} runs ({_counts(statuses)}) in {per_cell.shape[0]} cells "
-          f"against {key}" + (f"; cells also differ in: {', '.join(varying)}" if varying else ""))
+    print(
+        f"{len(runs)} runs ({_counts(statuses)}) in {per_cell.shape[0]} cells "
+        f"against {key}" + (f"; cells also differ in: {', '.join(varying)}" if varying else "")
+    )
     print(markdown)
-    files = [figure, stem.with_suffix(".md"), stem.with_suffix(".csv"), stem.with_name(stem.name + "_per_value.csv"),
-             stem.with_name(stem.name + "_runs.csv")]
+    files = [
+        figure,
+        stem.with_suffix(".md"),
+        stem.with_suffix(".csv"),
+        stem.with_name(stem.name + "_per_value.csv"),
+        stem.with_name(stem.name + "_runs.csv"),
+    ]
     print(f"\nfigure: {figure}\ntables: {', '.join(map(str, files[1:]))}")
     attach(runs, files)
     return 0

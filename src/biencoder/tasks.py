@@ -17,11 +17,16 @@ __all__ = ["TASKS", "evaluate_tasks", "main", "pool_sizes"]  # the Python names,
 
 @command
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m biencoder.tasks",
-                                     description="Pool sizes of the 8 official tasks (queries, false candidates).")
+    parser = argparse.ArgumentParser(
+        prog="python -m biencoder.tasks", description="Pool sizes of the 8 official tasks (queries, false candidates)."
+    )
     parser.add_argument("root", help="corpus root (holding 02-extracted-arguments/) or 'demo'")
-    parser.add_argument("--split", default="test", metavar="{train,val,test}",
-                        help="the split (the corpus's folder names training/validation work too)")
+    parser.add_argument(
+        "--split",
+        default="test",
+        metavar="{train,val,test}",
+        help="the split (the corpus's folder names training/validation work too)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
     split = read_corpus(args.root).paired(split_name(args.split))

@@ -51,8 +51,10 @@ def _strict_record(record: Any) -> Any:
     if not found:
         return clean
     if not isinstance(clean, dict) or NON_FINITE in clean:
-        raise ValueError(f"non-finite values {found} outside a record, or in a record with a '{NON_FINITE}' key "
-                         "already: strict JSON cannot say which they were")
+        raise ValueError(
+            f"non-finite values {found} outside a record, or in a record with a '{NON_FINITE}' key "
+            "already: strict JSON cannot say which they were"
+        )
     return {**clean, NON_FINITE: found}
 
 

@@ -35,7 +35,7 @@ def _group(run: Run, prefix: str) -> dict:
     out: dict = {}
     for key, value in run.flat.items():
         if key.startswith(prefix):
-            *parents, leaf = key[len(prefix):].split(".")
+            *parents, leaf = key[len(prefix) :].split(".")
             node = out
             for parent in parents:
                 if not isinstance(node.get(parent), dict):  # a default of None (random_init) under a set dict
@@ -51,12 +51,19 @@ def _key(run: Run) -> str:
     (``eval.test_queries``) and, for a randomly initialised encoder, its seed."""
     model = {k: v for k, v in _group(run, "model.").items() if k != "head"}
     seeded = bool(model["encoder"].get("random_init"))
-    return json.dumps([_group(run, "data."), model, run.flat.get("eval.test_queries"), run.seed if seeded else None],
-                      sort_keys=True, default=str)
+    return json.dumps(
+        [_group(run, "data."), model, run.flat.get("eval.test_queries"), run.seed if seeded else None],
+        sort_keys=True,
+        default=str,
+    )
 
 
-def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None, data_root: str | None = None,
-                  encoder: str | None = None) -> dict[str, np.ndarray]:
+def baseline_hits(
+    run: Run,
+    memo: dict[str, dict[str, np.ndarray]] | None = None,
+    data_root: str | None = None,
+    encoder: str | None = None,
+) -> dict[str, np.ndarray]:
     """``{"encoder_cosine": [P] bool, "tfidf": [P] bool}``: whether each test query of ``run``'s split (all, or its
     ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo``
     (key: :func:`_key`) shares the work between runs. ``data_root`` and ``encoder`` replace the run's ``data.root``
@@ -71,7 +78,9 @@ def baseline_hits(run: Run, memo: dict[str, dict[str, np.ndarray]] | None = None
         set_seed_everywhere(run.seed)  # as the runner does before building the model: the same random_init encoder
         model, tokenizer = build_model(model_cfg, progress=False)
         with torch.no_grad():
-            pooled = pooled_vectors(model, tokenizer, split.texts, model_cfg["max_length"], run.flat["trainer.cache_dir"])
+            pooled = pooled_vectors(
+                model, tokenizer, split.texts, model_cfg["max_length"], run.flat["trainer.cache_dir"]
+            )
         pairs = query_sample(split.n_pairs, run.flat.get("eval.test_queries"))  # the run's own test queries
         memo[key] = {name: ranks == 1 for name, ranks in baseline_ranks(split, pooled, pairs).items()}
     return memo[key]
@@ -84,19 +93,26 @@ def _kept(run: Run, queries: str, n: int) -> np.ndarray:
     if queries == "all":
         return np.ones(n, bool)
     if run.seen is None or len(run.seen) != n:
-        raise SummaryError(f"{run.path} has no test_seen.npy for its {n} test queries: --baselines {queries} needs "
-                           "runs that recorded which test queries they saw; use --baselines all")
+        raise SummaryError(
+            f"{run.path} has no test_seen.npy for its {n} test queries: --baselines {queries} needs "
+            "runs that recorded which test queries they saw; use --baselines all"
+        )
     return ~run.seen if queries == "unseen" else run.seen
 
 
 def _recorded(run: Run, score: str, queries: str) -> float | None:
     """The baseline's top-1 on these queries as the run recorded it in final.json, if it did."""
-    recorded = ((run.final or {}).get("baselines", {}).get("test", {}).get(score, {}))
+    recorded = (run.final or {}).get("baselines", {}).get("test", {}).get(score, {})
     return recorded.get("top1" if queries == "all" else f"top1_{queries}")
 
 
-def baseline_table(runs: list[Run], queries: str = "all", n_boot: int = N_BOOT, data_root: str | None = None,
-                   encoder: str | None = None) -> pd.DataFrame:
+def baseline_table(
+    runs: list[Run],
+    queries: str = "all",
+    n_boot: int = N_BOOT,
+    data_root: str | None = None,
+    encoder: str | None = None,
+) -> pd.DataFrame:
     """One row per (cell, baseline): the cell's test top-1 on ``queries`` against the baseline's on the same ones.
 
     Columns: cell, seeds, queries (kept), of (test queries), test_top1, vs (zero-shot | TF-IDF), vs_top1 (computed
@@ -109,8 +125,10 @@ def baseline_table(runs: list[Run], queries: str = "all", n_boot: int = N_BOOT, 
     """
     complete = [r for r in runs if r.complete and r.hits is not None]
     if not complete:
-        raise SummaryError("no finished run with test_hits.npy to compare with the baselines: wait for the runs, or "
-                           "resume them with trainer.resume=true")
+        raise SummaryError(
+            "no finished run with test_hits.npy to compare with the baselines: wait for the runs, or "
+            "resume them with trainer.resume=true"
+        )
     memo: dict[str, dict[str, np.ndarray]] = {}
     rows = []
     for cell in sorted({r.cell for r in complete}):
@@ -120,16 +138,30 @@ def baseline_table(runs: list[Run], queries: str = "all", n_boot: int = N_BOOT, 
         base = [baseline_hits(r, memo, data_root, encoder) for r in members]
         for score, name in BASELINES.items():
             if any(len(b[score]) != len(r.hits) for b, r in zip(base, members)):
-                raise SummaryError(f"{cell}: the test split rebuilt from the runs' config does not have the queries "
-                                   "of their test_hits.npy: is data.root still the corpus the runs used?")
+                raise SummaryError(
+                    f"{cell}: the test split rebuilt from the runs' config does not have the queries "
+                    "of their test_hits.npy: is data.root still the corpus the runs used?"
+                )
             other = np.stack([b[score][k] for b, k in zip(base, keep)]).astype(float)
             diff, low, high, p = paired_bootstrap(hits, other, n_boot)
             recorded = [v for v in (_recorded(r, score, queries) for r in members) if v is not None]
-            rows.append({"cell": cell, "seeds": len(members), "queries": int(keep[0].sum()), "of": len(keep[0]),
-                         "test_top1": hits.mean(), "vs": name, "vs_top1": other.mean(),
-                         "vs_top1_recorded": float(np.mean(recorded)) if recorded else np.nan,
-                         "diff": diff, "ci_low": low, "ci_high": high, "p": p,
-                         "ci_resamples": "seeds+queries" if len(members) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
+            rows.append(
+                {
+                    "cell": cell,
+                    "seeds": len(members),
+                    "queries": int(keep[0].sum()),
+                    "of": len(keep[0]),
+                    "test_top1": hits.mean(),
+                    "vs": name,
+                    "vs_top1": other.mean(),
+                    "vs_top1_recorded": float(np.mean(recorded)) if recorded else np.nan,
+                    "diff": diff,
+                    "ci_low": low,
+                    "ci_high": high,
+                    "p": p,
+                    "ci_resamples": "seeds+queries" if len(members) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries",
+                }
+            )
     out = pd.DataFrame(rows)
     for column, values in verdicts(out["diff"], out["p"], n_boot).items():
         out[column] = values
@@ -139,21 +171,28 @@ def baseline_table(runs: list[Run], queries: str = "all", n_boot: int = N_BOOT, 
 
 def baseline_markdown(table: pd.DataFrame, queries: str) -> str:
     """:func:`baseline_table` as Markdown, with what the numbers are."""
-    lines = [f"| cell | seeds | test queries ({queries}) | test top1 | vs | vs top1 | Δ | 95% CI | p [MC range] | "
-             f"p (Holm, {len(table)}) [MC range] | verdict (α={ALPHA:g}) |", "|" + "---|" * 11]
+    lines = [
+        f"| cell | seeds | test queries ({queries}) | test top1 | vs | vs top1 | Δ | 95% CI | p [MC range] | "
+        f"p (Holm, {len(table)}) [MC range] | verdict (α={ALPHA:g}) |",
+        "|" + "---|" * 11,
+    ]
     for _, r in table.iterrows():
         shown = f"{r['vs_top1']:.3f}"
         if not pd.isna(r["vs_top1_recorded"]) and f"{r['vs_top1_recorded']:.3f}" != shown:
             shown += f" (runs recorded {r['vs_top1_recorded']:.3f})"
-        lines.append(f"| {r['cell']} | {r['seeds']} ({r['ci_resamples']}) | {r['queries']} of {r['of']} | "
-                     f"{r['test_top1']:.3f} | {r['vs']} | {shown} | {r['diff']:+.3f} | "
-                     f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {p_text(r['p'], r['p_low'], r['p_high'])} | "
-                     f"{p_text(r['p_holm'], r['p_holm_low'], r['p_holm_high'])} | {r['verdict']} |")
-    lines.append("\nΔ: the cell's test top-1 at the best val epoch minus the baseline's on the same test queries and "
-                 "pools (the epa task); zero-shot: cosine of the untrained encoder's pooled vectors (the cell's own "
-                 "model config); TF-IDF: fit on the split's texts. 95% CI and p: paired bootstrap over seeds and "
-                 f"queries with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds, over queries only with fewer, "
-                 f"{int(table['resamples'].iloc[0]):,} resamples; [MC range]: ±{MC_Z:g} Monte Carlo standard errors "
-                 "of p; Holm over every row. Verdict: better / worse when the whole adjusted range is below α, at the "
-                 "line when it straddles α.")
+        lines.append(
+            f"| {r['cell']} | {r['seeds']} ({r['ci_resamples']}) | {r['queries']} of {r['of']} | "
+            f"{r['test_top1']:.3f} | {r['vs']} | {shown} | {r['diff']:+.3f} | "
+            f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}] | {p_text(r['p'], r['p_low'], r['p_high'])} | "
+            f"{p_text(r['p_holm'], r['p_holm_low'], r['p_holm_high'])} | {r['verdict']} |"
+        )
+    lines.append(
+        "\nΔ: the cell's test top-1 at the best val epoch minus the baseline's on the same test queries and "
+        "pools (the epa task); zero-shot: cosine of the untrained encoder's pooled vectors (the cell's own "
+        "model config); TF-IDF: fit on the split's texts. 95% CI and p: paired bootstrap over seeds and "
+        f"queries with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds, over queries only with fewer, "
+        f"{int(table['resamples'].iloc[0]):,} resamples; [MC range]: ±{MC_Z:g} Monte Carlo standard errors "
+        "of p; Holm over every row. Verdict: better / worse when the whole adjusted range is below α, at the "
+        "line when it straddles α."
+    )
     return "\n".join(lines)

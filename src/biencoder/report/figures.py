@@ -14,12 +14,14 @@ import pandas as pd
 
 from .runs import SPLITS, Run, queries_label, recorded_baseline
 
-INTERNALS = (("head_pre_sample_var", "head_post_sample_var", "per-sample variance of the head input"),
-             ("head_pre_sample_mean", "head_post_sample_mean", "per-sample mean of the head input"),
-             ("head_pre_feature_var_std", "head_post_feature_var_std", "spread (std) of per-feature variances"),
-             (None, "head_post_zero_share", "share of zeros after LN/ReLU"),
-             (None, "grad_norm_encoder", "gradient norm: encoder"),
-             (None, "grad_norm_head", "gradient norm: sim head + classifier"))
+INTERNALS = (
+    ("head_pre_sample_var", "head_post_sample_var", "per-sample variance of the head input"),
+    ("head_pre_sample_mean", "head_post_sample_mean", "per-sample mean of the head input"),
+    ("head_pre_feature_var_std", "head_post_feature_var_std", "spread (std) of per-feature variances"),
+    (None, "head_post_zero_share", "share of zeros after LN/ReLU"),
+    (None, "grad_norm_encoder", "gradient norm: encoder"),
+    (None, "grad_norm_head", "gradient norm: sim head + classifier"),
+)
 
 
 def _curves(runs: list[Run], split: str, key: str) -> pd.DataFrame:
@@ -59,8 +61,9 @@ def legend_below(fig, handles=None, labels=None) -> None:
 
     labels = [textwrap.fill(label, 36) for label in labels]
     ncol = max(1, min(len(labels), int(fig.get_figwidth() // 3.3)))
-    legend = fig.legend(handles, labels, loc="lower center", ncol=ncol, frameon=False, fontsize=8,
-                        bbox_to_anchor=(0.5, 0.005))
+    legend = fig.legend(
+        handles, labels, loc="lower center", ncol=ncol, frameon=False, fontsize=8, bbox_to_anchor=(0.5, 0.005)
+    )
     fig.canvas.draw()
     legend_in = legend.get_window_extent().height / fig.dpi + 0.15
     fig.set_figheight(fig.get_figheight() + legend_in)
@@ -92,14 +95,28 @@ def _draw(ax, runs: list[Run], split: str, key: str, colors: dict[str, str]) -> 
             g = done.groupby("epoch")[key]
             n = done["run"].nunique()
             every = max(1, len(g.mean()) // 8)
-            ax.plot(g.mean().index, g.mean(), color=colors[cell], label=f"{cell} (n={n})", linewidth=2,
-                    marker=MARKERS[i % len(MARKERS)], markersize=5, markevery=(i % every, every))
+            ax.plot(
+                g.mean().index,
+                g.mean(),
+                color=colors[cell],
+                label=f"{cell} (n={n})",
+                linewidth=2,
+                marker=MARKERS[i % len(MARKERS)],
+                markersize=5,
+                markevery=(i % every, every),
+            )
             ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.2, linewidth=0)
         for r in members:
             if not r.complete:  # in progress or crashed: drawn on its own, dashed, never averaged in
                 c = _curves([r], split, key)
-                ax.plot(c["epoch"], c[key], color=colors[cell], linestyle="--", linewidth=1,
-                        label=f"{cell} s{r.seed} (incomplete)")
+                ax.plot(
+                    c["epoch"],
+                    c[key],
+                    color=colors[cell],
+                    linestyle="--",
+                    linewidth=1,
+                    label=f"{cell} s{r.seed} (incomplete)",
+                )
 
 
 def plot(runs: list[Run], out: Path, metric: str = "top1", splits=SPLITS) -> Path:
@@ -122,7 +139,9 @@ def figure(runs: list[Run], metric: str = "top1", splits=SPLITS):
 
     cells = sorted({r.cell for r in runs})
     colors = cell_colors(cells)
-    panels = [(s, metric, f"{s}: {metric}{queries_label(runs, s)}") for s in splits] + [("train", "loss", "training loss")]
+    panels = [(s, metric, f"{s}: {metric}{queries_label(runs, s)}") for s in splits] + [
+        ("train", "loss", "training loss")
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
     for ax, (split, key, title) in zip(axes[0], panels):
         _draw(ax, runs, split, key, colors)
@@ -161,8 +180,10 @@ def plot_internals(runs: list[Run], out: Path) -> Path:
         if ("variance" in title or "gradient" in title) and has_positive:  # a frozen encoder's gradient is 0
             ax.set_yscale("log")
     handles = [Line2D([], [], color=colors[c], linewidth=2, label=c) for c in cells]
-    handles += [Line2D([], [], color="grey", linestyle=":", label="before LN/ReLU"),
-                Line2D([], [], color="grey", linestyle="-", label="after LN/ReLU")]
+    handles += [
+        Line2D([], [], color="grey", linestyle=":", label="before LN/ReLU"),
+        Line2D([], [], color="grey", linestyle="-", label="after LN/ReLU"),
+    ]
     fig.suptitle("Inside the pair head (training split, mean over seeds)")
     legend_below(fig, handles, [h.get_label() for h in handles])
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -26,38 +26,55 @@ def summary_text(final: dict, out_dir: Path) -> str:
     chosen = final.get("selection", SELECTION_BEFORE_RECORD)
     # the selection metric first, with its interval: the run's result
     columns = sorted(COLUMNS, key=lambda c: c[0] != chosen["metric"])
-    lines = [f"== {final['variant']} seed {final['seed']} | {final['model']} on {final['data']} | "
-             f"best epoch {final['best_epoch']} of 0-{final['epochs'] - 1}, by {selection_label(chosen)} | "
-             f"{final['wall_time_s']:.0f} s"]
+    lines = [
+        f"== {final['variant']} seed {final['seed']} | {final['model']} on {final['data']} | "
+        f"best epoch {final['best_epoch']} of 0-{final['epochs'] - 1}, by {selection_label(chosen)} | "
+        f"{final['wall_time_s']:.0f} s"
+    ]
     if chosen["metric"] != "top1":
         lines.append(untrained_classifier_note(final.get("tasks", {}).get("score", "")))
-    lines.append(f"{'split':<6} {'queries':>7} {columns[0][1]:>6} {'95% CI':>15} "
-                 + " ".join(f"{head:>{width}}" for _, head, width in columns[1:])
-                 + ("  | zero-shot   TF-IDF" if baselines else ""))
+    lines.append(
+        f"{'split':<6} {'queries':>7} {columns[0][1]:>6} {'95% CI':>15} "
+        + " ".join(f"{head:>{width}}" for _, head, width in columns[1:])
+        + ("  | zero-shot   TF-IDF" if baselines else "")
+    )
     for name, m in final["best"].items():
         first = columns[0][0]
         low, high = wilson(round(m[first] * m["queries"]), m["queries"])
-        row = (f"{name:<6} {m['queries']:>7} {m[first]:>6.3f} {f'[{low:.3f}, {high:.3f}]':>15} "
-               + " ".join(f"{m[key]:>{width}.3f}" for key, _, width in columns[1:]))
+        row = f"{name:<6} {m['queries']:>7} {m[first]:>6.3f} {f'[{low:.3f}, {high:.3f}]':>15} " + " ".join(
+            f"{m[key]:>{width}.3f}" for key, _, width in columns[1:]
+        )
         if name in baselines:
             b = baselines[name]
             row += f"  | {b['encoder_cosine']['top1']:>9.3f} {b['tfidf']['top1']:>8.3f}"
         lines.append(row)
     true = "true positive" if "data_files" in final else "true counter"
-    lines.append(f"top1: the {true} ranks first after the classifier reranks the k={k} nearest (pool: "
-                 f"{_pool(final)}); retr@1: the nearest is the {true}; R@k: it is "
-                 "among the k; MRR: mean 1/rank after reranking (0 outside the k); 95% CI: Wilson interval over "
-                 "this run's queries (nothing about other seeds)"
-                 + ("; zero-shot / TF-IDF: the untrained encoder's cosine and TF-IDF top-1 on the same queries "
-                    "and pools" if baselines else "")
-                 + _sample_note(final))
+    lines.append(
+        f"top1: the {true} ranks first after the classifier reranks the k={k} nearest (pool: "
+        f"{_pool(final)}); retr@1: the nearest is the {true}; R@k: it is "
+        "among the k; MRR: mean 1/rank after reranking (0 outside the k); 95% CI: Wilson interval over "
+        "this run's queries (nothing about other seeds)"
+        + (
+            "; zero-shot / TF-IDF: the untrained encoder's cosine and TF-IDF top-1 on the same queries and pools"
+            if baselines
+            else ""
+        )
+        + _sample_note(final)
+    )
     test, overlap = final["best"]["test"], final.get("overlap", {})
     if "queries_unseen" in test:
         shown = lambda v: "–" if v is None else f"{v:.3f}"
-        lines.append(f"test top1 on queries unseen in train/val: {shown(test['top1_unseen'])} "
-                     f"(n={test['queries_unseen']}); seen: {shown(test['top1_seen'])} (n={test['queries_seen']}); "
-                     + ("data.dedup dropped " + ", ".join(f"{k} {v}" for k, v in overlap.get("dropped_pairs", {}).items())
-                        + " pairs" if overlap.get("dedup") else "official splits (data.dedup=false)"))
+        lines.append(
+            f"test top1 on queries unseen in train/val: {shown(test['top1_unseen'])} "
+            f"(n={test['queries_unseen']}); seen: {shown(test['top1_seen'])} (n={test['queries_seen']}); "
+            + (
+                "data.dedup dropped "
+                + ", ".join(f"{k} {v}" for k, v in overlap.get("dropped_pairs", {}).items())
+                + " pairs"
+                if overlap.get("dedup")
+                else "official splits (data.dedup=false)"
+            )
+        )
     lines += _group_lines(final)
     if "tasks" in final:
         lines.append(f"8 tasks, score={final['tasks']['score']}, best-by-val weights:")
@@ -71,14 +88,18 @@ def summary_text(final: dict, out_dir: Path) -> str:
 def _sample_note(final: dict) -> str:
     """The end of the metrics' legend: which rows are on a fixed sample of their split's queries, and of how many."""
     pairs = final.get("pairs", {})
-    sampled = [(name, m["queries"], pairs[name]) for name, m in final["best"].items()
-               if m["queries"] < pairs.get(name, 0)]
+    sampled = [
+        (name, m["queries"], pairs[name]) for name, m in final["best"].items() if m["queries"] < pairs.get(name, 0)
+    ]
     if not sampled:
         return "."
     listed = ", ".join(f"{name} {n} of {of} (eval.{name}_queries)" for name, n, of in sampled)
     test = any(name == "test" for name, _, _ in sampled)
-    return (f". Rows on a fixed sample of their split's queries, the same for every seed and cell: {listed}"
-            + ("; the test baselines and the unseen/seen split are on the same sample" if test else "") + ".")
+    return (
+        f". Rows on a fixed sample of their split's queries, the same for every seed and cell: {listed}"
+        + ("; the test baselines and the unseen/seen split are on the same sample" if test else "")
+        + "."
+    )
 
 
 def _pool(final: dict) -> str:
@@ -96,10 +117,13 @@ def _group_lines(final: dict) -> list[str]:
         return []
     shown = lambda v: "–" if v is None else f"{v:.3f}"
     test = best["test"]
-    return [f"within-group top1 (the pool cut to the query's group; false candidates per query "
-            + " / ".join(f"{n} {best[n]['candidates_group']:.1f}" for n in best) + "): "
-            + ", ".join(f"{n} {best[n]['top1_group']:.3f}" for n in best)
-            + f"; test unseen {shown(test.get('top1_group_unseen'))}, seen {shown(test.get('top1_group_seen'))}"]
+    return [
+        f"within-group top1 (the pool cut to the query's group; false candidates per query "
+        + " / ".join(f"{n} {best[n]['candidates_group']:.1f}" for n in best)
+        + "): "
+        + ", ".join(f"{n} {best[n]['top1_group']:.3f}" for n in best)
+        + f"; test unseen {shown(test.get('top1_group_unseen'))}, seen {shown(test.get('top1_group_seen'))}"
+    ]
 
 
 def format_tasks(results: dict[str, dict[str, dict]]) -> str:
@@ -108,16 +132,22 @@ def format_tasks(results: dict[str, dict[str, dict]]) -> str:
     # query groups (unseen/seen test queries) get an acc@1 column each, with their query count
     groups = {n: next(iter(results[n].values())).get("groups", {}) for n in names}
     fmt = lambda v: "–" if v is None else f"{v:.3f}"
-    head = [f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
-            for n in names]
+    head = [
+        f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
+        for n in names
+    ]
     width = 2 + sum(2 + len(groups[n]) for n in names)
     # each split has its own pools: the candidates per query, split by split
     cands = "avg false cands" + (f" ({' / '.join(names)})" if len(names) > 1 else "")
     lines = [f"| task | {cands} | " + " | ".join(head) + " |", "|" + "---|" * width]
     for task in TASKS:
-        sizes = " / ".join(f"{results[n][task]['candidates'] / max(results[n][task]['queries'], 1):.1f}" for n in names)
-        cells = " | ".join(f"{fmt(results[n][task]['accuracy_at_1'])} | {fmt(results[n][task]['mrr'])}"
-                           + "".join(f" | {fmt(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
-                           for n in names)
+        sizes = " / ".join(
+            f"{results[n][task]['candidates'] / max(results[n][task]['queries'], 1):.1f}" for n in names
+        )
+        cells = " | ".join(
+            f"{fmt(results[n][task]['accuracy_at_1'])} | {fmt(results[n][task]['mrr'])}"
+            + "".join(f" | {fmt(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
+            for n in names
+        )
         lines.append(f"| {task} | {sizes} | {cells} |")
     return "\n".join(lines)

@@ -83,11 +83,14 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     for root in map(Path, paths):
         if not root.exists():
             raise SummaryError(f"'{root}' does not exist: pass the logs folder (e.g. logs/) or run folders")
-        candidates = [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else sorted(root.rglob("metrics.jsonl"))
+        candidates = (
+            [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else sorted(root.rglob("metrics.jsonl"))
+        )
         for metrics_file in candidates:
             folder = metrics_file.parent
-            config_file = next((f for f in (folder / "config_resolved.yaml", folder / ".hydra" / "config.yaml")
-                                if f.is_file()), None)
+            config_file = next(
+                (f for f in (folder / "config_resolved.yaml", folder / ".hydra" / "config.yaml") if f.is_file()), None
+            )
             if config_file is None:
                 continue
             lines, _ = read_metrics(metrics_file)  # a torn last line (killed run) is skipped with a warning
@@ -96,15 +99,24 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
             hits_file, seen_file = folder / "test_hits.npy", folder / "test_seen.npy"
             config = yaml.safe_load(config_file.read_text())
             metrics = pd.DataFrame(lines)
-            runs.append(Run(path=folder, config=config, metrics=metrics,
-                            final=read_final(folder),
-                            hits=np.load(hits_file) if hits_file.is_file() else None,
-                            seen=np.load(seen_file) if seen_file.is_file() else None,
-                            variant=str(metrics["variant"].iloc[0]), seed=int(metrics["seed"].iloc[0]),
-                            flat=run_settings(config)))
+            runs.append(
+                Run(
+                    path=folder,
+                    config=config,
+                    metrics=metrics,
+                    final=read_final(folder),
+                    hits=np.load(hits_file) if hits_file.is_file() else None,
+                    seen=np.load(seen_file) if seen_file.is_file() else None,
+                    variant=str(metrics["variant"].iloc[0]),
+                    seed=int(metrics["seed"].iloc[0]),
+                    flat=run_settings(config),
+                )
+            )
     if not runs:
-        raise SummaryError(f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
-                           "train some with python -m biencoder.train")
+        raise SummaryError(
+            f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
+            "train some with python -m biencoder.train"
+        )
     return one_run_per_seed(runs)
 
 
@@ -124,8 +136,13 @@ def one_run_per_seed(runs: list[Run]) -> list[Run]:
         for other in group:
             if done and other is not done[0]:
                 left_out.add(id(other))
-                log.warning("%s: left out, a repeat of variant %s seed %d with the same settings as %s", other.path,
-                            other.variant, other.seed, done[0].path)
+                log.warning(
+                    "%s: left out, a repeat of variant %s seed %d with the same settings as %s",
+                    other.path,
+                    other.variant,
+                    other.seed,
+                    done[0].path,
+                )
     return [r for r in runs if id(r) not in left_out]
 
 
@@ -136,23 +153,29 @@ def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
     Runs whose corpus, model or any other setting differs therefore never share a cell. Returns the keys used.
     """
     keys = sorted({k for r in runs for k in r.flat})
-    varying = [k for k in keys if not k.startswith(GROUPED_OVER + tuple(also)) and not is_non_result_key(k)
-               and len({repr(r.flat.get(k)) for r in runs}) > 1]
+    varying = [
+        k
+        for k in keys
+        if not k.startswith(GROUPED_OVER + tuple(also))
+        and not is_non_result_key(k)
+        and len({repr(r.flat.get(k)) for r in runs}) > 1
+    ]
     # labels stay short: a config group whose name differs (model=tiny) stands for the keys under it
-    named = {k[:-len(".name")] for k in varying if k.endswith(".name")}
+    named = {k[: -len(".name")] for k in varying if k.endswith(".name")}
     shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
     for run in runs:
-        run.cell = " ".join([run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k), k)}"
-                                             for k in shown])
+        run.cell = " ".join(
+            [run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k), k)}" for k in shown]
+        )
         run.settings = {k: run.flat.get(k) for k in varying}
     return varying
 
 
 def _label_key(key: str, keys: list[str]) -> str:
     if key.startswith("data_files."):
-        return key[len("data_files."):]  # train.sha256: which file's contents differ
+        return key[len("data_files.") :]  # train.sha256: which file's contents differ
     if key.endswith(".name"):
-        return key[:-len(".name")]
+        return key[: -len(".name")]
     return key.split(".")[-1] if _unique_leaf(key, keys) else key
 
 
@@ -184,13 +207,19 @@ def best_rows(run: Run, metric: str | None = None) -> tuple[int, dict, dict] | N
 
 def queries_label(runs: list[Run], split: str) -> str:
     """`` (N queries)`` when every run evaluated ``split`` on the same number of queries (a train sample shows)."""
-    counts = {int(q) for r in runs for q in r.metrics.loc[r.metrics["split"] == split, "queries"].dropna().unique()} \
-        if all("queries" in r.metrics for r in runs) else set()
+    counts = (
+        {int(q) for r in runs for q in r.metrics.loc[r.metrics["split"] == split, "queries"].dropna().unique()}
+        if all("queries" in r.metrics for r in runs)
+        else set()
+    )
     return f" ({counts.pop()} queries)" if len(counts) == 1 else ""
 
 
 def recorded_baseline(runs: list[Run], split: str, score: str = "encoder_cosine") -> float | None:
     """The zero-shot (or TF-IDF) top-1 on ``split`` that the runs' final.json record, when they all agree."""
-    values = {round(r.final["baselines"][split][score]["top1"], 6) for r in runs
-              if r.complete and split in r.final.get("baselines", {})}
+    values = {
+        round(r.final["baselines"][split][score]["top1"], 6)
+        for r in runs
+        if r.complete and split in r.final.get("baselines", {})
+    }
     return values.pop() if len(values) == 1 else None

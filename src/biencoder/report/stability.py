@@ -43,17 +43,30 @@ def run_outcomes(runs: list[Run], key: str) -> pd.DataFrame:
         if key not in r.flat:
             raise KeyError(key)
         metric = r.selection["metric"]
-        row = {"cell": r.cell, "x": r.flat[key], "seed": r.seed, "metric": metric, "diverged": r.status == "diverged",
-               "best_val": np.nan, "test_at_best": np.nan, "best_epoch": np.nan, "collapsed": False,
-               "post_best_noise": np.nan}
+        row = {
+            "cell": r.cell,
+            "x": r.flat[key],
+            "seed": r.seed,
+            "metric": metric,
+            "diverged": r.status == "diverged",
+            "best_val": np.nan,
+            "test_at_best": np.nan,
+            "best_epoch": np.nan,
+            "collapsed": False,
+            "post_best_noise": np.nan,
+        }
         best = best_rows(r)
         if best is not None:
             epoch, val_row, test_row = best
             val = r.metrics[r.metrics["split"] == "val"].sort_values("epoch")[metric].to_numpy()
-            after = val[int(np.argmax(val)):]
-            row.update(best_val=val_row[metric], test_at_best=test_row.get(metric, np.nan), best_epoch=epoch,
-                       collapsed=bool(val[-TAIL_EPOCHS:].mean() <= val.max() - COLLAPSE_DROP),
-                       post_best_noise=float(np.diff(after).std(ddof=1)) if len(after) >= 3 else np.nan)
+            after = val[int(np.argmax(val)) :]
+            row.update(
+                best_val=val_row[metric],
+                test_at_best=test_row.get(metric, np.nan),
+                best_epoch=epoch,
+                collapsed=bool(val[-TAIL_EPOCHS:].mean() <= val.max() - COLLAPSE_DROP),
+                post_best_noise=float(np.diff(after).std(ddof=1)) if len(after) >= 3 else np.nan,
+            )
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -72,12 +85,22 @@ def _range(xs: np.ndarray, means: np.ndarray) -> tuple[float, float]:
 
 def stability_tables(outcomes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(per cell and x, per cell) summaries of :func:`run_outcomes`."""
-    per_x = (outcomes.groupby(["cell", "x"])
-             .agg(seeds=("seed", "size"), best_val_mean=("best_val", "mean"), best_val_std=("best_val", "std"),
-                  test_mean=("test_at_best", "mean"), test_std=("test_at_best", "std"),
-                  best_epoch_mean=("best_epoch", "mean"), diverged=("diverged", "sum"),
-                  collapsed=("collapsed", "sum"), post_best_noise=("post_best_noise", "mean"))
-             .reset_index().sort_values(["cell", "x"]))
+    per_x = (
+        outcomes.groupby(["cell", "x"])
+        .agg(
+            seeds=("seed", "size"),
+            best_val_mean=("best_val", "mean"),
+            best_val_std=("best_val", "std"),
+            test_mean=("test_at_best", "mean"),
+            test_std=("test_at_best", "std"),
+            best_epoch_mean=("best_epoch", "mean"),
+            diverged=("diverged", "sum"),
+            collapsed=("collapsed", "sum"),
+            post_best_noise=("post_best_noise", "mean"),
+        )
+        .reset_index()
+        .sort_values(["cell", "x"])
+    )
     rows = []
     for cell, g in per_x.groupby("cell", sort=True):
         xs, means = g["x"].to_numpy(), g["best_val_mean"].fillna(-np.inf).to_numpy()
@@ -85,12 +108,23 @@ def stability_tables(outcomes: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
         lo, hi = _range(xs, means)
         runs = outcomes[outcomes["cell"] == cell]
         positive = all(isinstance(v, (int, float)) and v > 0 for v in (lo, hi))
-        rows.append({"cell": cell, "best_x": best["x"], "best_val_mean": best["best_val_mean"],
-                     "best_val_std": best["best_val_std"], "test_mean": best["test_mean"], "test_std": best["test_std"],
-                     "within_1pt_low": lo, "within_1pt_high": hi,
-                     "width_decades": math.log10(hi / lo) if positive else np.nan,
-                     "runs": len(runs), "diverged_share": runs["diverged"].mean(),
-                     "collapsed_share": runs["collapsed"].mean(), "post_best_noise": runs["post_best_noise"].mean()})
+        rows.append(
+            {
+                "cell": cell,
+                "best_x": best["x"],
+                "best_val_mean": best["best_val_mean"],
+                "best_val_std": best["best_val_std"],
+                "test_mean": best["test_mean"],
+                "test_std": best["test_std"],
+                "within_1pt_low": lo,
+                "within_1pt_high": hi,
+                "width_decades": math.log10(hi / lo) if positive else np.nan,
+                "runs": len(runs),
+                "diverged_share": runs["diverged"].mean(),
+                "collapsed_share": runs["collapsed"].mean(),
+                "post_best_noise": runs["post_best_noise"].mean(),
+            }
+        )
     return per_x, pd.DataFrame(rows)
 
 
@@ -107,26 +141,39 @@ def stability_markdown(per_x: pd.DataFrame, per_cell: pd.DataFrame, key: str, me
     """The tables of :func:`stability_tables` as Markdown; ``metric``: the runs' selection metric
     (:func:`outcome_metric`)."""
     pm = lambda m, s: "–" if pd.isna(m) else f"{m:.3f}" + ("" if pd.isna(s) else f" ± {s:.3f}")
-    lines = [f"| cell | best {key} | best val {metric} | test {metric} @ best val | {key} within 1 pt of best | width "
-             "(decades) | diverged | collapsed late | post-best val noise |", "|" + "---|" * 9]
+    lines = [
+        f"| cell | best {key} | best val {metric} | test {metric} @ best val | {key} within 1 pt of best | width "
+        "(decades) | diverged | collapsed late | post-best val noise |",
+        "|" + "---|" * 9,
+    ]
     for _, r in per_cell.iterrows():
         width = "–" if pd.isna(r["width_decades"]) else f"{r['width_decades']:.1f}"
-        lines.append(f"| {r['cell']} | {_num(r['best_x'])} | {pm(r['best_val_mean'], r['best_val_std'])} | "
-                     f"{pm(r['test_mean'], r['test_std'])} | {_num(r['within_1pt_low'])} – {_num(r['within_1pt_high'])} | "
-                     f"{width} | {r['diverged_share']:.0%} of {r['runs']} | {r['collapsed_share']:.0%} of {r['runs']} | "
-                     f"{100 * r['post_best_noise']:.1f} pt |")
-    lines.append(f"\nmean ± std (ddof=1) over the seeds at the best {key}. Within 1 pt: the contiguous swept values "
-                 f"around the best whose mean best val {metric} is at most 1 point lower (with 3 seeds a mean is "
-                 "itself uncertain by about a point: read widths to the grid's half-decade, no finer). Diverged: "
-                 f"non-finite loss. Collapsed late: mean val {metric} of the last {TAIL_EPOCHS} epochs ≥ "
-                 f"{100 * COLLAPSE_DROP:.0f} points below the run's best. Post-best noise: std of the epoch-to-epoch "
-                 f"change of val {metric} after the best epoch, mean over runs. {metric}: the runs' selection metric.")
-    lines += ["", f"| cell | {key} | seeds | best val {metric} | test {metric} @ best val | best epoch (0-based) | "
-              "diverged | collapsed late |", "|" + "---|" * 8]
+        lines.append(
+            f"| {r['cell']} | {_num(r['best_x'])} | {pm(r['best_val_mean'], r['best_val_std'])} | "
+            f"{pm(r['test_mean'], r['test_std'])} | {_num(r['within_1pt_low'])} – {_num(r['within_1pt_high'])} | "
+            f"{width} | {r['diverged_share']:.0%} of {r['runs']} | {r['collapsed_share']:.0%} of {r['runs']} | "
+            f"{100 * r['post_best_noise']:.1f} pt |"
+        )
+    lines.append(
+        f"\nmean ± std (ddof=1) over the seeds at the best {key}. Within 1 pt: the contiguous swept values "
+        f"around the best whose mean best val {metric} is at most 1 point lower (with 3 seeds a mean is "
+        "itself uncertain by about a point: read widths to the grid's half-decade, no finer). Diverged: "
+        f"non-finite loss. Collapsed late: mean val {metric} of the last {TAIL_EPOCHS} epochs ≥ "
+        f"{100 * COLLAPSE_DROP:.0f} points below the run's best. Post-best noise: std of the epoch-to-epoch "
+        f"change of val {metric} after the best epoch, mean over runs. {metric}: the runs' selection metric."
+    )
+    lines += [
+        "",
+        f"| cell | {key} | seeds | best val {metric} | test {metric} @ best val | best epoch (0-based) | "
+        "diverged | collapsed late |",
+        "|" + "---|" * 8,
+    ]
     for _, r in per_x.iterrows():
-        lines.append(f"| {r['cell']} | {_num(r['x'])} | {r['seeds']} | {pm(r['best_val_mean'], r['best_val_std'])} | "
-                     f"{pm(r['test_mean'], r['test_std'])} | {r['best_epoch_mean']:.1f} | {r['diverged']} | "
-                     f"{r['collapsed']} |")
+        lines.append(
+            f"| {r['cell']} | {_num(r['x'])} | {r['seeds']} | {pm(r['best_val_mean'], r['best_val_std'])} | "
+            f"{pm(r['test_mean'], r['test_std'])} | {r['best_epoch_mean']:.1f} | {r['diverged']} | "
+            f"{r['collapsed']} |"
+        )
     return "\n".join(lines)
 
 
@@ -144,14 +191,22 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
     log_x = bool(xs.notna().all() and (xs > 0).all() and xs.max() / xs.min() > 10)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.6), squeeze=False)
     metric = outcome_metric(outcomes)
-    panels = (("best_val", "val", f"best val {metric}"),
-              ("test_at_best", "test", f"test {metric} at the best val epoch"))
+    panels = (
+        ("best_val", "val", f"best val {metric}"),
+        ("test_at_best", "test", f"test {metric} at the best val epoch"),
+    )
     for ax, (column, split, title) in zip(axes[0], panels):
         for i, cell in enumerate(cells):
             g = outcomes[outcomes["cell"] == cell].groupby("x")[column]
             n = int(g.size().max())
-            ax.plot(g.mean().index, g.mean(), marker=MARKERS[i % len(MARKERS)], color=colors[cell], linewidth=2,
-                    label=f"{cell} ({n} seed{'' if n == 1 else 's'})")
+            ax.plot(
+                g.mean().index,
+                g.mean(),
+                marker=MARKERS[i % len(MARKERS)],
+                color=colors[cell],
+                linewidth=2,
+                label=f"{cell} ({n} seed{'' if n == 1 else 's'})",
+            )
             ax.fill_between(g.min().index, g.min(), g.max(), color=colors[cell], alpha=0.15, linewidth=0)
         if runs is not None:  # the zero-shot / TF-IDF top-1 the runs recorded, as reference lines
             draw_baselines(ax, runs, split)

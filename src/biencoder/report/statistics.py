@@ -57,11 +57,13 @@ def _bootstrap_stats(values: np.ndarray, n_boot: int, seed: int, two_level: bool
     # same distribution as counts over the thousands of queries, at a fraction of the cost.
     if two_level:
         drawn = rng.integers(0, n_seeds, size=(n_boot, n_seeds))
-        weights = np.bincount((drawn + n_seeds * np.arange(n_boot)[:, None]).ravel(),
-                              minlength=n_boot * n_seeds).reshape(n_boot, n_seeds)
+        weights = np.bincount(
+            (drawn + n_seeds * np.arange(n_boot)[:, None]).ravel(), minlength=n_boot * n_seeds
+        ).reshape(n_boot, n_seeds)
         # one integer per multiset (base S+1 digits), so grouping is a 1-D unique
-        _, first, group = np.unique(weights @ (n_seeds + 1) ** np.arange(n_seeds), return_index=True,
-                                    return_inverse=True)
+        _, first, group = np.unique(
+            weights @ (n_seeds + 1) ** np.arange(n_seeds), return_index=True, return_inverse=True
+        )
         multisets = weights[first]
     else:
         multisets, group = np.ones((1, n_seeds)), np.zeros(n_boot, dtype=int)
@@ -69,7 +71,7 @@ def _bootstrap_stats(values: np.ndarray, n_boot: int, seed: int, two_level: bool
     bounds = np.searchsorted(group.reshape(-1)[order], np.arange(len(multisets) + 1))
     out = np.empty(n_boot)
     for g, w in enumerate(multisets):
-        rows = order[bounds[g]:bounds[g + 1]]
+        rows = order[bounds[g] : bounds[g + 1]]
         levels, freq = np.unique(w @ values, return_counts=True)  # [L]: the per-query values and their counts
         # sums, divided once at the end: integer outcomes give exact sums, so a resampled difference of exactly 0
         # counts as 0 (on both sides of the p-value), never as a rounding error of either sign
@@ -88,8 +90,9 @@ def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
     return float(centre - half), float(centre + half)
 
 
-def bootstrap_ci(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95,
-                 two_level: bool | None = None) -> tuple[float, float, float]:
+def bootstrap_ci(
+    values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level: float = 0.95, two_level: bool | None = None
+) -> tuple[float, float, float]:
     """(mean, low, high) of ``values`` [Q] or [S, Q] (seeds × queries).
 
     ``two_level`` (default: when there are at least :data:`MIN_SEEDS_FOR_SEED_LEVEL` seeds) resamples seeds and
@@ -103,8 +106,9 @@ def bootstrap_ci(values: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, level:
     return float(values.mean()), float(np.quantile(stats, alpha)), float(np.quantile(stats, 1 - alpha))
 
 
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = 0,
-                     two_level: bool | None = None) -> tuple[float, float, float, float]:
+def paired_bootstrap(
+    a: np.ndarray, b: np.ndarray, n_boot: int = N_BOOT, seed: int = 0, two_level: bool | None = None
+) -> tuple[float, float, float, float]:
     """Difference of means a − b: (diff, low, high, p). ``a``, ``b``: [Q] or [S, Q] per-query hits with seeds
     matched row by row; queries (and, with ``two_level``, seeds) are resampled jointly for both. ``p`` is the
     two-sided bootstrap p-value of "no difference": twice the smaller share of resampled differences on either
@@ -158,8 +162,9 @@ def p_text(p: float, low: float, high: float) -> str:
 AT_THE_LINE = "at the line"
 
 
-def verdict(diff: float, p_adjusted: float, alpha: float = ALPHA,
-            p_adjusted_range: tuple[float, float] | None = None) -> str:
+def verdict(
+    diff: float, p_adjusted: float, alpha: float = ALPHA, p_adjusted_range: tuple[float, float] | None = None
+) -> str:
     """Plain words for a comparison with difference ``diff`` and Holm-adjusted p ``p_adjusted``, whose Monte Carlo
     range is ``p_adjusted_range`` (:func:`holm_ranges`; None: the p is exact). better / worse: the whole range is
     below ``alpha``; no significant difference: all of it is at or above; :data:`AT_THE_LINE`: it straddles
@@ -179,6 +184,11 @@ def verdicts(diffs, p_values, n_boot: int = N_BOOT, alpha: float = ALPHA) -> dic
     p = np.asarray(p_values, dtype=float)
     ranges = np.array([p_range(v, n_boot) for v in p]).reshape(-1, 2)
     adjusted, low, high = holm(p), holm(ranges[:, 0]), holm(ranges[:, 1])  # holm_ranges, the ranges made once
-    return {"p_low": list(ranges[:, 0]), "p_high": list(ranges[:, 1]), "p_holm": list(adjusted),
-            "p_holm_low": list(low), "p_holm_high": list(high),
-            "verdict": [verdict(d, a, alpha, (lo, hi)) for d, a, lo, hi in zip(diffs, adjusted, low, high)]}
+    return {
+        "p_low": list(ranges[:, 0]),
+        "p_high": list(ranges[:, 1]),
+        "p_holm": list(adjusted),
+        "p_holm_low": list(low),
+        "p_holm_high": list(high),
+        "verdict": [verdict(d, a, alpha, (lo, hi)) for d, a, lo, hi in zip(diffs, adjusted, low, high)],
+    }

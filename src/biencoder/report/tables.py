@@ -48,9 +48,15 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = N_BOOT) -
             test = np.array([b[2].get(metric, np.nan) for b in best])
             # std over seeds with ddof=1 (NaN for one seed: no spread can be estimated)
             std = lambda x: float(np.nanstd(x, ddof=1)) if np.isfinite(x).sum() > 1 else np.nan
-            row.update({f"val_{metric}_mean": val.mean(), f"val_{metric}_std": std(val),
-                        f"test_{metric}_mean": np.nanmean(test), f"test_{metric}_std": std(test),
-                        "best_epoch": float(np.mean([b[0] for b in best]))})
+            row.update(
+                {
+                    f"val_{metric}_mean": val.mean(),
+                    f"val_{metric}_std": std(val),
+                    f"test_{metric}_mean": np.nanmean(test),
+                    f"test_{metric}_std": std(test),
+                    "best_epoch": float(np.mean([b[0] for b in best])),
+                }
+            )
             for group in ("unseen", "seen"):
                 values = [b[2].get(f"top1_{group}") for b in best]
                 if metric == "top1" and any(v is not None for v in values):
@@ -60,8 +66,13 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = N_BOOT) -
         # test_hits.npy holds each run's selection metric per query: an interval of the metric shown when it is that
         if metric == _hits_metric(members) and hits and len({h.shape for h in hits}) == 1:
             _, low, high = bootstrap_ci(np.stack(hits).astype(float), n_boot)
-            row.update({"test_ci_low": low, "test_ci_high": high,
-                        "ci_resamples": "seeds+queries" if len(hits) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"})
+            row.update(
+                {
+                    "test_ci_low": low,
+                    "test_ci_high": high,
+                    "ci_resamples": "seeds+queries" if len(hits) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries",
+                }
+            )
         tasks = [r.final["tasks"]["test"] for r in members if r.final and "tasks" in r.final]
         if tasks:
             row["tasks_score"] = members[0].final["tasks"]["score"]
@@ -71,8 +82,9 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = N_BOOT) -
     return pd.DataFrame(rows)
 
 
-def paired_comparisons(runs: list[Run], reference: str | list[str] = "plain", n_boot: int = N_BOOT,
-                       strict: bool = False) -> pd.DataFrame:
+def paired_comparisons(
+    runs: list[Run], reference: str | list[str] = "plain", n_boot: int = N_BOOT, strict: bool = False
+) -> pd.DataFrame:
     """Test top-1 of each cell minus its reference cell, paired over test queries: each run's per-query outcome of
     its selection metric (``test_hits.npy``; column ``metric``, e.g. ``retrieval_top1`` for ``loss.ce_weight=0``).
 
@@ -122,17 +134,30 @@ def _compare(cell: str, members: list[Run], ref_cell: str, ref_members: list[Run
     b = np.stack([ref_runs[s].hits for s in (shared or ref_runs)]).astype(float)
     diff, low, high, p = paired_bootstrap(a, b, n_boot)
     own_metric, ref_metric = _hits_metric(members) or "mixed", _hits_metric(ref_members) or "mixed"
-    row = {"cell": cell, "vs": ref_cell, "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
-           "pairing": pairing,
-           "metric": own_metric if own_metric == ref_metric else f"{own_metric} vs {ref_metric}",
-           "diff_test_top1": diff, "ci_low": low, "ci_high": high, "p": p,
-           "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries"}
+    row = {
+        "cell": cell,
+        "vs": ref_cell,
+        "seeds": len(shared) if shared else f"{len(own)}/{len(ref_runs)}",
+        "pairing": pairing,
+        "metric": own_metric if own_metric == ref_metric else f"{own_metric} vs {ref_metric}",
+        "diff_test_top1": diff,
+        "ci_low": low,
+        "ci_high": high,
+        "p": p,
+        "ci_resamples": "seeds+queries" if len(shared) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries",
+    }
     seen = members[0].seen
     if seen is not None and seen.any() and (~seen).any() and len(seen) == a.shape[1]:
         for group, mask in (("unseen", ~seen), ("seen", seen)):  # the same test, per query group
             d, lo, hi, _ = paired_bootstrap(a[:, mask], b[:, mask], n_boot)
-            row.update({f"diff_{group}": d, f"ci_{group}_low": lo, f"ci_{group}_high": hi,
-                        f"queries_{group}": int(mask.sum())})
+            row.update(
+                {
+                    f"diff_{group}": d,
+                    f"ci_{group}_low": lo,
+                    f"ci_{group}_high": hi,
+                    f"queries_{group}": int(mask.sum()),
+                }
+            )
     return row
 
 
@@ -144,7 +169,8 @@ def _check_references(references: list[str], identity: dict, cell_of: dict) -> N
             raise SummaryError(
                 f"--reference {ref} pairs no two cells of these runs (cells: {', '.join(sorted(identity))}; they "
                 f"differ in the variant{''.join(', ' + key for key in separate)}): name a variant or key=value, "
-                "and join settings that changed together with commas, e.g. loss.name=triplet_ce,trainer.head_lr=3e-4")
+                "and join settings that changed together with commas, e.g. loss.name=triplet_ce,trainer.head_lr=3e-4"
+            )
 
 
 def _reference_cell(ref: str, identity: tuple, cell_of: dict) -> str | None:
@@ -188,32 +214,56 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
     groups = [g for g in ("unseen", "seen") if f"test_top1_{g}_mean" in table]
     selected = sorted(set(table["selected_by"].dropna())) if "selected_by" in table else []
     by = f" by {selected[0]}" if len(selected) == 1 else " by"
-    head = ["cell", "seeds", f"val {metric} @ best epoch", f"test {metric} @ best epoch", "95% CI",
-            f"best epoch (from 0){by}"]
+    head = [
+        "cell",
+        "seeds",
+        f"val {metric} @ best epoch",
+        f"test {metric} @ best epoch",
+        "95% CI",
+        f"best epoch (from 0){by}",
+    ]
     head += [f"test top1 {g} (queries)" for g in groups]
     head += [c.replace("_acc1", "") for c in task_cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in table.iterrows():
         seeds = f"{r['seeds']}" + (f" (+{r['incomplete']} incomplete)" if r["incomplete"] else "")
-        ci = f"[{r['test_ci_low']:.3f}, {r['test_ci_high']:.3f}]" if "test_ci_low" in r and not pd.isna(r.get("test_ci_low")) else "–"
+        ci = (
+            f"[{r['test_ci_low']:.3f}, {r['test_ci_high']:.3f}]"
+            if "test_ci_low" in r and not pd.isna(r.get("test_ci_low"))
+            else "–"
+        )
         epoch = "–" if pd.isna(r.get("best_epoch")) else f"{r['best_epoch']:.1f}"
         if len(selected) > 1 and not pd.isna(r.get("selected_by")):
             epoch += f" ({r['selected_by']})"
-        cells = [r["cell"], seeds, _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
-                 _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")), ci, epoch]
-        cells += ["–" if pd.isna(r.get(f"test_top1_{g}_mean"))
-                  else f"{r[f'test_top1_{g}_mean']:.3f} (n={int(r[f'queries_{g}'])})" for g in groups]
+        cells = [
+            r["cell"],
+            seeds,
+            _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
+            _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")),
+            ci,
+            epoch,
+        ]
+        cells += [
+            "–"
+            if pd.isna(r.get(f"test_top1_{g}_mean"))
+            else f"{r[f'test_top1_{g}_mean']:.3f} (n={int(r[f'queries_{g}'])})"
+            for g in groups
+        ]
         cells += ["–" if pd.isna(r[c]) else f"{r[c]:.3f}" for c in task_cols]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    lines.append("\nmean ± std over seeds (ddof=1; no std for one seed). Best epoch: each run's first epoch with the "
-                 "highest value of its selection metric (final.json: val top-1 reranked, or val retrieval top-1 when "
-                 "the pair classifier is not trained); the val and test columns are read at that epoch. 95% CI: "
-                 f"bootstrap over seeds and test queries (two levels) with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; with "
-                 "fewer, over test queries only, and no claim about seed-to-seed variation is made. unseen/seen: test "
-                 "queries whose point or counter text does not / does occur in a training or validation pair the "
-                 "run used.")
+    lines.append(
+        "\nmean ± std over seeds (ddof=1; no std for one seed). Best epoch: each run's first epoch with the "
+        "highest value of its selection metric (final.json: val top-1 reranked, or val retrieval top-1 when "
+        "the pair classifier is not trained); the val and test columns are read at that epoch. 95% CI: "
+        f"bootstrap over seeds and test queries (two levels) with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; with "
+        "fewer, over test queries only, and no claim about seed-to-seed variation is made. unseen/seen: test "
+        "queries whose point or counter text does not / does occur in a training or validation pair the "
+        "run used."
+    )
     if task_cols and "tasks_score" in table:
-        lines.append(f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds.")
+        lines.append(
+            f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds."
+        )
     if len(comparisons):
         lines += ["", _comparisons_markdown(comparisons)]
     return "\n".join(lines)
@@ -225,23 +275,35 @@ def _comparisons_markdown(comparisons: pd.DataFrame) -> str:
     metrics = sorted(set(comparisons["metric"]))
     shown = metrics[0] if len(metrics) == 1 else "(metric)"
     extra = "".join(f" Δ {g} (n={int(comparisons[f'queries_{g}'].dropna().iloc[0])}) [95% CI] |" for g in groups)
-    lines = [f"| cell | vs | seeds | Δ test {shown} | 95% CI (paired bootstrap) | p [MC range] | p (Holm, "
-             f"{len(comparisons)} comparisons) [MC range] | verdict (Holm-adjusted, α={ALPHA:g}) |{extra}",
-             "|---|---|---|---|---|---|---|---|" + "---|" * len(groups)]
+    lines = [
+        f"| cell | vs | seeds | Δ test {shown} | 95% CI (paired bootstrap) | p [MC range] | p (Holm, "
+        f"{len(comparisons)} comparisons) [MC range] | verdict (Holm-adjusted, α={ALPHA:g}) |{extra}",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(groups),
+    ]
     for _, c in comparisons.iterrows():
-        cells = "".join(" – |" if pd.isna(c.get(f"diff_{g}")) else
-                        f" {c[f'diff_{g}']:+.3f} [{c[f'ci_{g}_low']:+.3f}, {c[f'ci_{g}_high']:+.3f}] |" for g in groups)
+        cells = "".join(
+            " – |"
+            if pd.isna(c.get(f"diff_{g}"))
+            else f" {c[f'diff_{g}']:+.3f} [{c[f'ci_{g}_low']:+.3f}, {c[f'ci_{g}_high']:+.3f}] |"
+            for g in groups
+        )
         diff = f"{c['diff_test_top1']:+.3f}" + ("" if len(metrics) == 1 else f" ({c['metric']})")
-        lines.append(f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}, {c['ci_resamples']}) | {diff} | "
-                     f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {p_text(c['p'], c['p_low'], c['p_high'])} | "
-                     f"{p_text(c['p_holm'], c['p_holm_low'], c['p_holm_high'])} | {c['verdict']} |{cells}")
-    lines.append(f"\nΔ: each run's test hits at its best epoch (test_hits.npy, its selection metric), paired by seed. "
-                 f"p: paired bootstrap, {int(comparisons['resamples'].iloc[0]):,} resamples; [MC range]: what other "
-                 f"resamples could give (±{MC_Z:g} Monte Carlo standard errors), for the Holm-adjusted p the "
-                 "adjustment of those ranges. Verdict: better / worse when the whole adjusted range is below α, no "
-                 "significant difference when it is at or above α, at the line when it straddles α (the resampling, "
-                 "not the runs, would decide it).")
+        lines.append(
+            f"| {c['cell']} | {c['vs']} | {c['seeds']} ({c['pairing']}, {c['ci_resamples']}) | {diff} | "
+            f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}] | {p_text(c['p'], c['p_low'], c['p_high'])} | "
+            f"{p_text(c['p_holm'], c['p_holm_low'], c['p_holm_high'])} | {c['verdict']} |{cells}"
+        )
+    lines.append(
+        f"\nΔ: each run's test hits at its best epoch (test_hits.npy, its selection metric), paired by seed. "
+        f"p: paired bootstrap, {int(comparisons['resamples'].iloc[0]):,} resamples; [MC range]: what other "
+        f"resamples could give (±{MC_Z:g} Monte Carlo standard errors), for the Holm-adjusted p the "
+        "adjustment of those ranges. Verdict: better / worse when the whole adjusted range is below α, no "
+        "significant difference when it is at or above α, at the line when it straddles α (the resampling, "
+        "not the runs, would decide it)."
+    )
     if groups:
-        lines.append("\nΔ unseen / seen: the same paired difference on the test queries whose texts do not / do "
-                     "occur in a training or validation pair (descriptive; the verdict is on all queries).")
+        lines.append(
+            "\nΔ unseen / seen: the same paired difference on the test queries whose texts do not / do "
+            "occur in a training or validation pair (descriptive; the verdict is on all queries)."
+        )
     return "\n".join(lines)

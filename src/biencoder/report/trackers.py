@@ -25,7 +25,9 @@ def log_summary(run_folders: list[Path], files: list[Path]) -> list[str]:
     names = []
     for uri in sorted({s["mlflow_tracking_uri"] for s in states}):
         client = MlflowClient(tracking_uri=uri)
-        ids = {client.get_run(s["mlflow_run_id"]).info.experiment_id for s in states if s["mlflow_tracking_uri"] == uri}
+        ids = {
+            client.get_run(s["mlflow_run_id"]).info.experiment_id for s in states if s["mlflow_tracking_uri"] == uri
+        }
         for experiment_id in sorted(ids):
             summary = client.create_run(experiment_id, run_name="summary", tags={"summary": "true"})
             for file in files:
@@ -41,8 +43,11 @@ def attach(runs: list[Run], files: list[Path]) -> None:
     try:
         names = log_summary([r.path for r in runs], files)
     except ImportError:
-        print("note: these runs were tracked with MLflow, which is not installed here: the figure stays local "
-              "(pip install -e '.[tracking]')", file=sys.stderr)
+        print(
+            "note: these runs were tracked with MLflow, which is not installed here: the figure stays local "
+            "(pip install -e '.[tracking]')",
+            file=sys.stderr,
+        )
         return
     if names:
         print(f"mlflow: figure and tables attached to experiment(s) {', '.join(names)} (run 'summary')")

@@ -53,12 +53,34 @@ PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
 #: The pair files' paths (``data.train`` ...) are where the data lies, like ``data.root``; what they hold is the
 #: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.data.pair_files.data_files`), a result key
 #: (runs on different contents never share a cell); ``data_files.<split>.path`` and ``.bytes`` follow from them.
-NON_RESULT_KEYS = ("paths.", "logger.", "data.root", "data.train", "data.val", "data.test", "data.file",
-                   "trainer.resume", "trainer.progress", "trainer.num_workers", "trainer.cache_dir",
-                   "trainer.keep_last", "trainer.save_checkpoint", "trainer.checkpoint_every", "trainer.device",
-                   "trainer.eval_batch_size", "eval.pair_batch_size", "eval.checkpoint", "eval.output", "eval.split",
-                   "negatives.index", "eval.index", "trainer.stats_every", "trainer.head_stats_every", "runtime.",
-                   *(f"data_files.{role}.{key}" for role in ("train", "val", "test", "file") for key in ("path", "bytes")))
+NON_RESULT_KEYS = (
+    "paths.",
+    "logger.",
+    "data.root",
+    "data.train",
+    "data.val",
+    "data.test",
+    "data.file",
+    "trainer.resume",
+    "trainer.progress",
+    "trainer.num_workers",
+    "trainer.cache_dir",
+    "trainer.keep_last",
+    "trainer.save_checkpoint",
+    "trainer.checkpoint_every",
+    "trainer.device",
+    "trainer.eval_batch_size",
+    "eval.pair_batch_size",
+    "eval.checkpoint",
+    "eval.output",
+    "eval.split",
+    "negatives.index",
+    "eval.index",
+    "trainer.stats_every",
+    "trainer.head_stats_every",
+    "runtime.",
+    *(f"data_files.{role}.{key}" for role in ("train", "val", "test", "file") for key in ("path", "bytes")),
+)
 
 
 def is_non_result_key(key: str) -> bool:
@@ -114,6 +136,7 @@ class ModelSchema:
 @dataclass
 class ColumnsSchema:
     """data=pairs: the column of each role in the pair files (sentence-transformers' names by default)."""
+
     anchor: str = "anchor"
     positive: str = "positive"
     negative: Optional[str] = "negative"  # optional: extra given negatives, read when the file has it; null = never
@@ -149,28 +172,30 @@ class TrainerSchema:
     max_epochs: int = 10
     batch_size: int = 16
     eval_batch_size: int = 64  # texts per encoder call when embedding a split
-    lr: float = 2e-5           # encoder: full fine-tuning wants a small rate
-    head_lr: float = 1e-3      # sim head and pair classifier start from scratch
+    lr: float = 2e-5  # encoder: full fine-tuning wants a small rate
+    head_lr: float = 1e-3  # sim head and pair classifier start from scratch
     weight_decay: float = 0.01
     scheduler: str = "constant"  # constant | linear (warmup, then linear decay to 0 over all steps)
-    warmup_ratio: float = 0.0    # share of the steps spent warming up (linear scheduler)
-    device: str = "auto"         # auto | cpu | cuda
-    precision: str = "auto"      # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    warmup_ratio: float = 0.0  # share of the steps spent warming up (linear scheduler)
+    device: str = "auto"  # auto | cpu | cuda
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     # true: torch's deterministic algorithms (CUDA runs repeat, ~1.8x slower epochs on an H100)
     deterministic: bool = False
-    compile: bool = False        # torch.compile the training step (CUDA; pays off on long runs)
-    num_workers: int = 0         # DataLoader workers assembling triplet batches
+    compile: bool = False  # torch.compile the training step (CUDA; pays off on long runs)
+    num_workers: int = 0  # DataLoader workers assembling triplet batches
     # the step statistics in metrics.jsonl (head_pre_* / head_post_*, grad_norm_*) of the first step of every N;
     # 1 = every step
     stats_every: int = 8
     # tqdm bars for epochs, batches and encoding: auto = only when stderr is a terminal | true | false
     progress: Any = "auto"
     save_checkpoint: bool = True  # best-by-val weights as best.pt in the run folder
-    keep_last: bool = False       # keep last.pt (full training state) after the run is done
+    keep_last: bool = False  # keep last.pt (full training state) after the run is done
     # write last.pt every N epochs (and after the last); a kill loses at most N-1 epochs; 0 = never
     checkpoint_every: int = 1
     resume: Any = False  # true: continue the run in the output dir | <run dir>: continue that run
-    cache_dir: str = f"${{oc.env:{CACHE_DIR_ENV},'{DEFAULT_CACHE_DIR}'}}"  # frozen-encoder outputs (model.encoder.freeze)
+    cache_dir: str = (
+        f"${{oc.env:{CACHE_DIR_ENV},'{DEFAULT_CACHE_DIR}'}}"  # frozen-encoder outputs (model.encoder.freeze)
+    )
 
 
 @dataclass
@@ -178,12 +203,14 @@ class LossSchema:
     """The ``loss`` config group: one dataclass per option (Hydra's structured config groups), so a key of another
     loss is refused by composition (:func:`biencoder.hydra_glue.register` stores each option under ``loss/<name>``)
     and by :func:`biencoder.engine.config.validation.validate` on a plain config. ``name`` says which option it is."""
+
     name: str = MISSING
 
 
 @dataclass
 class TripletCELossSchema(LossSchema):
     """``loss=triplet_ce``, the default (:class:`biencoder.engine.modeling.loss.TripletCELoss`)."""
+
     name: str = "triplet_ce"
     margin: float = 1.0
     triplet_weight: float = 1.0
@@ -193,10 +220,11 @@ class TripletCELossSchema(LossSchema):
 @dataclass
 class InfoNCELossSchema(LossSchema):
     """``loss=infonce`` (:class:`biencoder.engine.modeling.loss.InfoNCELoss`)."""
+
     name: str = "infonce"
     ce_weight: float = 1.0  # the pair classifier's cross-entropy; 0 = InfoNCE alone
-    scale: float = 20.0     # 1 / temperature on cosine similarities
-    gather: bool = False    # under DDP, every process's candidates are negatives for every query
+    scale: float = 20.0  # 1 / temperature on cosine similarities
+    gather: bool = False  # under DDP, every process's candidates are negatives for every query
 
 
 #: ``loss.name`` -> its option of the ``loss`` config group
@@ -211,6 +239,7 @@ def loss_keys(name: str) -> tuple[str, ...]:
 @dataclass
 class RandomRateSchema:
     """random_rate = max(0, start - decay * epoch): share of uniformly random (instead of hard) negatives."""
+
     start: float = 0.8
     decay: float = 0.01
 
@@ -265,7 +294,7 @@ class TensorBoardSchema:
 @dataclass
 class MlflowSchema:
     tracking_uri: Optional[str] = None  # None: a local store, <paths.log_dir>/mlflow.db
-    experiment: Optional[str] = None    # None: the sweep folder's name, or "runs" for single runs
+    experiment: Optional[str] = None  # None: the sweep folder's name, or "runs" for single runs
 
 
 @dataclass
@@ -368,10 +397,15 @@ def untrained_classifier_note(score: str) -> str:
     """The one line a run with ``loss.ce_weight=0`` prints at its start and in its summary (such a run is allowed:
     InfoNCE alone is a retrieval model; what it must not do is report the untrained classifier's reranking as its
     result). ``score``: its ``eval.score``, named when the 8 tasks rerank with that classifier."""
-    tasks = (f"; eval.score={score} scores the 8 tasks with that classifier too: add eval.score=sim"
-             if score in ("rerank", "classifier") else "")
-    return ("loss.ce_weight=0: the pair classifier is not trained, so the reranked top1 and mrr are noise; the best "
-            f"epoch is chosen by val retrieval_top1, this run's result{tasks}")
+    tasks = (
+        f"; eval.score={score} scores the 8 tasks with that classifier too: add eval.score=sim"
+        if score in ("rerank", "classifier")
+        else ""
+    )
+    return (
+        "loss.ce_weight=0: the pair classifier is not trained, so the reranked top1 and mrr are noise; the best "
+        f"epoch is chosen by val retrieval_top1, this run's result{tasks}"
+    )
 
 
 def resume_folder(resume: Any) -> str | None:
@@ -383,7 +417,9 @@ def resume_folder(resume: Any) -> str | None:
 
 def resume_requested(resume: Any) -> bool:
     """``trainer.resume`` asks to continue a run: ``true`` or a run folder."""
-    return resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
+    return (
+        resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
+    )
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -404,7 +440,9 @@ def run_settings(config: dict) -> dict:
     defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False))
     # a default read from the environment (${oc.env:...}: the cache and log folders) counts as it resolves now;
     # other interpolations (the packaged encoder's folder, the demo corpus) need the resolvers and are left out
-    known = {k: _resolve_env(v) if isinstance(v, str) and v.startswith("${oc.env:") else v for k, v in defaults.items()}
+    known = {
+        k: _resolve_env(v) if isinstance(v, str) and v.startswith("${oc.env:") else v for k, v in defaults.items()
+    }
     # every loss's keys, each at its option's default where the config lacks it (a key of another loss than the
     # run's takes no part in the run): runs of either loss, saved with their own loss's keys or with every loss's,
     # compare key by key
@@ -418,4 +456,3 @@ def run_settings(config: dict) -> dict:
 def _resolve_env(value: str) -> str:
     """``${oc.env:NAME,default}`` as it resolves in this process."""
     return str(OmegaConf.create({"value": value}).value)
-

@@ -57,7 +57,9 @@ def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
     value = OmegaConf.select(cfg, key)
     allowed = (int,) if kind is int else (int, float)
     if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value) or value < minimum:
-        raise ConfigError(f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}")
+        raise ConfigError(
+            f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}"
+        )
 
 
 #: subtrees whose keys are free-form (passed on to another library)
@@ -102,7 +104,8 @@ def unknown_key_message(key: str, loss: str | None = None) -> str | None:
             return f"{key} is a key of loss={'|'.join(owners)}, not of loss={loss}: drop it, or pick loss={owners[0]}"
         # misspelt: the closest key is one of the chosen loss's
         known = frozenset(k for k in known if not k.startswith("loss.")) | {
-            f"loss.{k}" for k in ("name", *loss_keys(loss))}
+            f"loss.{k}" for k in ("name", *loss_keys(loss))
+        }
     if key in known or key in prefixes or key.startswith(FREE_FORM):
         return None
     siblings = sorted(k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent)
@@ -206,31 +209,44 @@ def _data(cfg: DictConfig) -> None:
         _pair_files(cfg)
         return
     if not isinstance(cfg.data.root, str) or not cfg.data.root:
-        raise ConfigError(f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set")
+        raise ConfigError(
+            f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set"
+        )
     changed = [f"data.{k}={cfg.data[k]}" for k in PAIR_KEYS if cfg.data[k] is not None] + [
-        f"data.columns.{k}={v}" for k, v in cfg.data.columns.items() if v != getattr(ColumnsSchema(), k)]
+        f"data.columns.{k}={v}" for k, v in cfg.data.columns.items() if v != getattr(ColumnsSchema(), k)
+    ]
     if changed:
-        raise ConfigError(f"{changed[0]} is read only from pair files, and data={cfg.data.name} is the ArguAna layout: "
-                          "use data=pairs (docs/own-data.md), or drop it")
+        raise ConfigError(
+            f"{changed[0]} is read only from pair files, and data={cfg.data.name} is the ArguAna layout: "
+            "use data=pairs (docs/own-data.md), or drop it"
+        )
 
 
 def _pair_files(cfg: DictConfig) -> None:
     """data.layout=pairs: one file per split or one file with a split column, a known format, two named columns."""
     data = cfg.data
     if data.max_debates is not None:
-        raise ConfigError(f"data.max_debates={data.max_debates} slices ArguAna's debates; pair files have none: cut "
-                          "the files instead, or drop it")
+        raise ConfigError(
+            f"data.max_debates={data.max_debates} slices ArguAna's debates; pair files have none: cut "
+            "the files instead, or drop it"
+        )
     if data.format is not None:
         _choice(cfg, "data.format", PAIR_FORMATS)
     given = [k for k in ("train", "val", "test") if data[k] is not None]
     if data.file is not None and given:
-        raise ConfigError(f"data.file and data.{given[0]} are both set: pass one file per split (data.train, data.val, "
-                          "data.test) or one file with a split column (data.file), not both")
+        raise ConfigError(
+            f"data.file and data.{given[0]} are both set: pass one file per split (data.train, data.val, "
+            "data.test) or one file with a split column (data.file), not both"
+        )
     if data.file is None and len(given) < 3:
         missing = [f"data.{k}" for k in ("train", "val", "test") if k not in given]
-        raise ConfigError(f"data=pairs needs {', '.join(missing)}: one file per split (e.g. data.train=train.jsonl "
-                          "data.val=val.jsonl data.test=test.jsonl), or data.file=<one file with a split column>")
+        raise ConfigError(
+            f"data=pairs needs {', '.join(missing)}: one file per split (e.g. data.train=train.jsonl "
+            "data.val=val.jsonl data.test=test.jsonl), or data.file=<one file with a split column>"
+        )
     for role in ("anchor", "positive", "split"):
         if not isinstance(data.columns[role], str) or not data.columns[role]:
-            raise ConfigError(f"data.columns.{role}={data.columns[role]!r} is not a column name: name the column that "
-                              f"holds the {role} texts")
+            raise ConfigError(
+                f"data.columns.{role}={data.columns[role]!r} is not a column name: name the column that "
+                f"holds the {role} texts"
+            )

@@ -23,8 +23,18 @@ from .arguana import SPLITS, CorpusError, read_split, resolve_root
 from .pair_files import PairFiles, read_pairs
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name
 
-__all__ = ["ARGUMENT_COLUMNS", "PAIR_COLUMNS", "SPLIT_NAMES", "Corpus", "CorpusError", "PairedSplit", "read_corpus",
-           "run_splits", "seen_queries", "split_name"]  # the paired splits' names stay importable from here
+__all__ = [
+    "ARGUMENT_COLUMNS",
+    "PAIR_COLUMNS",
+    "SPLIT_NAMES",
+    "Corpus",
+    "CorpusError",
+    "PairedSplit",
+    "read_corpus",
+    "run_splits",
+    "seen_queries",
+    "split_name",
+]  # the paired splits' names stay importable from here
 
 ARGUMENT_COLUMNS = ["split", "theme", "debate", "stance", "number", "kind", "conclusion", "premise", "text", "path"]
 PAIR_COLUMNS = ["split", "theme", "debate", "stance", "pair_id", "point_text", "counter_text"]
@@ -65,20 +75,22 @@ class Corpus:
         """
         kept_by = dedup_keep(self.split_pairs, self.texts, ("point_text", "counter_text"))
         keep_val, keep_train = kept_by["val"], kept_by["train"]
-        kept = pd.concat([self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val],
-                          self.split_pairs("test")])
+        kept = pd.concat(
+            [self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val], self.split_pairs("test")]
+        )
         dropped = {"train": int((~keep_train).sum()), "val": int((~keep_val).sum()), "test": 0}
-        return replace(self, pairs=kept.sort_values(["split", "pair_id"], kind="stable").reset_index(drop=True),
-                       dropped=dropped)
+        return replace(
+            self, pairs=kept.sort_values(["split", "pair_id"], kind="stable").reset_index(drop=True), dropped=dropped
+        )
 
     def overlap(self) -> dict[str, dict[str, int]]:
         """Cross-split overlap, per ordered pair of splits ``a->b`` (and ``test->train+val``): the pairs of a whose
         point and counter texts occur together as a pair of b, the distinct texts of a found in b, and the
         debates of a whose URL (metadata.txt) is also a debate of b."""
-        pair_set = {s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"]))
-                    for s in SPLIT_NAMES}
-        urls = {s: set(self.debates.loc[self.debates["split"] == SPLIT_NAMES[s], "url"].dropna())
-                for s in SPLIT_NAMES}
+        pair_set = {
+            s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"])) for s in SPLIT_NAMES
+        }
+        urls = {s: set(self.debates.loc[self.debates["split"] == SPLIT_NAMES[s], "url"].dropna()) for s in SPLIT_NAMES}
         out = {}
         targets = [(a, (b,)) for a in SPLIT_NAMES for b in SPLIT_NAMES if a != b] + [("test", ("train", "val"))]
         for a, bs in targets:
@@ -86,8 +98,10 @@ class Corpus:
             texts_b = set().union(*(self.texts(b) for b in bs))
             urls_b = set().union(*(urls[b] for b in bs))
             out[f"{a}->{'+'.join(bs)}"] = {
-                "pairs": sum(pair in pairs_b for pair in zip(self.split_pairs(a)["point_text"],
-                                                             self.split_pairs(a)["counter_text"])),
+                "pairs": sum(
+                    pair in pairs_b
+                    for pair in zip(self.split_pairs(a)["point_text"], self.split_pairs(a)["counter_text"])
+                ),
                 "of_pairs": len(self.split_pairs(a)),
                 "texts": len(self.texts(a) & texts_b),
                 "of_texts": len(self.texts(a)),
@@ -155,8 +169,14 @@ def read_corpus(root: str | Path) -> Corpus:
 
     pairs, merged = _pairs(arguments)
     counts = {split_name(split): _counts(arguments, merged, split, shape[split], folder) for split in SPLITS}
-    return Corpus(root=folder, arguments=arguments, pairs=pairs, counts=counts,
-                  debates=pd.DataFrame(debates, columns=["split", "theme", "debate", "url"]), dropped={})
+    return Corpus(
+        root=folder,
+        arguments=arguments,
+        pairs=pairs,
+        counts=counts,
+        debates=pd.DataFrame(debates, columns=["split", "theme", "debate", "url"]),
+        dropped={},
+    )
 
 
 def _pairs(arguments: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -170,15 +190,18 @@ def _pairs(arguments: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         counters.reset_index(names="counter_row"), on=key, suffixes=("_point", "_counter"), how="outer"
     )
     pairs = merged[merged["point_row"].notna() & merged["counter_row"].notna()].copy()
-    pairs["pair_id"] = pairs["theme"] + "/" + pairs["debate"] + "/" + pairs["stance"] + pairs["number"].map("{:02d}".format)
+    pairs["pair_id"] = (
+        pairs["theme"] + "/" + pairs["debate"] + "/" + pairs["stance"] + pairs["number"].map("{:02d}".format)
+    )
     pairs = pairs.rename(columns={"text_point": "point_text", "text_counter": "counter_text"})
     pairs[["point_row", "counter_row"]] = pairs[["point_row", "counter_row"]].astype(int)
     pairs = pairs[PAIR_COLUMNS + ["point_row", "counter_row"]].sort_values(["split", "pair_id"], kind="stable")
     return pairs.reset_index(drop=True), merged
 
 
-def _counts(arguments: pd.DataFrame, merged: pd.DataFrame, split: str, shape: tuple[int, int],
-            folder: Path) -> dict[str, int]:
+def _counts(
+    arguments: pd.DataFrame, merged: pd.DataFrame, split: str, shape: tuple[int, int], folder: Path
+) -> dict[str, int]:
     """The counts of one split (``corpus stats``); raises :class:`CorpusError` when it has no pair."""
     in_split = merged["split"] == split
     has_both = merged["point_row"].notna() & merged["counter_row"].notna()

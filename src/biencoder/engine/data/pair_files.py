@@ -35,7 +35,15 @@ from ..files import strict_json
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, split_name
 
 #: suffix -> format (data.format overrides it)
-SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet"}
+SUFFIXES = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 ROLES = ("anchor", "positive", "negative", "group")
 #: fewer pairs than this and no query has a wrong candidate to beat
 MIN_PAIRS = 2
@@ -60,22 +68,31 @@ def data_files(data) -> dict[str, dict]:
     layout). Raises :class:`PairsError` for a missing file."""
     if data.get("layout", "arguana") != "pairs":
         return {}
-    return {role: _provenance(Path(path), role, _read_bytes(Path(path), role)) for role, path in data_paths(data).items()}
+    return {
+        role: _provenance(Path(path), role, _read_bytes(Path(path), role)) for role, path in data_paths(data).items()
+    }
 
 
 def _provenance(path: Path, role: str, content: bytes) -> dict:
-    return {"path": str(path.expanduser().resolve()), "bytes": len(content),
-            "sha256": hashlib.sha256(content).hexdigest()}
+    return {
+        "path": str(path.expanduser().resolve()),
+        "bytes": len(content),
+        "sha256": hashlib.sha256(content).hexdigest(),
+    }
 
 
 def _read_bytes(path: Path, role: str) -> bytes:
     try:
         return path.expanduser().read_bytes()
     except FileNotFoundError:
-        raise PairsError(f"data.{role}='{path}' does not exist: check the path (data=pairs reads data.train, "
-                         "data.val and data.test, or data.file)") from None
+        raise PairsError(
+            f"data.{role}='{path}' does not exist: check the path (data=pairs reads data.train, "
+            "data.val and data.test, or data.file)"
+        ) from None
     except IsADirectoryError:
-        raise PairsError(f"data.{role}='{path}' is a folder: name the file itself (e.g. {path}/{role}.jsonl)") from None
+        raise PairsError(
+            f"data.{role}='{path}' is a folder: name the file itself (e.g. {path}/{role}.jsonl)"
+        ) from None
     except OSError as err:
         raise PairsError(f"data.{role}='{path}' cannot be read ({err.strerror}): check the path") from None
 
@@ -86,8 +103,10 @@ def file_format(path: Path, role: str, fmt: str | None = None) -> str:
         return fmt
     found = SUFFIXES.get(path.suffix.lower())
     if found is None:
-        raise PairsError(f"data.{role}='{path}': unknown file type '{path.suffix or '(no suffix)'}': use "
-                         f"{', '.join(SUFFIXES)}, or name the format with data.format={'|'.join(PAIR_FORMATS)}")
+        raise PairsError(
+            f"data.{role}='{path}': unknown file type '{path.suffix or '(no suffix)'}': use "
+            f"{', '.join(SUFFIXES)}, or name the format with data.format={'|'.join(PAIR_FORMATS)}"
+        )
     return found
 
 
@@ -107,9 +126,10 @@ def _text(content: bytes, label: str) -> str:
     try:
         return content.decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        line = content[:err.start].count(b"\n") + 1
-        raise PairsError(f"{label} is not UTF-8 ({err.reason} at byte {err.start}, line {line}): re-save it as "
-                         "UTF-8") from None
+        line = content[: err.start].count(b"\n") + 1
+        raise PairsError(
+            f"{label} is not UTF-8 ({err.reason} at byte {err.start}, line {line}): re-save it as UTF-8"
+        ) from None
 
 
 def _jsonl(content: bytes, label: str) -> Records:
@@ -125,11 +145,15 @@ def _jsonl(content: bytes, label: str) -> Records:
             else:
                 raise PairsError(f"{label} line {number} is not JSON ({err.msg}): one JSON object per line") from None
         if isinstance(record, list):
-            raise PairsError(f"{label} holds a JSON array, not JSON Lines: write one object per line, e.g. "
-                             f"pandas.read_json(path).to_json('pairs.jsonl', orient='records', lines=True)")
+            raise PairsError(
+                f"{label} holds a JSON array, not JSON Lines: write one object per line, e.g. "
+                f"pandas.read_json(path).to_json('pairs.jsonl', orient='records', lines=True)"
+            )
         if not isinstance(record, dict):
-            raise PairsError(f"{label} line {number} is not a JSON object: one object per line, e.g. "
-                             '{"anchor": "...", "positive": "..."}')
+            raise PairsError(
+                f"{label} line {number} is not a JSON object: one object per line, e.g. "
+                '{"anchor": "...", "positive": "..."}'
+            )
         rows.append(record)
         where.append(f"line {number}")
         columns.update(dict.fromkeys(record))
@@ -147,8 +171,10 @@ def _delimited(content: bytes, label: str, delimiter: str) -> Records:
         for fields in reader:
             if fields:
                 if len(fields) != len(header):
-                    raise PairsError(f"{label} line {start} has {len(fields)} fields, the header has {len(header)}: "
-                                     "quote a field that holds the delimiter or a line break (\"...\")")
+                    raise PairsError(
+                        f"{label} line {start} has {len(fields)} fields, the header has {len(header)}: "
+                        'quote a field that holds the delimiter or a line break ("...")'
+                    )
                 rows.append(dict(zip(header, fields)))
                 where.append(f"line {start}")
             start = reader.line_num + 1
@@ -161,14 +187,21 @@ def _parquet(path: Path, label: str) -> Records:
     try:
         frame = pd.read_parquet(path)
     except ImportError:
-        raise PairsError(f"{label}: reading Parquet needs pyarrow: pip install 'biencoder[parquet]' (or convert "
-                         "the file to .jsonl)") from None
+        raise PairsError(
+            f"{label}: reading Parquet needs pyarrow: pip install 'biencoder[parquet]' (or convert the file to .jsonl)"
+        ) from None
     except Exception as err:  # noqa: BLE001 - pyarrow raises several types for a file that is not Parquet
-        raise PairsError(f"{label} cannot be read as Parquet ({type(err).__name__}): check the file, or set "
-                         "data.format to its real format") from None
+        raise PairsError(
+            f"{label} cannot be read as Parquet ({type(err).__name__}): check the file, or set "
+            "data.format to its real format"
+        ) from None
     frame = frame.astype(object).where(frame.notna(), None)
-    return Records(label, frame.to_dict("records"), [f"row {i}" for i in range(1, len(frame) + 1)],
-                   [str(c) for c in frame.columns])
+    return Records(
+        label,
+        frame.to_dict("records"),
+        [f"row {i}" for i in range(1, len(frame) + 1)],
+        [str(c) for c in frame.columns],
+    )
 
 
 def read_records(path: Path, role: str, fmt: str | None = None) -> tuple[Records, dict]:
@@ -200,12 +233,15 @@ def resolve_columns(records: Records, mapping: dict, extra: tuple[str, ...] = ()
             close = difflib.get_close_matches(name, records.columns, n=1, cutoff=0.6)
             hint = f"did you mean '{close[0]}'? " if close else ""
             target = close[0] if close else "<column>"
-            raise PairsError(f"{records.label} has no column '{name}' (columns: {', '.join(records.columns) or 'none'})"
-                             f": {hint}rename it, or map it with data.columns.{role}={target}")
+            raise PairsError(
+                f"{records.label} has no column '{name}' (columns: {', '.join(records.columns) or 'none'})"
+                f": {hint}rename it, or map it with data.columns.{role}={target}"
+            )
         out[role] = name
     if out["anchor"] == out["positive"]:
-        raise PairsError(f"data.columns.anchor and data.columns.positive both name '{out['anchor']}': map them to two "
-                         "columns")
+        raise PairsError(
+            f"data.columns.anchor and data.columns.positive both name '{out['anchor']}': map them to two columns"
+        )
     return out
 
 
@@ -221,12 +257,19 @@ def _value(record: dict, column: str, role: str, where: str, records: Records) -
     if value is None or (isinstance(value, float) and value != value):  # null, NaN
         value = ""
     if not isinstance(value, str):
-        raise PairsError(f"{records.label} {where}: '{column}' is {json.dumps(value, default=str)[:40]}, not a text: "
-                         f"every {role} must be a string")
+        raise PairsError(
+            f"{records.label} {where}: '{column}' is {json.dumps(value, default=str)[:40]}, not a text: "
+            f"every {role} must be a string"
+        )
     value = value.strip()
     if not value and (required or role in ("group", "split")):
-        fix = ("drop the line or fill it in" if required else
-               "give every row one, or read none with data.columns.group=null" if role == "group" else "fill it in")
+        fix = (
+            "drop the line or fill it in"
+            if required
+            else "give every row one, or read none with data.columns.group=null"
+            if role == "group"
+            else "fill it in"
+        )
         raise PairsError(f"{records.label} {where}: '{column}' is empty: every {role} needs text; {fix}")
     return value or None
 
@@ -239,10 +282,18 @@ def pair_table(records: Records, columns: dict[str, str | None], split: str | No
         values = {role: _value(record, col, role, where, records) if col else None for role, col in columns.items()}
         if values["negative"] is not None and values["negative"] in (values["anchor"], values["positive"]):
             same = "positive" if values["negative"] == values["positive"] else "anchor"
-            raise PairsError(f"{records.label} {where}: the negative equals its {same}: a given negative must be "
-                             "another text; fix it or leave it empty")
-        rows.append({"split": split or _split_of(values.pop("split", None), records.label, where),
-                     **{role: values[role] for role in ROLES}, "source": records.label, "where": where})
+            raise PairsError(
+                f"{records.label} {where}: the negative equals its {same}: a given negative must be "
+                "another text; fix it or leave it empty"
+            )
+        rows.append(
+            {
+                "split": split or _split_of(values.pop("split", None), records.label, where),
+                **{role: values[role] for role in ROLES},
+                "source": records.label,
+                "where": where,
+            }
+        )
     return pd.DataFrame(rows, columns=["split", *ROLES, "source", "where"])
 
 
@@ -250,8 +301,10 @@ def _split_of(value: str, label: str, where: str) -> str:
     try:
         return split_name(value)
     except BiencoderError:
-        raise PairsError(f"{label} {where}: split '{value}' is not train, val or test (training and validation are "
-                         "accepted too): fix the split column") from None
+        raise PairsError(
+            f"{label} {where}: split '{value}' is not train, val or test (training and validation are "
+            "accepted too): fix the split column"
+        ) from None
 
 
 def read_pairs(data) -> "PairFiles":
@@ -261,8 +314,10 @@ def read_pairs(data) -> "PairFiles":
     paths = data_paths(data)
     mapping = dict(data.get("columns") or {})
     if not paths or ("file" not in paths and set(paths) != set(SPLIT_NAMES)):
-        raise PairsError("data=pairs needs data.train, data.val and data.test (one file each), or data.file (one file "
-                         "with a split column): e.g. data.train=train.jsonl data.val=val.jsonl data.test=test.jsonl")
+        raise PairsError(
+            "data=pairs needs data.train, data.val and data.test (one file each), or data.file (one file "
+            "with a split column): e.g. data.train=train.jsonl data.val=val.jsonl data.test=test.jsonl"
+        )
     tables, files, grouped = [], {}, {}
     for role, path in paths.items():
         records, files[role] = read_records(Path(path), role, data.get("format"))
@@ -272,8 +327,10 @@ def read_pairs(data) -> "PairFiles":
     if len(set(grouped.values())) > 1:
         with_group = [label for label, has in grouped.items() if has]
         without = [label for label, has in grouped.items() if not has]
-        raise PairsError(f"{with_group[0]} has a group column and {without[0]} has none: give every file one, or "
-                         "read none with data.columns.group=null")
+        raise PairsError(
+            f"{with_group[0]} has a group column and {without[0]} has none: give every file one, or "
+            "read none with data.columns.group=null"
+        )
     pairs = pd.concat(tables, ignore_index=True)
     pairs = pairs.astype(object).where(pairs.notna(), None)  # one missing value, None, whatever the files held
     found = PairFiles(pairs=pairs, files=files, has_group=any(grouped.values()), dropped={})
@@ -308,11 +365,15 @@ class PairFiles:
             pairs = self.split_pairs(name)
             where = f"'{(self.files.get(name) or self.files['file'])['path']}'"
             if len(pairs) < MIN_PAIRS:
-                raise PairsError(f"{where}: split '{name}' has {len(pairs)} pair{'s' * (len(pairs) != 1)}{after}: a "
-                                 f"split needs at least {MIN_PAIRS} (a query needs a wrong candidate to beat)")
+                raise PairsError(
+                    f"{where}: split '{name}' has {len(pairs)} pair{'s' * (len(pairs) != 1)}{after}: a "
+                    f"split needs at least {MIN_PAIRS} (a query needs a wrong candidate to beat)"
+                )
             if len(self.texts(name)) < 3:
-                raise PairsError(f"{where}: split '{name}' has only {len(self.texts(name))} distinct texts{after}: "
-                                 "add pairs with other texts (a negative must be a third text)")
+                raise PairsError(
+                    f"{where}: split '{name}' has only {len(self.texts(name))} distinct texts{after}: "
+                    "add pairs with other texts (a negative must be a third text)"
+                )
 
     @property
     def counts(self) -> dict[str, dict[str, int]]:
@@ -321,10 +382,15 @@ class PairFiles:
         out = {}
         for name in SPLIT_NAMES:
             p = self.split_pairs(name)
-            out[name] = {"pairs": len(p), "duplicated_pairs": int(p.duplicated(["anchor", "positive"]).sum()),
-                         "distinct_texts": len(self.texts(name)), "anchors": int(p["anchor"].nunique()),
-                         "positives": int(p["positive"].nunique()), "with_negative": int(p["negative"].notna().sum()),
-                         "groups": int(p["group"].nunique())}
+            out[name] = {
+                "pairs": len(p),
+                "duplicated_pairs": int(p.duplicated(["anchor", "positive"]).sum()),
+                "distinct_texts": len(self.texts(name)),
+                "anchors": int(p["anchor"].nunique()),
+                "positives": int(p["positive"].nunique()),
+                "with_negative": int(p["negative"].notna().sum()),
+                "groups": int(p["group"].nunique()),
+            }
         return out
 
     def deduplicated(self, check: bool = True) -> "PairFiles":
@@ -334,13 +400,17 @@ class PairFiles:
         :class:`PairsError` when a split is left too small (a run could not use it)."""
         kept_by = dedup_keep(self.split_pairs, self.texts, ("anchor", "positive"))
         keep_val, keep_train = kept_by["val"], kept_by["train"]
-        kept = pd.concat([self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val],
-                          self.split_pairs("test")], ignore_index=True)
-        out = replace(self, pairs=kept, dropped={"train": int((~keep_train).sum()), "val": int((~keep_val).sum()),
-                                                  "test": 0})
+        kept = pd.concat(
+            [self.split_pairs("train")[keep_train], self.split_pairs("val")[keep_val], self.split_pairs("test")],
+            ignore_index=True,
+        )
+        out = replace(
+            self, pairs=kept, dropped={"train": int((~keep_train).sum()), "val": int((~keep_val).sum()), "test": 0}
+        )
         if check:
-            out.check(" once data.dedup dropped the pairs that share a text with a later split (data.dedup=false "
-                      "keeps them)")
+            out.check(
+                " once data.dedup dropped the pairs that share a text with a later split (data.dedup=false keeps them)"
+            )
         return out
 
     def used(self, dedup: bool) -> "PairFiles":
@@ -359,7 +429,10 @@ class PairFiles:
             pairs_a = self.split_pairs(a)
             out[f"{a}->{'+'.join(bs)}"] = {
                 "pairs": sum(pair in pairs_b for pair in zip(pairs_a["anchor"], pairs_a["positive"])),
-                "of_pairs": len(pairs_a), "texts": len(self.texts(a) & texts_b), "of_texts": len(self.texts(a))}
+                "of_pairs": len(pairs_a),
+                "texts": len(self.texts(a) & texts_b),
+                "of_texts": len(self.texts(a)),
+            }
         return out
 
     def paired(self, split: str, pool: str = "all") -> PairedSplit:
@@ -368,9 +441,13 @@ class PairFiles:
         name = split_name(split)
         pairs = self.split_pairs(name).reset_index(drop=True)
         pair_id = (pairs["source"].str.strip("'") + ":" + pairs["where"]).tolist()
-        table = pd.DataFrame({"kind": ["anchor"] * len(pairs) + ["positive"] * len(pairs),
-                              "text": pd.concat([pairs["anchor"], pairs["positive"]], ignore_index=True),
-                              "pair_id": pair_id * 2})
+        table = pd.DataFrame(
+            {
+                "kind": ["anchor"] * len(pairs) + ["positive"] * len(pairs),
+                "text": pd.concat([pairs["anchor"], pairs["positive"]], ignore_index=True),
+                "pair_id": pair_id * 2,
+            }
+        )
         if self.has_group:
             table["group"] = pd.concat([pairs["group"], pairs["group"]], ignore_index=True)
         table["text_id"] = pd.factorize(table["text"])[0]
@@ -395,8 +472,10 @@ def export_pairs(corpus, folder: str | Path) -> dict[str, Path]:
     out = {}
     for split, name in EXPORTED.items():
         pairs = corpus.split_pairs(split)
-        lines = [strict_json({"anchor": a, "positive": p, "group": f"{t}/{d}"}, ensure_ascii=False) + "\n"
-                 for a, p, t, d in zip(pairs["point_text"], pairs["counter_text"], pairs["theme"], pairs["debate"])]
+        lines = [
+            strict_json({"anchor": a, "positive": p, "group": f"{t}/{d}"}, ensure_ascii=False) + "\n"
+            for a, p, t, d in zip(pairs["point_text"], pairs["counter_text"], pairs["theme"], pairs["debate"])
+        ]
         out[split] = _write_atomic(folder / name, "".join(lines))
     return out
 

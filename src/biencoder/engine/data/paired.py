@@ -25,8 +25,10 @@ def split_name(name: str) -> str:
     for short, folder in SPLIT_NAMES.items():
         if name in (short, folder):
             return short
-    raise CorpusError(f"unknown split '{name}': use one of "
-                      + ", ".join(f"{short} (or {folder})" if short != folder else short for short, folder in SPLIT_NAMES.items()))
+    raise CorpusError(
+        f"unknown split '{name}': use one of "
+        + ", ".join(f"{short} (or {folder})" if short != folder else short for short, folder in SPLIT_NAMES.items())
+    )
 
 
 def dedup_keep(pairs_of, texts_of, columns: tuple[str, str]) -> dict[str, pd.Series]:
@@ -34,6 +36,7 @@ def dedup_keep(pairs_of, texts_of, columns: tuple[str, str]) -> dict[str, pd.Ser
     test is untouched; val keeps the pairs neither of whose texts occurs in test; train keeps those neither of whose
     texts occurs in val or test. ``pairs_of(split)``: that split's pairs; ``texts_of(split)``: every text of it;
     ``columns``: the two text columns of a pair. Returns {"train": keep mask, "val": keep mask}."""
+
     def keep(split: str, banned: set[str]) -> pd.Series:
         pairs = pairs_of(split)
         return ~(pairs[columns[0]].isin(banned) | pairs[columns[1]].isin(banned))
@@ -43,8 +46,10 @@ def dedup_keep(pairs_of, texts_of, columns: tuple[str, str]) -> dict[str, pd.Ser
 
 
 #: what each ``data.pool`` puts in a query's candidate pool, for summaries
-POOL_TEXT = {"all": "every point/anchor and counter/positive of the split but the query itself",
-             "positives": "the counters/positives of the split only"}
+POOL_TEXT = {
+    "all": "every point/anchor and counter/positive of the split but the query itself",
+    "positives": "the counters/positives of the split only",
+}
 
 
 @dataclass(frozen=True)
@@ -159,8 +164,9 @@ class PairedSplit:
             return np.zeros((0, 3), dtype=np.int64)
         extra = {text: 2 * self.n_pairs + j for j, text in enumerate(self.extra_texts)}
         pair = self.negatives["pair"].to_numpy()
-        return np.stack([self.query[pair], self.counter[pair], self.negatives["text"].map(extra).to_numpy()],
-                        axis=1).astype(np.int64)
+        return np.stack(
+            [self.query[pair], self.counter[pair], self.negatives["text"].map(extra).to_numpy()], axis=1
+        ).astype(np.int64)
 
 
 def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:

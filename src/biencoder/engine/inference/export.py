@@ -90,11 +90,24 @@ def _export(run: str | Path, out: Path) -> Path:
                 modules.append(Pooling(hidden, pooling_mode="cls"))
                 if model_cfg["pooling"] == "pooler":  # BERT's pooler_output = tanh(W · h_cls + b)
                     dense = model.encoder.pooler.dense
-                    modules.append(Dense(hidden, hidden, activation_function=nn.Tanh(),
-                                         init_weight=dense.weight.detach().clone(), init_bias=dense.bias.detach().clone()))
-            modules.append(Dense(hidden, sim_dim, activation_function=nn.Identity(),
-                                 init_weight=model.sim_head.weight.detach().clone(),
-                                 init_bias=model.sim_head.bias.detach().clone()))
+                    modules.append(
+                        Dense(
+                            hidden,
+                            hidden,
+                            activation_function=nn.Tanh(),
+                            init_weight=dense.weight.detach().clone(),
+                            init_bias=dense.bias.detach().clone(),
+                        )
+                    )
+            modules.append(
+                Dense(
+                    hidden,
+                    sim_dim,
+                    activation_function=nn.Identity(),
+                    init_weight=model.sim_head.weight.detach().clone(),
+                    init_bias=model.sim_head.bias.detach().clone(),
+                )
+            )
             SentenceTransformer(modules=modules, device="cpu").save(str(partial))
         head_dir = partial / CLASSIFIER
         head_dir.mkdir()
@@ -102,9 +115,16 @@ def _export(run: str | Path, out: Path) -> Path:
 
         state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(("norm.", "out."))}
         save_file(state, str(head_dir / "model.safetensors"))
-        config = {"fusion": model.fusion, "sim_dim": sim_dim, "hidden": hidden,
-                  "use_layernorm": model_cfg["head"]["use_layernorm"], "use_relu": model_cfg["head"]["use_relu"],
-                  "pooling": model_cfg["pooling"], "max_length": model_cfg["max_length"], "run": settings}
+        config = {
+            "fusion": model.fusion,
+            "sim_dim": sim_dim,
+            "hidden": hidden,
+            "use_layernorm": model_cfg["head"]["use_layernorm"],
+            "use_relu": model_cfg["head"]["use_relu"],
+            "pooling": model_cfg["pooling"],
+            "max_length": model_cfg["max_length"],
+            "run": settings,
+        }
         (head_dir / "config.json").write_text(strict_json(config, indent=2) + "\n")
         if out.exists():
             out.rmdir()  # empty, checked above
@@ -123,8 +143,9 @@ def load_pair_classifier(folder: str | Path) -> PairClassifier:
     if (folder / CLASSIFIER).is_dir():
         folder = folder / CLASSIFIER
     config = read_json((folder / "config.json").read_text())
-    classifier = PairClassifier(config["fusion"], config["sim_dim"], config["hidden"], config["use_layernorm"],
-                                config["use_relu"])
+    classifier = PairClassifier(
+        config["fusion"], config["sim_dim"], config["hidden"], config["use_layernorm"], config["use_relu"]
+    )
     classifier.load_state_dict(load_file(str(folder / "model.safetensors")))
     return classifier.eval()
 

@@ -14,9 +14,13 @@ def rng_states() -> dict:
     np_state = np.random.get_state(legacy=False)
     state = {
         "python": random.getstate(),
-        "numpy": {"bit_generator": np_state["bit_generator"], "key": np_state["state"]["key"].tolist(),
-                  "pos": int(np_state["state"]["pos"]), "has_gauss": int(np_state["has_gauss"]),
-                  "gauss": float(np_state["gauss"])},
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": np_state["state"]["key"].tolist(),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available():
@@ -27,8 +31,14 @@ def rng_states() -> dict:
 def set_rng_states(state: dict) -> None:
     random.setstate(state["python"])
     n = state["numpy"]
-    np.random.set_state({"bit_generator": n["bit_generator"], "has_gauss": n["has_gauss"], "gauss": n["gauss"],
-                         "state": {"key": np.array(n["key"], dtype=np.uint32), "pos": n["pos"]}})
+    np.random.set_state(
+        {
+            "bit_generator": n["bit_generator"],
+            "has_gauss": n["has_gauss"],
+            "gauss": n["gauss"],
+            "state": {"key": np.array(n["key"], dtype=np.uint32), "pos": n["pos"]},
+        }
+    )
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])

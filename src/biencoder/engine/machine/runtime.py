@@ -34,9 +34,11 @@ class NonDeterministicOp(RuntimeError):
     """An operation without a deterministic kernel ran under ``trainer.deterministic=true``."""
 
     def __init__(self, op: str, device: str):
-        super().__init__(f"{op} has no deterministic implementation on {device}, and trainer.deterministic=true "
-                         "asks for one: run with trainer.deterministic=false (results may then vary between runs), "
-                         "or on the CPU (trainer.device=cpu)")
+        super().__init__(
+            f"{op} has no deterministic implementation on {device}, and trainer.deterministic=true "
+            "asks for one: run with trainer.deterministic=false (results may then vary between runs), "
+            "or on the CPU (trainer.device=cpu)"
+        )
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,14 @@ class Runtime:
         """What the run record (``final.json``) states about the process that computed it. ``cpu_threads`` (torch's
         intra-op threads, ``OMP_NUM_THREADS``): on a CPU another count splits the sums differently, so same-seed
         numbers agree to the last digit only at the same count (docs/reproducibility.md)."""
-        return {"device": self.device.type, "device_name": self.device_name, "precision": self.precision,
-                "deterministic": self.deterministic, "processes": self.world_size,
-                "cpu_threads": torch.get_num_threads()}
+        return {
+            "device": self.device.type,
+            "device_name": self.device_name,
+            "precision": self.precision,
+            "deterministic": self.deterministic,
+            "processes": self.world_size,
+            "cpu_threads": torch.get_num_threads(),
+        }
 
     def apply(self) -> None:
         """Set torch's global determinism switches to ``deterministic`` (both ways, so a second run in the same
@@ -107,13 +114,21 @@ def set_cublas_workspace(environ: os._Environ | dict | None = None) -> None:
         return
     environ["CUBLAS_WORKSPACE_CONFIG"] = DETERMINISTIC_CUBLAS[0]
     if torch.cuda.is_initialized():
-        log.warning("CUDA started in this process with CUBLAS_WORKSPACE_CONFIG=%s; set to %s now, cuBLAS may not "
-                    "follow: export CUBLAS_WORKSPACE_CONFIG=%s before starting Python", old or "(unset)",
-                    DETERMINISTIC_CUBLAS[0], DETERMINISTIC_CUBLAS[0])
+        log.warning(
+            "CUDA started in this process with CUBLAS_WORKSPACE_CONFIG=%s; set to %s now, cuBLAS may not "
+            "follow: export CUBLAS_WORKSPACE_CONFIG=%s before starting Python",
+            old or "(unset)",
+            DETERMINISTIC_CUBLAS[0],
+            DETERMINISTIC_CUBLAS[0],
+        )
 
 
-def decide(device: str = "auto", precision: str = "auto", deterministic: bool = False,
-           environ: Mapping[str, str] | None = None) -> Runtime:
+def decide(
+    device: str = "auto",
+    precision: str = "auto",
+    deterministic: bool = False,
+    environ: Mapping[str, str] | None = None,
+) -> Runtime:
     """The one decision of device, precision and process group; :class:`ConfigError` when it cannot work.
 
     Args:
@@ -146,13 +161,18 @@ def decide(device: str = "auto", precision: str = "auto", deterministic: bool = 
             raise ConfigError(
                 f"torchrun started {local} processes on this node but {visible} CUDA device"
                 f"{'s are' if visible != 1 else ' is'} visible (one per process is needed): start "
-                f"torchrun --nproc_per_node={visible}, or train with gloo on the CPU (trainer.device=cpu)")
+                f"torchrun --nproc_per_node={visible}, or train with gloo on the CPU (trainer.device=cpu)"
+            )
     if precision == "auto":
         precision = "bf16" if use_cuda and _native_bf16() else "fp32"
-    return Runtime(device=torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"),
-                   precision=precision, deterministic=bool(deterministic),
-                   backend=("nccl" if use_cuda else "gloo") if world_size > 1 else None,
-                   local_rank=local_rank, world_size=world_size)
+    return Runtime(
+        device=torch.device("cuda", local_rank) if use_cuda else torch.device("cpu"),
+        precision=precision,
+        deterministic=bool(deterministic),
+        backend=("nccl" if use_cuda else "gloo") if world_size > 1 else None,
+        local_rank=local_rank,
+        world_size=world_size,
+    )
 
 
 def _native_bf16() -> bool:

@@ -47,8 +47,10 @@ class NonFiniteVectors(BiencoderError, FloatingPointError):
     """The encoder gave a NaN or an infinite pooled vector: nothing is cached or returned (one line, exit 2)."""
 
     def __init__(self):
-        super().__init__("the encoder produced non-finite pooled vectors (nothing was cached): check the encoder's "
-                         "weights (model.encoder.name_or_path), or run with trainer.precision=fp32")
+        super().__init__(
+            "the encoder produced non-finite pooled vectors (nothing was cached): check the encoder's "
+            "weights (model.encoder.name_or_path), or run with trainer.precision=fp32"
+        )
 
 
 def encoder_fingerprint(encoder: nn.Module) -> str:
@@ -81,8 +83,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 def text_hashes(texts: list[str]) -> np.ndarray:
     """[N, 32] uint8 SHA-256 digests of the texts' UTF-8 bytes."""
-    return np.frombuffer(b"".join(hashlib.sha256(t.encode("utf-8")).digest() for t in texts),
-                         dtype=np.uint8).reshape(len(texts), 32)
+    return np.frombuffer(b"".join(hashlib.sha256(t.encode("utf-8")).digest() for t in texts), dtype=np.uint8).reshape(
+        len(texts), 32
+    )
 
 
 def _checksum(hashes: np.ndarray, vectors: np.ndarray, meta: str) -> str:
@@ -103,10 +106,26 @@ class EmbeddingCache:
         precision: ``fp32`` or ``bf16``, the dtype the encoder ran in.
     """
 
-    def __init__(self, cache_dir: str | Path, fingerprint: str, tokenizer: str, pooling: str, max_length: int,
-                 precision: str = "fp32"):
-        self.meta = strict_json({"format": FORMAT, "encoder": fingerprint, "tokenizer": tokenizer, "pooling": pooling,
-                                "max_length": int(max_length), "precision": precision}, sort_keys=True)
+    def __init__(
+        self,
+        cache_dir: str | Path,
+        fingerprint: str,
+        tokenizer: str,
+        pooling: str,
+        max_length: int,
+        precision: str = "fp32",
+    ):
+        self.meta = strict_json(
+            {
+                "format": FORMAT,
+                "encoder": fingerprint,
+                "tokenizer": tokenizer,
+                "pooling": pooling,
+                "max_length": int(max_length),
+                "precision": precision,
+            },
+            sort_keys=True,
+        )
         key = hashlib.sha256(f"{fingerprint}|{tokenizer}".encode()).hexdigest()
         self.folder = Path(cache_dir).expanduser() / f"{key[:16]}-{pooling}-L{int(max_length)}-{precision}"
         self.hits = self.misses = 0
@@ -145,14 +164,21 @@ class EmbeddingCache:
             path = self.folder / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}.npz"
             tmp = self.folder / f".{path.name}.{os.getpid()}.tmp"
             with open(tmp, "wb") as file:
-                np.savez(file, hashes=hashes, vectors=vectors, meta=np.array(self.meta),
-                         checksum=np.array(_checksum(hashes, vectors, self.meta)))
+                np.savez(
+                    file,
+                    hashes=hashes,
+                    vectors=vectors,
+                    meta=np.array(self.meta),
+                    checksum=np.array(_checksum(hashes, vectors, self.meta)),
+                )
                 file.flush()
                 os.fsync(file.fileno())
             os.replace(tmp, path)
         except OSError as err:
-            raise CacheError(f"cannot write the embedding cache in {self.folder} ({err.strerror}): "
-                             "set trainer.cache_dir to a writable folder") from None
+            raise CacheError(
+                f"cannot write the embedding cache in {self.folder} ({err.strerror}): "
+                "set trainer.cache_dir to a writable folder"
+            ) from None
         return path
 
     def missing(self, texts: list[str]) -> int:
@@ -178,9 +204,17 @@ class EmbeddingCache:
         return np.stack([table[h.tobytes()] for h in hashes]) if len(texts) else np.zeros((0, 0), np.float32)
 
 
-def model_cache(model, tokenizer, max_length: int, cache_dir: str | Path, fingerprint: str,
-                autocast_dtype: torch.dtype | None = None) -> EmbeddingCache:
+def model_cache(
+    model,
+    tokenizer,
+    max_length: int,
+    cache_dir: str | Path,
+    fingerprint: str,
+    autocast_dtype: torch.dtype | None = None,
+) -> EmbeddingCache:
     """The :class:`EmbeddingCache` that :func:`biencoder.engine.modeling.model.pooled_vectors` reads and fills for ``model`` (a
     BiModel) run with ``autocast_dtype`` (None: fp32)."""
     precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
-    return EmbeddingCache(cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision)
+    return EmbeddingCache(
+        cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision
+    )

@@ -89,8 +89,14 @@ class TripletCELoss(nn.Module):
         self.triplet_weight = triplet_weight
         self.ce_weight = ce_weight
 
-    def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings,
-                text_id: Tensor | None = None) -> LossOutput:
+    def forward(
+        self,
+        model: BiModel,
+        point: Embeddings,
+        counter: Embeddings,
+        negative: Embeddings,
+        text_id: Tensor | None = None,
+    ) -> LossOutput:
         """``text_id`` ([3, B], ignored here): the triplet loss compares each query with its own two rows only."""
         triplet = self.triplet(point.sim, counter.sim, negative.sim)
         ce_pos, ce_neg, features, head_input = _pair_cross_entropy(model, point, counter, negative)
@@ -190,14 +196,18 @@ class InfoNCELoss(nn.Module):
         super().__init__()
         self.scale, self.ce_weight, self.gather = scale, ce_weight, gather
 
-    def scores(self, point: Tensor, counter: Tensor, negative: Tensor, text_id: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def scores(
+        self, point: Tensor, counter: Tensor, negative: Tensor, text_id: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """(scores [B, C], target [B], masked [B, C]) from sim vectors [B, D] and text ids [3, B]; C = 2B, or
         2·B·world with ``gather`` under DDP. Masked entries are −inf in ``scores``. ``scores`` is float32 whatever
         the autocast state (see :func:`full_precision`)."""
         with full_precision(point.device):
             return self._scores(point, counter, negative, text_id)
 
-    def _scores(self, point: Tensor, counter: Tensor, negative: Tensor, text_id: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _scores(
+        self, point: Tensor, counter: Tensor, negative: Tensor, text_id: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         batch = point.shape[0]
         query_text, positive_text, negative_text = text_id
         counters, negatives = counter, negative
@@ -215,8 +225,14 @@ class InfoNCELoss(nn.Module):
         masked = same_text_mask(query_text, positive_text, candidate_text, target)
         return scores.masked_fill(masked, float("-inf")), target, masked
 
-    def forward(self, model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings,
-                text_id: Tensor | None = None) -> LossOutput:
+    def forward(
+        self,
+        model: BiModel,
+        point: Embeddings,
+        counter: Embeddings,
+        negative: Embeddings,
+        text_id: Tensor | None = None,
+    ) -> LossOutput:
         if text_id is None:
             raise ValueError("InfoNCELoss needs the text ids of the batch (duplicate texts must be masked)")
         with full_precision(point.sim.device):  # the softmax too: its log-sum-exp over 2B scores of range ±scale
@@ -224,8 +240,10 @@ class InfoNCELoss(nn.Module):
             infonce = F.cross_entropy(scores, target)
         ce_pos, ce_neg, features, head_input = _pair_cross_entropy(model, point, counter, negative)
         total = infonce + self.ce_weight * (ce_pos + ce_neg)
-        parts = _parts(("loss", "infonce", "ce_pos", "ce_neg", "masked"),
-                       [total, infonce, ce_pos, ce_neg, masked.sum(1).float().mean()])
+        parts = _parts(
+            ("loss", "infonce", "ce_pos", "ce_neg", "masked"),
+            [total, infonce, ce_pos, ce_neg, masked.sum(1).float().mean()],
+        )
         return LossOutput(total, parts, features, head_input)
 
 

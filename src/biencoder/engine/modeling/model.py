@@ -89,12 +89,14 @@ class PairHead(nn.Module):
         intermediate tensors. The same values; the margins of a split's shortlists took 13–42 % less time on a CPU
         (``scripts/bench.py --items eval``). Returns ``out[:B]``."""
         if out.shape[0] < len(rows_a) or out.shape[1] != self.out.in_features:
-            raise ValueError(f"a buffer of {tuple(out.shape)} cannot hold the features of {len(rows_a)} pairs "
-                             f"({self.out.in_features} each)")
-        out, start = out[:len(rows_a)], 0
+            raise ValueError(
+                f"a buffer of {tuple(out.shape)} cannot hold the features of {len(rows_a)} pairs "
+                f"({self.out.in_features} each)"
+            )
+        out, start = out[: len(rows_a)], 0
         for part in FUSION_PARTS[self.fusion]:
             table = getattr(emb, part)
-            x, y, diff = out[:, start:start + 3 * table.shape[1]].chunk(3, dim=1)
+            x, y, diff = out[:, start : start + 3 * table.shape[1]].chunk(3, dim=1)
             torch.index_select(table, 0, rows_a, out=x)
             torch.index_select(table, 0, rows_b, out=y)
             torch.sub(x, y, out=diff).abs_()
@@ -124,12 +126,21 @@ class BiModel(PairHead):
         use_relu: ReLU (after the LayerNorm, if any) before the output layer.
     """
 
-    def __init__(self, encoder: nn.Module, sim_dim: int = 128, pooling: str = "pooler", fusion: str = "concat",
-                 use_layernorm: bool = False, use_relu: bool = False):
+    def __init__(
+        self,
+        encoder: nn.Module,
+        sim_dim: int = 128,
+        pooling: str = "pooler",
+        fusion: str = "concat",
+        use_layernorm: bool = False,
+        use_relu: bool = False,
+    ):
         super().__init__()
         hidden = encoder.config.hidden_size
         if pooling == "pooler" and getattr(encoder, "pooler", None) is None:
-            raise ConfigError(f"model.pooling=pooler but {type(encoder).__name__} has no pooler: use model.pooling=cls or mean")
+            raise ConfigError(
+                f"model.pooling=pooler but {type(encoder).__name__} has no pooler: use model.pooling=cls or mean"
+            )
         self.encoder = encoder
         self.pooling = pooling
         self.sim_head = nn.Linear(hidden, sim_dim)
@@ -205,8 +216,13 @@ def encoder_mask(encoder: nn.Module, attention_mask: Tensor, padded: bool | None
     transformers 4) and ``padded`` None get the 2-D mask.
     """
     config = encoder.config
-    if (padded is None or getattr(config, "_attn_implementation", None) != "sdpa" or _TRANSFORMERS_MAJOR < 5
-            or config.model_type not in HOST_MASK_MODEL_TYPES or getattr(config, "is_decoder", False)):
+    if (
+        padded is None
+        or getattr(config, "_attn_implementation", None) != "sdpa"
+        or _TRANSFORMERS_MAJOR < 5
+        or config.model_type not in HOST_MASK_MODEL_TYPES
+        or getattr(config, "is_decoder", False)
+    ):
         return attention_mask
     if not padded:
         return None
@@ -252,16 +268,24 @@ def build_model(model_cfg, progress: bool = True) -> tuple[BiModel, object]:
     encoder, tokenizer = load_encoder(model_cfg.encoder.name_or_path, model_cfg.encoder.get("random_init"), progress)
     limit = getattr(encoder.config, "max_position_embeddings", None)
     if limit is not None and model_cfg.max_length > limit:
-        raise ConfigError(f"model.max_length={model_cfg.max_length} is above the encoder's limit of {limit} "
-                          f"positions: use model.max_length={limit} or less")
+        raise ConfigError(
+            f"model.max_length={model_cfg.max_length} is above the encoder's limit of {limit} "
+            f"positions: use model.max_length={limit} or less"
+        )
     return bimodel(encoder, model_cfg), tokenizer
 
 
 def bimodel(encoder: nn.Module, model_cfg) -> BiModel:
     """:class:`BiModel` around ``encoder`` with the heads the ``model`` config (a DictConfig or a plain dict) names."""
     head = model_cfg["head"]
-    return BiModel(encoder, sim_dim=model_cfg["sim_dim"], pooling=model_cfg["pooling"], fusion=model_cfg["fusion"],
-                   use_layernorm=head["use_layernorm"], use_relu=head["use_relu"])
+    return BiModel(
+        encoder,
+        sim_dim=model_cfg["sim_dim"],
+        pooling=model_cfg["pooling"],
+        fusion=model_cfg["fusion"],
+        use_layernorm=head["use_layernorm"],
+        use_relu=head["use_relu"],
+    )
 
 
 class TokenizedTexts:
@@ -279,7 +303,7 @@ class TokenizedTexts:
     def __init__(self, texts: list[str], tokenizer, max_length: int):
         texts, self.ids = list(texts), []
         for start in range(0, len(texts), self.CHUNK):
-            encoded = tokenizer(texts[start:start + self.CHUNK], truncation=True, max_length=max_length)["input_ids"]
+            encoded = tokenizer(texts[start : start + self.CHUNK], truncation=True, max_length=max_length)["input_ids"]
             self.ids += [np.asarray(ids, dtype=np.int64) for ids in encoded]
         self.lengths = np.array([len(ids) for ids in self.ids])
         self.pad_id = tokenizer.pad_token_id or 0
@@ -296,15 +320,20 @@ class TokenizedTexts:
             n = self.lengths[row]
             input_ids[i, :n] = self.ids[row]
             mask[i, :n] = 1
-        return {"input_ids": torch.from_numpy(input_ids), "attention_mask": torch.from_numpy(mask),
-                "padded": bool(self.lengths[rows].min() < width)}
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(mask),
+            "padded": bool(self.lengths[rows].min() < width),
+        }
 
 
 def to_device(batch: dict, device: torch.device, pin: bool = False) -> dict:
     """``batch``'s tensors copied to ``device`` (non-blocking; pinned first with ``pin``), its other values (the
     host's ``padded``) as they are."""
-    return {k: (v.pin_memory() if pin else v).to(device, non_blocking=True) if isinstance(v, Tensor) else v
-            for k, v in batch.items()}
+    return {
+        k: (v.pin_memory() if pin else v).to(device, non_blocking=True) if isinstance(v, Tensor) else v
+        for k, v in batch.items()
+    }
 
 
 @contextmanager
@@ -323,8 +352,15 @@ def eval_mode(model: nn.Module):
             model.train(was_training)
 
 
-def encode_pooled(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: str | torch.device = "cpu",
-                  autocast_dtype: torch.dtype | None = None, progress: bool = False, desc: str = "encode") -> Tensor:
+def encode_pooled(
+    model: BiModel,
+    texts: TokenizedTexts,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = False,
+    desc: str = "encode",
+) -> Tensor:
     """Pooled encoder output [N, hidden] (float32, CPU, row order) of every row of ``texts``, in eval mode.
 
     Rows are processed longest-first so each batch pads little; the order is restored afterwards. The
@@ -335,7 +371,7 @@ def encode_pooled(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, d
     pooled = []
     with eval_mode(model), tqdm(total=len(order), desc=desc, unit="text", disable=not progress, leave=False) as bar:
         for start in range(0, len(order), batch_size):
-            batch = to_device(texts.batch(order[start:start + batch_size]), device, pin=device.type == "cuda")
+            batch = to_device(texts.batch(order[start : start + batch_size]), device, pin=device.type == "cuda")
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 pooled.append(model.pool(**batch).float().cpu())
             bar.update(len(batch["input_ids"]))
@@ -344,7 +380,9 @@ def encode_pooled(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, d
     return torch.cat(pooled)[torch.from_numpy(np.argsort(order))]
 
 
-def embed_pooled(model: BiModel, pooled: Tensor, batch_size: int = 4096, device: str | torch.device = "cpu") -> Embeddings:
+def embed_pooled(
+    model: BiModel, pooled: Tensor, batch_size: int = 4096, device: str | torch.device = "cpu"
+) -> Embeddings:
     """:class:`Embeddings` (float32, CPU) from pooled vectors [N, hidden]: the sim head in eval mode, in blocks."""
     sims = []
     with eval_mode(model):
@@ -354,16 +392,33 @@ def embed_pooled(model: BiModel, pooled: Tensor, batch_size: int = 4096, device:
     return Embeddings(sim, pooled.float().cpu())
 
 
-def encode(model: BiModel, texts: TokenizedTexts, batch_size: int = 64, device: str | torch.device = "cpu",
-           autocast_dtype: torch.dtype | None = None, progress: bool = False, desc: str = "encode") -> Embeddings:
+def encode(
+    model: BiModel,
+    texts: TokenizedTexts,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = False,
+    desc: str = "encode",
+) -> Embeddings:
     """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order."""
     pooled = encode_pooled(model, texts, batch_size, device, autocast_dtype, progress, desc)
     return embed_pooled(model, pooled, device=device)
 
 
-def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int, cache_dir: str | Path | None = None,
-                   batch_size: int = 64, device: str | torch.device = "cpu", autocast_dtype: torch.dtype | None = None,
-                   progress: bool = False, desc: str = "encode", fingerprint: str | None = None) -> Tensor:
+def pooled_vectors(
+    model: BiModel,
+    tokenizer,
+    texts: list[str],
+    max_length: int,
+    cache_dir: str | Path | None = None,
+    batch_size: int = 64,
+    device: str | torch.device = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    progress: bool = False,
+    desc: str = "encode",
+    fingerprint: str | None = None,
+) -> Tensor:
     """Pooled encoder vectors [N, hidden] (float32, CPU, row order) of ``texts``, tokenised to ``max_length``.
 
     With ``cache_dir`` (a frozen encoder, whose outputs depend only on its weights) they come from the embedding
@@ -372,6 +427,7 @@ def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int,
     :class:`~biencoder.engine.modeling.cache.NonFiniteVectors` is raised. ``fingerprint``: :func:`encoder_fingerprint` of
     ``model.encoder``, hashed here when None (pass it to hash the encoder once for several calls).
     """
+
     def encode_rows(rows) -> Tensor:
         tokens = TokenizedTexts([texts[i] for i in rows], tokenizer, max_length)
         return encode_pooled(model, tokens, batch_size, device, autocast_dtype, progress, desc)
@@ -386,11 +442,14 @@ def pooled_vectors(model: BiModel, tokenizer, texts: list[str], max_length: int,
         start = time.time()
         pooled = encode_rows(rows).numpy()
         seconds = time.time() - start
-        log.info("%s: encoded %d texts in %.1f s (%.1f texts/s)", desc, len(rows), seconds, len(rows) / max(seconds, 1e-9))
+        log.info(
+            "%s: encoded %d texts in %.1f s (%.1f texts/s)", desc, len(rows), seconds, len(rows) / max(seconds, 1e-9)
+        )
         return pooled
 
-    cache = model_cache(model, tokenizer, max_length, cache_dir, fingerprint or encoder_fingerprint(model.encoder),
-                        autocast_dtype)
+    cache = model_cache(
+        model, tokenizer, max_length, cache_dir, fingerprint or encoder_fingerprint(model.encoder), autocast_dtype
+    )
     vectors = cache.get(texts, compute)
     log.info("%s: %d of %d texts from the embedding cache %s", desc, cache.hits, len(texts), cache.folder)
     return torch.from_numpy(vectors)
@@ -411,9 +470,17 @@ def head_statistics_vector(features: Tensor, head_input: Tensor) -> Tensor:
     # variances from centred squares: torch's var() takes a slow path on a CPU for these shapes (4-5x)
     var = (x - mean[..., None]).square_().mean(dim=-1)
     feature_var = (x - x.mean(dim=-2, keepdim=True)).square_().mean(dim=-2)  # [2, F]
-    return torch.stack([mean.mean(dim=-1), mean.std(dim=-1, unbiased=False), var.mean(dim=-1),
-                        var.std(dim=-1, unbiased=False), feature_var.std(dim=-1, unbiased=False),
-                        (x == 0).float().mean(dim=(-2, -1))], dim=-1).flatten()  # [2, 6] → [12]
+    return torch.stack(
+        [
+            mean.mean(dim=-1),
+            mean.std(dim=-1, unbiased=False),
+            var.mean(dim=-1),
+            var.std(dim=-1, unbiased=False),
+            feature_var.std(dim=-1, unbiased=False),
+            (x == 0).float().mean(dim=(-2, -1)),
+        ],
+        dim=-1,
+    ).flatten()  # [2, 6] → [12]
 
 
 def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
@@ -426,8 +493,9 @@ def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
     return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind()))
 
 
-def pair_margins(model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 1024,
-                 device: str | torch.device = "cpu") -> np.ndarray:
+def pair_margins(
+    model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 1024, device: str | torch.device = "cpu"
+) -> np.ndarray:
     """Classifier logit margins l1 − l0 [P] (float32) for the pairs (emb[rows_a[i]], emb[rows_b[i]]), in blocks.
 
     The margin orders pairs exactly as P(positive) = sigmoid(l1 − l0) does, without float32 P's ties: two

@@ -24,8 +24,9 @@ def _by_code(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return order, distinct, np.append(start, len(codes))
 
 
-def group_shortlists(sim: np.ndarray, split: PairedSplit, k: int, index: str = "exact", device="cpu",
-                     pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def group_shortlists(
+    sim: np.ndarray, split: PairedSplit, k: int, index: str = "exact", device="cpu", pairs: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(rows [P, k] of each query's k nearest pool members inside its group, nearest first, :data:`NONE`-padded for a
     smaller pool; false candidates [P] in each query's group pool). ``sim`` [2Q, D]: the retrieval space;
     ``pairs``: the queries (indices of pairs; default all). Same pool rule and ties as :func:`.rerank.retrieve`."""
@@ -38,25 +39,35 @@ def group_shortlists(sim: np.ndarray, split: PairedSplit, k: int, index: str = "
     out, false = np.full((len(pairs), k), NONE), np.zeros(len(pairs), dtype=np.int64)
     twins = int(split.twins_of_true_counter().max())
     for i, code in enumerate(query_codes):
-        at = query_order[query_start[i]:query_start[i + 1]]
+        at = query_order[query_start[i] : query_start[i + 1]]
         j = np.searchsorted(member_codes, code)
-        members = pool[member_order[member_start[j]:member_start[j + 1]]]  # ascending: ties keep the lower row
+        members = pool[member_order[member_start[j] : member_start[j + 1]]]  # ascending: ties keep the lower row
         mine, true = pairs[at], split.counter[pairs[at]]
         searched_self = split.pool == "all"
-        dist, found = NeighbourIndex(sim[members], index, device).query(sim[split.query[mine]],
-                                                                        k + int(searched_self) + twins)
+        dist, found = NeighbourIndex(sim[members], index, device).query(
+            sim[split.query[mine]], k + int(searched_self) + twins
+        )
         rows = members[found]
         kept, _ = first_kept(rows, dist, split.is_candidate(rows, mine), k)
-        out[at, :kept.shape[1]] = kept
+        out[at, : kept.shape[1]] = kept
         texts, counts = np.unique(text[members[split.is_counter[members]]], return_counts=True)
         same_text = counts[np.searchsorted(texts, text[true])]  # the true counter and its twins in the group
         false[at] = len(members) - int(searched_self) - same_text
     return out, false
 
 
-def group_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 1024,
-                 device="cpu", index: str = "exact", pairs: np.ndarray | None = None, space: str = "sim",
-                 seen: np.ndarray | None = None) -> tuple[dict, np.ndarray]:
+def group_rerank(
+    model: BiModel,
+    emb: Embeddings,
+    split: PairedSplit,
+    k: int = 10,
+    batch_size: int = 1024,
+    device="cpu",
+    index: str = "exact",
+    pairs: np.ndarray | None = None,
+    space: str = "sim",
+    seen: np.ndarray | None = None,
+) -> tuple[dict, np.ndarray]:
     """The within-group top-1 of ``split`` (which has groups) over the queries of ``pairs`` (default all), with
     :func:`.rerank.retrieve_rerank`'s arguments. ``seen`` [P] bool: also on the unseen and seen queries (test).
 
@@ -69,8 +80,11 @@ def group_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 1
     [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], batch_size, device)
     rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
     hits = rank == 1
-    metrics = {"top1_group": float(hits.mean()), "recall_at_k_group": float(in_k.mean()),
-               "candidates_group": float(false.mean())}
+    metrics = {
+        "top1_group": float(hits.mean()),
+        "recall_at_k_group": float(in_k.mean()),
+        "candidates_group": float(false.mean()),
+    }
     if seen is not None:
         for name, mask in query_groups(seen).items():
             metrics[f"top1_group_{name}"] = float(hits[mask].mean()) if mask.any() else None

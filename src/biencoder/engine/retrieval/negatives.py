@@ -38,7 +38,9 @@ class MinedNegatives:
             "share_random": float(self.is_random.mean()),
             "share_hard": float(1.0 - self.is_random.mean()),
             "neg_distance": float(self.distance.mean()),
-            "neg_distance_hard": float(self.distance[~self.is_random].mean()) if (~self.is_random).any() else float("nan"),
+            "neg_distance_hard": float(self.distance[~self.is_random].mean())
+            if (~self.is_random).any()
+            else float("nan"),
         }
 
 
@@ -56,8 +58,9 @@ def has_eligible(text_id: np.ndarray, banned: np.ndarray) -> np.ndarray:
     return (unique[None, :, None] != banned[:, None, :]).all(axis=2).any(axis=1)
 
 
-def _first_allowed(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
-                   text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _first_allowed(
+    tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray, text_id: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none.
 
     A block of :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its own (the
@@ -71,8 +74,9 @@ def _first_allowed(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, b
     return best, dist
 
 
-def _first_allowed_block(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray,
-                         text_id: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _first_allowed_block(
+    tree: NeighbourIndex, sim: np.ndarray, queries: np.ndarray, banned: np.ndarray, text_id: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`_first_allowed` of one block of queries: k neighbours, then 2k for the queries that found none, ..."""
     best = np.full(len(queries), -1)
     dist = np.full(len(queries), np.inf)
@@ -92,8 +96,15 @@ def _first_allowed_block(tree: NeighbourIndex, sim: np.ndarray, queries: np.ndar
     return best, dist
 
 
-def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.random.Generator,
-                   n_neighbors: int = 10, index: str = "balltree", device="cpu") -> MinedNegatives:
+def mine_negatives(
+    sim: np.ndarray,
+    split: PairedSplit,
+    rate: float,
+    rng: np.random.Generator,
+    n_neighbors: int = 10,
+    index: str = "balltree",
+    device="cpu",
+) -> MinedNegatives:
     """One negative per pair of ``split``.
 
     Args:
@@ -118,8 +129,9 @@ def mine_negatives(sim: np.ndarray, split: PairedSplit, rate: float, rng: np.ran
     row = np.full(len(queries), -1)
     hard = np.flatnonzero(~is_random)
     if len(hard):
-        row[hard], _ = _first_allowed(NeighbourIndex(sim, index, device), sim, queries[hard], banned[hard], text_id,
-                                      n_neighbors)
+        row[hard], _ = _first_allowed(
+            NeighbourIndex(sim, index, device), sim, queries[hard], banned[hard], text_id, n_neighbors
+        )
     todo = np.flatnonzero(is_random)
     while len(todo):  # rejection sampling: eligible arguments are the vast majority
         draw = rng.integers(0, len(text_id), size=len(todo))

@@ -37,8 +37,16 @@ from .rerank import (
     shortlist_margins,
 )
 
-TYPES = ("debate-same-counter", "debate-oppo-counter", "debate-oppo-point", "debate-same-point",
-         "theme-counter", "theme-point", "portal-counter", "portal-point")
+TYPES = (
+    "debate-same-counter",
+    "debate-oppo-counter",
+    "debate-oppo-point",
+    "debate-same-point",
+    "theme-counter",
+    "theme-point",
+    "portal-counter",
+    "portal-point",
+)
 TASKS = {
     "sdoc": ("debate-same-counter",),
     "sdc": ("debate-same-counter", "debate-oppo-counter"),
@@ -70,8 +78,9 @@ def candidate_types(split: PairedSplit, pairs: np.ndarray | None = None) -> np.n
     # index = 2 * scope + {counter: 0, point: 1}, with debate types ordered as in TYPES; int8 throughout, so a block's
     # temporaries are a byte a cell, not eight
     i8 = np.int8
-    debate_type = np.select([counter & same_side, counter & ~same_side, ~counter & ~same_side], [i8(0), i8(1), i8(2)],
-                            i8(3))
+    debate_type = np.select(
+        [counter & same_side, counter & ~same_side, ~counter & ~same_side], [i8(0), i8(1), i8(2)], i8(3)
+    )
     other_type = np.where(same_theme, i8(4), i8(6)) + ~counter
     types = np.where(same_debate, debate_type, other_type).astype(np.int8, copy=False)
     types[~split.is_candidate(np.broadcast_to(np.arange(len(t)), types.shape), pairs)] = NOT_A_CANDIDATE
@@ -117,6 +126,7 @@ def cosine_scorer(split: PairedSplit, pooled: torch.Tensor) -> Scorer:
     def scores(pairs: np.ndarray) -> np.ndarray:
         block = torch.nn.functional.normalize(pooled[split.query[pairs]], dim=1) @ rows.T
         return (block if same is None else block[:, same]).numpy()
+
     return scores
 
 
@@ -139,8 +149,14 @@ def tfidf_scores(split: PairedSplit, pairs: np.ndarray | None = None) -> np.ndar
 BASELINES = {"encoder_cosine": "zero-shot", "tfidf": "TF-IDF"}
 
 
-def block_ranks(split: PairedSplit, scorer: Scorer, pools: PoolMasks, pairs: np.ndarray | None = None,
-                cells: int = BLOCK_CELLS, multiple: int = 1) -> dict[str, np.ndarray]:
+def block_ranks(
+    split: PairedSplit,
+    scorer: Scorer,
+    pools: PoolMasks,
+    pairs: np.ndarray | None = None,
+    cells: int = BLOCK_CELLS,
+    multiple: int = 1,
+) -> dict[str, np.ndarray]:
     """Per pool, [P] the rank of each true counter of the queries ``pairs`` (default all) under ``scorer`` among its
     pool's false candidates (:func:`query_ranks`: ties count against), scored a block of queries at a time
     (:func:`biencoder.engine.retrieval.rerank.query_blocks` with ``cells`` and ``multiple``)."""
@@ -153,8 +169,9 @@ def block_ranks(split: PairedSplit, scorer: Scorer, pools: PoolMasks, pairs: np.
     return {name: np.concatenate(p) for name, p in parts.items()}
 
 
-def baseline_ranks(split: PairedSplit, pooled: torch.Tensor, pairs: np.ndarray | None = None,
-                   cells: int = BLOCK_CELLS) -> dict[str, np.ndarray]:
+def baseline_ranks(
+    split: PairedSplit, pooled: torch.Tensor, pairs: np.ndarray | None = None, cells: int = BLOCK_CELLS
+) -> dict[str, np.ndarray]:
     """Per query of ``pairs`` (indices of pairs; default all), the rank of its true counter in the per-epoch top-1's
     pool (:func:`~biencoder.engine.retrieval.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each of
     :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1 (ties count against). Needs no theme,
@@ -165,14 +182,24 @@ def baseline_ranks(split: PairedSplit, pooled: torch.Tensor, pairs: np.ndarray |
     reports. Scored ``cells`` query × row cells at a time.
     """
     pools = lambda block: {"pool": pool_mask(split, block)}
-    return {name: block_ranks(split, scorer, pools, pairs, cells)["pool"]
-            for name, scorer in (("encoder_cosine", cosine_scorer(split, pooled)), ("tfidf", tfidf_scorer(split)))}
+    return {
+        name: block_ranks(split, scorer, pools, pairs, cells)["pool"]
+        for name, scorer in (("encoder_cosine", cosine_scorer(split, pooled)), ("tfidf", tfidf_scorer(split)))
+    }
 
 
-def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None, emb: Embeddings | None = None,
-                   k: int = 10, device="cpu", batch_size: int = 4096,
-                   groups: dict[str, np.ndarray] | None = None, retrieve: str = "sim",
-                   cells: int = BLOCK_CELLS) -> dict[str, dict]:
+def evaluate_tasks(
+    split: PairedSplit,
+    score: str,
+    model: BiModel | None = None,
+    emb: Embeddings | None = None,
+    k: int = 10,
+    device="cpu",
+    batch_size: int = 4096,
+    groups: dict[str, np.ndarray] | None = None,
+    retrieve: str = "sim",
+    cells: int = BLOCK_CELLS,
+) -> dict[str, dict]:
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
 
     Args:
@@ -198,19 +225,22 @@ def evaluate_tasks(split: PairedSplit, score: str, model: BiModel | None = None,
     else:
         # the classifier scores B·2Q pairs a block: a multiple of batch_size keeps its batches those of one whole pass
         multiple = batch_size // math.gcd(batch_size, len(split.table)) if score == "classifier" else 1
-        ranks = block_ranks(split, _scorer(split, score, model, emb, device, batch_size), pools, cells=cells,
-                            multiple=multiple)
+        ranks = block_ranks(
+            split, _scorer(split, score, model, emb, device, batch_size), pools, cells=cells, multiple=multiple
+        )
     results = {}
     for task in TASKS:
         results[task] = {**rank_summary(ranks[task]), "queries": split.n_pairs, "candidates": pools.candidates[task]}
         if groups:
-            results[task]["groups"] = {name: {**rank_summary(ranks[task][m]), "queries": int(m.sum())}
-                                       for name, m in groups.items()}
+            results[task]["groups"] = {
+                name: {**rank_summary(ranks[task][m]), "queries": int(m.sum())} for name, m in groups.items()
+            }
     return results
 
 
-def _scorer(split: PairedSplit, score: str, model: BiModel | None, emb: Embeddings | None, device,
-            batch_size: int) -> Scorer:
+def _scorer(
+    split: PairedSplit, score: str, model: BiModel | None, emb: Embeddings | None, device, batch_size: int
+) -> Scorer:
     """The :data:`Scorer` of ``score`` (any of :func:`evaluate_tasks`'s but rerank)."""
     if score == "tfidf":
         return tfidf_scorer(split)
@@ -225,6 +255,7 @@ def _scorer(split: PairedSplit, score: str, model: BiModel | None, emb: Embeddin
         def margins(pairs: np.ndarray) -> np.ndarray:
             every = np.broadcast_to(np.arange(n), (len(pairs), n))
             return shortlist_margins(model, emb, split.query[pairs], [every], batch_size, device)[0]
+
         return margins
     raise ValueError(f"unknown score '{score}'")
 

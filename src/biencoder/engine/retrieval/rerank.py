@@ -104,8 +104,9 @@ def rank_summary(rank: np.ndarray) -> dict[str, float | None]:
 
 
 # -- shortlists -----------------------------------------------------------------------------------------------------
-def retrieve(sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree",
-             device="cpu", pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+def retrieve(
+    sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree", device="cpu", pairs: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """The k nearest per-epoch pool members per query (a BallTree, or exact search, over the rows of ``split`` its pool
     draws from: every row, or the positives with ``data.pool=positives``).
 
@@ -139,8 +140,10 @@ def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> 
     nearest first) where ``keep`` [P, m]; :data:`NONE` (distance inf) where fewer than k are kept."""
     order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
     kept = np.take_along_axis(keep, order, 1)
-    return (np.where(kept, np.take_along_axis(rows, order, 1), NONE),
-            np.where(kept, np.take_along_axis(dist, order, 1), np.inf))
+    return (
+        np.where(kept, np.take_along_axis(rows, order, 1), NONE),
+        np.where(kept, np.take_along_axis(dist, order, 1), np.inf),
+    )
 
 
 def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -> np.ndarray:
@@ -148,8 +151,16 @@ def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -
     from the differences (not ||a||² + ||b||² − 2ab), so equal vectors are at exactly equal distances."""
     x = vectors.double()
     q = x[torch.as_tensor(np.asarray(query_rows), dtype=torch.long)]
-    return np.concatenate([torch.cdist(q[i:i + block], x, compute_mode="donot_use_mm_for_euclid_dist").numpy()
-                           for i in range(0, len(q), block)]) if len(q) else np.zeros((0, len(x)))
+    return (
+        np.concatenate(
+            [
+                torch.cdist(q[i : i + block], x, compute_mode="donot_use_mm_for_euclid_dist").numpy()
+                for i in range(0, len(q), block)
+            ]
+        )
+        if len(q)
+        else np.zeros((0, len(x)))
+    )
 
 
 def pool_shortlists(dist: np.ndarray, pools: dict[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
@@ -167,8 +178,14 @@ def pool_shortlists(dist: np.ndarray, pools: dict[str, np.ndarray], k: int) -> d
 
 
 # -- rerank ---------------------------------------------------------------------------------------------------------
-def shortlist_margins(model: BiModel, emb: Embeddings, query_rows: np.ndarray, shortlists: list[np.ndarray],
-                      batch_size: int = 1024, device="cpu") -> list[np.ndarray]:
+def shortlist_margins(
+    model: BiModel,
+    emb: Embeddings,
+    query_rows: np.ndarray,
+    shortlists: list[np.ndarray],
+    batch_size: int = 1024,
+    device="cpu",
+) -> list[np.ndarray]:
     """Classifier logit margins [P, k] (float32; NaN at :data:`NONE`) of (query, candidate) for each shortlist
     [P, k] of rows of ``emb``; row i of each shortlist belongs to the query at row ``query_rows[i]``.
 
@@ -178,8 +195,9 @@ def shortlist_margins(model: BiModel, emb: Embeddings, query_rows: np.ndarray, s
     n = len(emb)
     keys = [np.where(s == NONE, NONE, np.arange(len(s))[:, None] * n + s) for s in shortlists]
     union = sorted_unique(np.concatenate([key[key != NONE] for key in keys]))
-    scored = np.append(pair_margins(model, emb, np.asarray(query_rows)[union // n], union % n, batch_size, device),
-                       np.float32(np.nan))  # the last place: what NONE reads
+    scored = np.append(
+        pair_margins(model, emb, np.asarray(query_rows)[union // n], union % n, batch_size, device), np.float32(np.nan)
+    )  # the last place: what NONE reads
     return [scored[np.where(key == NONE, len(union), np.searchsorted(union, key))] for key in keys]
 
 
@@ -190,8 +208,9 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
 
-def shortlist_ranks(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray,
-                    split: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+def shortlist_ranks(
+    rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray, split: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """(rank [P], in_k [P] bool) of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] reranked by
     ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; 0 where it is not in the shortlist.
 
@@ -209,9 +228,18 @@ def shortlist_ranks(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray
     return np.where(in_k, rank, 0), in_k
 
 
-def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int = 10, batch_size: int = 1024,
-                    device="cpu", index: str = "balltree", pairs: np.ndarray | None = None,
-                    space: str = "sim", rows: np.ndarray | None = None) -> tuple[dict[str, float], np.ndarray]:
+def retrieve_rerank(
+    model: BiModel,
+    emb: Embeddings,
+    split: PairedSplit,
+    k: int = 10,
+    batch_size: int = 1024,
+    device="cpu",
+    index: str = "balltree",
+    pairs: np.ndarray | None = None,
+    space: str = "sim",
+    rows: np.ndarray | None = None,
+) -> tuple[dict[str, float], np.ndarray]:
     """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``, indices of pairs).
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
@@ -240,8 +268,17 @@ def retrieve_rerank(model: BiModel, emb: Embeddings, split: PairedSplit, k: int 
     return metrics, hits
 
 
-def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolMasks, k: int = 10, space: str = "sim",
-               batch_size: int = 4096, device="cpu", cells: int = BLOCK_CELLS) -> dict[str, np.ndarray]:
+def pool_ranks(
+    model: BiModel,
+    emb: Embeddings,
+    split: PairedSplit,
+    pools: PoolMasks,
+    k: int = 10,
+    space: str = "sim",
+    batch_size: int = 4096,
+    device="cpu",
+    cells: int = BLOCK_CELLS,
+) -> dict[str, np.ndarray]:
     """Per pool, [Q] the rank of each query's true counter when its pool is retrieved, then reranked: the k
     nearest (true counter included) by their margins, the rest after them by distance (ties count against).
 
@@ -267,7 +304,8 @@ def pool_ranks(model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolM
             shortlists.setdefault(name, []).append(rows)
             # not in the shortlist: after all of it, then by distance among the rest of the pool
             behind.setdefault(name, []).append(
-                (rows != NONE).sum(axis=1) + 1 + (mask & ~listed & (dist <= true_dist)).sum(axis=1))
+                (rows != NONE).sum(axis=1) + 1 + (mask & ~listed & (dist <= true_dist)).sum(axis=1)
+            )
     rows_of = {name: np.concatenate(parts) for name, parts in shortlists.items()}
     margins = shortlist_margins(model, emb, split.query, list(rows_of.values()), batch_size, device)
     ranks = {}

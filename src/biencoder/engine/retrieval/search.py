@@ -37,8 +37,14 @@ class NeighbourIndex:
             medians), the whole block on a GPU.
     """
 
-    def __init__(self, data: np.ndarray, kind: str = "balltree", device: str | torch.device = "cpu",
-                 block: int | None = None, refine: int | None = None):
+    def __init__(
+        self,
+        data: np.ndarray,
+        kind: str = "balltree",
+        device: str | torch.device = "cpu",
+        block: int | None = None,
+        refine: int | None = None,
+    ):
         if kind not in INDEXES:
             raise ValueError(f"index {kind!r} is not one of {INDEXES}")
         self.kind, self.n = kind, len(data)

@@ -31,12 +31,19 @@ def checkpoint_payload(model: BiModel, tokenizer, state_dict: dict, epoch: int, 
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer.save_pretrained(tmp)
         files = {p.name: p.read_bytes() for p in Path(tmp).iterdir() if p.is_file()}
-    return {"state_dict": state_dict, "epoch": epoch, "model_cfg": model_cfg,
-            "encoder_config": model.encoder.config.to_dict(), "tokenizer_files": files, "run": run}
+    return {
+        "state_dict": state_dict,
+        "epoch": epoch,
+        "model_cfg": model_cfg,
+        "encoder_config": model.encoder.config.to_dict(),
+        "tokenizer_files": files,
+        "run": run,
+    }
 
 
-def load_checkpoint(path: str | Path, progress: bool = True,
-                    what: str = "eval.checkpoint") -> tuple[BiModel, object, dict, dict]:
+def load_checkpoint(
+    path: str | Path, progress: bool = True, what: str = "eval.checkpoint"
+) -> tuple[BiModel, object, dict, dict]:
     """(model in eval mode, tokenizer, model config, run settings) from a run folder or its ``best.pt``.
 
     Checkpoints from before ``encoder_config`` was saved are rebuilt from ``model_cfg``'s encoder path instead.
@@ -51,8 +58,10 @@ def load_checkpoint(path: str | Path, progress: bool = True,
         ckpt = torch.load(file, map_location="cpu", weights_only=True)  # never unpickles arbitrary objects
         model_cfg, state_dict = ckpt["model_cfg"], ckpt["state_dict"]
     except Exception as err:  # noqa: BLE001 - truncated, not a checkpoint, or unsafe: the same advice
-        raise ConfigError(f"{what}='{file}' is not a readable biencoder checkpoint ({type(err).__name__}): "
-                          "pass the best.pt of a finished run") from None
+        raise ConfigError(
+            f"{what}='{file}' is not a readable biencoder checkpoint ({type(err).__name__}): "
+            "pass the best.pt of a finished run"
+        ) from None
     if "encoder_config" in ckpt:
         config = dict(ckpt["encoder_config"])
         encoder = AutoModel.from_config(AutoConfig.for_model(config.pop("model_type"), **config))
@@ -66,8 +75,7 @@ def load_checkpoint(path: str | Path, progress: bool = True,
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as err:
-        raise ConfigError(f"{what}='{file}' does not fit the model it names "
-                          f"({str(err).splitlines()[0]})") from None
+        raise ConfigError(f"{what}='{file}' does not fit the model it names ({str(err).splitlines()[0]})") from None
     model.eval()
     run = {"retrieve": "sim", "k": 10, **ckpt.get("run", {})}
     return model, tokenizer, model_cfg, run
@@ -79,8 +87,15 @@ def _weights(state_dict: dict, frozen: bool) -> dict:
     return {k: v for k, v in state_dict.items() if not (frozen and is_encoder_weight(k))}
 
 
-def training_state(epoch: int, model: BiModel, trainer_state: dict, best: dict, train_sim: torch.Tensor,
-                   rngs: list[dict], fingerprint: str | None) -> dict:
+def training_state(
+    epoch: int,
+    model: BiModel,
+    trainer_state: dict,
+    best: dict,
+    train_sim: torch.Tensor,
+    rngs: list[dict],
+    fingerprint: str | None,
+) -> dict:
     """What ``last.pt`` holds after ``epoch``: the weights, ``trainer_state`` (optimiser, LR schedule, mining and
     loader RNGs: :meth:`biencoder.engine.training.epoch.EpochTrainer.state_dict`), ``rngs`` (every rank's global RNG states, index =
     rank, so each rank resumes its own dropout stream), ``train_sim`` (the embeddings the next epoch mines with), the
@@ -93,14 +108,18 @@ def training_state(epoch: int, model: BiModel, trainer_state: dict, best: dict, 
         **trainer_state,
         "rng": rngs,
         "train_sim": train_sim,
-        "best": {**{k: v for k, v in best.items() if k not in ("state", "hits", "embs")},
-                 "state": _weights(best["state"], frozen) if best["state"] else None,
-                 "hits": None if best["hits"] is None else torch.from_numpy(best["hits"])},
+        "best": {
+            **{k: v for k, v in best.items() if k not in ("state", "hits", "embs")},
+            "state": _weights(best["state"], frozen) if best["state"] else None,
+            "hits": None if best["hits"] is None else torch.from_numpy(best["hits"]),
+        },
         "encoder_fingerprint": fingerprint,
     }
 
 
-def restore_last(state: dict, path: Path, model: BiModel, trainer, fingerprint: str | None) -> tuple[int, dict, torch.Tensor]:
+def restore_last(
+    state: dict, path: Path, model: BiModel, trainer, fingerprint: str | None
+) -> tuple[int, dict, torch.Tensor]:
     """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``model``, ``trainer`` (an
     :class:`~biencoder.engine.training.epoch.EpochTrainer`) and this rank's RNGs; returns (next epoch, best so far, train embeddings
     to mine with). Raises :class:`RunFolderError` for another encoder or another number of processes."""
@@ -110,13 +129,18 @@ def restore_last(state: dict, path: Path, model: BiModel, trainer, fingerprint: 
     trainer.load_state_dict(state)
     rngs = state["rng"]
     if len(rngs) != distributed.world_size():
-        raise RunFolderError(f"{path} was saved by {len(rngs)} process(es), not "
-                             f"{distributed.world_size()}: resume with the same number of processes")
+        raise RunFolderError(
+            f"{path} was saved by {len(rngs)} process(es), not "
+            f"{distributed.world_size()}: resume with the same number of processes"
+        )
     set_rng_states(rngs[distributed.rank()])
     best = dict(state["best"])
     if best["state"] is not None:  # last.pt leaves out a frozen encoder's weights: the model's own, as the runner's
-        frozen = {k: v.detach().to("cpu", copy=v.device.type != "cpu") for k, v in model.state_dict().items()
-                  if k not in best["state"]}
+        frozen = {
+            k: v.detach().to("cpu", copy=v.device.type != "cpu")
+            for k, v in model.state_dict().items()
+            if k not in best["state"]
+        }
         best["state"] = {**frozen, **best["state"]}
     best["hits"] = None if best["hits"] is None else best["hits"].numpy()
     return state["epoch"] + 1, best, state["train_sim"]

@@ -80,6 +80,7 @@ class RunFolderBusy(RunFolderError):
 @dataclass
 class FolderLock:
     """This process's hold on a run folder: the open ``run.lock`` (its flock lives as long as ``fd``)."""
+
     path: Path
     fd: int
     created: bool  # this process created run.lock (it may remove it again on the bad-input clean-up)
@@ -122,13 +123,17 @@ def claim(path: str | Path) -> bool:
         except BlockingIOError:
             holder = _read_record(fd, wait=True)
             os.close(fd)
-            raise RunFolderBusy(f"{folder} is in use by {_describe(holder)}: one process writes a run folder at a "
-                                "time; wait until that run ends (or stop it), then resume again") from None
+            raise RunFolderBusy(
+                f"{folder} is in use by {_describe(holder)}: one process writes a run folder at a "
+                "time; wait until that run ends (or stop it), then resume again"
+            ) from None
         except OSError as err:
             if err.errno not in _NO_LOCKS:
                 os.close(fd)
-                raise RunFolderError(f"cannot lock {lock_file} ({err.strerror}): the run folder must be on a file "
-                                     "system that allows locks, or free it of whatever refuses them") from None
+                raise RunFolderError(
+                    f"cannot lock {lock_file} ({err.strerror}): the run folder must be on a file "
+                    "system that allows locks, or free it of whatever refuses them"
+                ) from None
             lock = FolderLock(folder, fd, created, unsupported=err.strerror or str(err))
             break
         if not _same_file(fd, lock_file):  # removed by its creator while we waited: lock the one at the path
@@ -136,8 +141,10 @@ def claim(path: str | Path) -> bool:
             continue
         lock = FolderLock(folder, fd, created, stale=_read_record(fd))
         break
-    record = strict_json({"pid": os.getpid(), "host": socket.gethostname(),
-                         "since": time.strftime("%Y-%m-%d %H:%M:%S %z")}) + "\n"
+    record = (
+        strict_json({"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%d %H:%M:%S %z")})
+        + "\n"
+    )
     os.pwrite(fd, record.encode(), 0)  # then cut to length: a reader sees a whole record, never an empty file
     os.ftruncate(fd, len(record.encode()))
     _HELD[key] = lock
@@ -174,8 +181,9 @@ def _open_lock(lock_file: Path) -> tuple[int, bool]:
             except (FileExistsError, FileNotFoundError):
                 continue  # made (or removed) by another process meanwhile: the other way
             except OSError as err:
-                raise RunFolderError(f"cannot open {lock_file} ({err.strerror}): the run folder must be "
-                                     "writable") from None
+                raise RunFolderError(
+                    f"cannot open {lock_file} ({err.strerror}): the run folder must be writable"
+                ) from None
 
 
 def _same_file(fd: int, lock_file: Path) -> bool:
@@ -216,12 +224,21 @@ def announce_lock(path: str | Path) -> None:
         return
     if lock.stale is not None:
         elsewhere = lock.stale.get("host") not in (None, socket.gethostname())
-        log.warning("%s: took over a stale lock: %s ended without letting go of it (killed?)%s", lock.path,
-                    _describe(lock.stale), "; if that process still runs, this file system does not share locks "
-                    "between hosts: stop one of them" if elsewhere else "")
+        log.warning(
+            "%s: took over a stale lock: %s ended without letting go of it (killed?)%s",
+            lock.path,
+            _describe(lock.stale),
+            "; if that process still runs, this file system does not share locks between hosts: stop one of them"
+            if elsewhere
+            else "",
+        )
     if lock.unsupported is not None:
-        log.warning("%s: the file system refused a lock (%s): nothing stops a second process from writing this run "
-                    "folder at the same time", lock.path, lock.unsupported)
+        log.warning(
+            "%s: the file system refused a lock (%s): nothing stops a second process from writing this run "
+            "folder at the same time",
+            lock.path,
+            lock.unsupported,
+        )
     lock.stale = lock.unsupported = None
 
 
@@ -254,8 +271,10 @@ def check_resume_target(path: str | Path) -> Path:
     folder = Path(path).expanduser()
     if not is_run_folder(folder):
         what = "does not exist" if not folder.exists() else "is not a run folder of biencoder.train"
-        raise RunFolderError(f"trainer.resume='{path}' {what}: pass a folder that holds {' or '.join(RUN_MARKERS)} "
-                             "(logs/runs/<time>_<variant>_s<seed>), or trainer.resume=true to continue a sweep's jobs")
+        raise RunFolderError(
+            f"trainer.resume='{path}' {what}: pass a folder that holds {' or '.join(RUN_MARKERS)} "
+            "(logs/runs/<time>_<variant>_s<seed>), or trainer.resume=true to continue a sweep's jobs"
+        )
     return folder
 
 
@@ -340,7 +359,8 @@ def _close_logs(folder: Path) -> None:
     for logger in (logging.getLogger(), log):
         for handler in list(logger.handlers):
             if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve().is_relative_to(
-                    folder.resolve()):
+                folder.resolve()
+            ):
                 handler.close()
                 logger.removeHandler(handler)
 
@@ -392,8 +412,10 @@ class RunFolder:
                 log.info("%s is already done (final.json status done): skipping it", self.path)
                 return read_final(self.path)
         elif main and self.metrics.exists():
-            raise ConfigError(f"{self.path} already holds a run: pass trainer.resume=true to continue it, "
-                              "or choose another output folder")
+            raise ConfigError(
+                f"{self.path} already holds a run: pass trainer.resume=true to continue it, "
+                "or choose another output folder"
+            )
         return None
 
     def start(self, cfg: DictConfig, runtime: Runtime | None = None) -> None:
@@ -411,19 +433,25 @@ class RunFolder:
         now_config = recorded_config(cfg, runtime)
         ran_on = saved_config.get("trainer", {}).get("device")
         if runtime is not None and ran_on in ("cpu", "cuda") and ran_on != runtime.device.type:
-            raise ConfigError(f"cannot resume {self.path}: it ran on {ran_on}, and this process would continue it on "
-                              f"{runtime.device.type}; resume it where trainer.device={ran_on} works, or start a new "
-                              "run without trainer.resume")
+            raise ConfigError(
+                f"cannot resume {self.path}: it ran on {ran_on}, and this process would continue it on "
+                f"{runtime.device.type}; resume it where trainer.device={ran_on} works, or start a new "
+                "run without trainer.resume"
+            )
+
         def flat(config):
             return {k: v for k, v in run_settings(config).items() if not is_non_result_key(k)}
+
         saved, now = flat(saved_config), flat(now_config)
         if saved.get("trainer.precision") == "auto":  # recorded before the precision was resolved: unknown
             now["trainer.precision"] = "auto"
         changed = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
         if changed:
             shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:3])
-            raise ConfigError(f"cannot resume {self.path}: it was started with other settings ({shown}); "
-                              "resume with the original overrides, or start a new run without trainer.resume")
+            raise ConfigError(
+                f"cannot resume {self.path}: it was started with other settings ({shown}); "
+                "resume with the original overrides, or start a new run without trainer.resume"
+            )
 
     def attach_log(self) -> None:
         target = (self.path / "train.log").resolve()
@@ -458,8 +486,10 @@ class RunFolder:
         try:
             return torch.load(self.last, map_location="cpu", weights_only=True)
         except Exception as err:  # noqa: BLE001 - any unreadable file gets the same advice
-            raise RunFolderError(f"cannot resume from {self.last} ({type(err).__name__}): the checkpoint is corrupt; "
-                                 "delete it to start the run again") from None
+            raise RunFolderError(
+                f"cannot resume from {self.last} ({type(err).__name__}): the checkpoint is corrupt; "
+                "delete it to start the run again"
+            ) from None
 
     # -- ending -------------------------------------------------------------------------------------------------
     def finish(self, final: dict, arrays: dict[str, np.ndarray], checkpoint: dict | None, keep_last: bool) -> None:

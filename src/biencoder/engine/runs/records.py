@@ -48,8 +48,9 @@ def read_metrics(path: Path) -> tuple[list[dict], bool]:
                 torn = True
                 log.warning("%s: skipping the torn last line %d (the run was killed while writing it)", path, number)
             else:
-                raise RunFolderError(f"{path} line {number} is not JSON: the file is corrupt, "
-                                     "delete the run folder or repair the line") from None
+                raise RunFolderError(
+                    f"{path} line {number} is not JSON: the file is corrupt, delete the run folder or repair the line"
+                ) from None
     return rows, torn
 
 

@@ -48,13 +48,18 @@ def check_packages(cfg: DictConfig) -> None:
     """A selected logger whose package is missing: one line naming the extra (before any folder is touched)."""
     for name in selected(cfg):
         if importlib.util.find_spec(PACKAGES[name]) is None:
-            raise ConfigError(f"logger={name} needs the {PACKAGES[name]} package: pip install -e '.[tracking]' "
-                              "(or choose logger=none)")
+            raise ConfigError(
+                f"logger={name} needs the {PACKAGES[name]} package: pip install -e '.[tracking]' "
+                "(or choose logger=none)"
+            )
 
 
 def _numbers(row: dict) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items()
-            if k not in ROW_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in row.items()
+        if k not in ROW_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
 class TensorBoardLogger:
@@ -113,7 +118,7 @@ class MlflowLogger:
 
         items = [Param(k[:250], str(v)[:6000]) for k, v in params.items()]
         for start in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[start:start + 100])
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
 
     def _metrics(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -121,7 +126,7 @@ class MlflowLogger:
         now = int(time.time() * 1000)
         items = [Metric(k, v, now, step) for k, v in values.items()]
         for start in range(0, len(items), 1000):
-            self.client.log_batch(self.run_id, metrics=items[start:start + 1000])
+            self.client.log_batch(self.run_id, metrics=items[start : start + 1000])
 
     def log_rows(self, rows: list[dict]) -> None:
         for row in rows:
@@ -135,8 +140,13 @@ class MlflowLogger:
         for split, tasks in (final.get("tasks") or {}).items():
             if isinstance(tasks, dict):
                 for task, m in tasks.items():
-                    values.update({f"tasks/{task}_{k}/{split}": m[k] for k in ("accuracy_at_1", "mrr")
-                                   if isinstance(m.get(k), float)})
+                    values.update(
+                        {
+                            f"tasks/{task}_{k}/{split}": m[k]
+                            for k in ("accuracy_at_1", "mrr")
+                            if isinstance(m.get(k), float)
+                        }
+                    )
         if "best_epoch" in final:
             values["best_epoch"] = float(final["best_epoch"])
         if values:
@@ -175,8 +185,12 @@ class Tracker:
             self.loggers.append(TensorBoardLogger(self.folder / self.cfg.logger.tensorboard.dir, first_epoch))
         if "mlflow" in names:
             params = {**flatten(OmegaConf.to_container(self.cfg, resolve=True)), "variant": self.variant}
-            tags = {"variant": self.variant, "seed": str(self.cfg.seed), "run_folder": str(self.folder),
-                    "data": str(self.cfg.data.name)}
+            tags = {
+                "variant": self.variant,
+                "seed": str(self.cfg.seed),
+                "run_folder": str(self.folder),
+                "data": str(self.cfg.data.name),
+            }
             self.loggers.append(MlflowLogger(self.cfg, self.folder, self.experiment, params, tags, state))
         write_text_atomic(self.state_file, strict_json(state, indent=2) + "\n")  # a torn file would block resume
 

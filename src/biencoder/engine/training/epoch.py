@@ -35,8 +35,11 @@ class Diverged(RuntimeError):
     def __init__(self, epoch: int, what: str, parts: dict[str, float] | None = None):
         self.epoch, self.what, self.parts = epoch, what, dict(parts or {})
         detail = ", ".join(f"{k}={v:.4g}" for k, v in self.parts.items())
-        super().__init__(f"training diverged in epoch {epoch}: non-finite {what}" + (f" ({detail})" if detail else "")
-                         + "; lower trainer.lr / trainer.head_lr or use trainer.precision=fp32")
+        super().__init__(
+            f"training diverged in epoch {epoch}: non-finite {what}"
+            + (f" ({detail})" if detail else "")
+            + "; lower trainer.lr / trainer.head_lr or use trainer.precision=fp32"
+        )
 
 
 class TripletCollate:
@@ -66,7 +69,9 @@ def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
 
 def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
     """L2 norm (0-d tensor, on ``device``) over ``grads``: the norm of the per-tensor norms, one foreach call for those."""
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros((), device=device)
+    return (
+        torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros((), device=device)
+    )
 
 
 class EpochSums:
@@ -101,8 +106,10 @@ class EpochSums:
         before the first step. Named by the loss's parts and :data:`STEP_STATISTICS`."""
         if self.parts is None:
             return {}
-        return {**{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist())},
-                **{name: value / self.sampled for name, value in zip(STEP_STATISTICS, self.statistics.tolist())}}
+        return {
+            **{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist())},
+            **{name: value / self.sampled for name, value in zip(STEP_STATISTICS, self.statistics.tolist())},
+        }
 
 
 class TripletStep(nn.Module):
@@ -117,11 +124,19 @@ class TripletStep(nn.Module):
         super().__init__()
         self.model, self.loss_fn = model, loss_fn
 
-    def forward(self, pooled: torch.Tensor | None = None, input_ids: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None, text_id: torch.Tensor | None = None,
-                padded: bool | None = None) -> LossOutput:
-        emb = (self.model.from_pooled(pooled) if pooled is not None
-               else self.model.embed(input_ids, attention_mask, padded))
+    def forward(
+        self,
+        pooled: torch.Tensor | None = None,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        text_id: torch.Tensor | None = None,
+        padded: bool | None = None,
+    ) -> LossOutput:
+        emb = (
+            self.model.from_pooled(pooled)
+            if pooled is not None
+            else self.model.embed(input_ids, attention_mask, padded)
+        )
         point, counter, negative = emb.chunk(3)
         return self.loss_fn(self.model, point, counter, negative, None if text_id is None else text_id.view(3, -1))
 
@@ -135,6 +150,7 @@ def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
         if step < warmup:
             return (step + 1) / warmup
         return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
+
     return factor
 
 
@@ -150,8 +166,17 @@ class EpochTrainer:
         amp_dtype: the autocast dtype (None: fp32). ``progress``: show the step bar.
     """
 
-    def __init__(self, cfg: DictConfig, model: BiModel, split: PairedSplit, pooled: torch.Tensor | None,
-                 tokens: TokenizedTexts | None, device: torch.device, amp_dtype: torch.dtype | None, progress: bool):
+    def __init__(
+        self,
+        cfg: DictConfig,
+        model: BiModel,
+        split: PairedSplit,
+        pooled: torch.Tensor | None,
+        tokens: TokenizedTexts | None,
+        device: torch.device,
+        amp_dtype: torch.dtype | None,
+        progress: bool,
+    ):
         self.cfg, self.model, self.split, self.pooled, self.tokens = cfg, model, split, pooled, tokens
         self.device, self.amp_dtype, self.progress = device, amp_dtype, progress
         self.frozen = pooled is not None
@@ -164,14 +189,21 @@ class EpochTrainer:
         self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
         # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
         # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor)
-        self.optimizer = torch.optim.AdamW([{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups)],
-                                           weight_decay=cfg.trainer.weight_decay, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups)],
+            weight_decay=cfg.trainer.weight_decay,
+            fused=True,
+        )
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.n_triplets = split.n_pairs + len(split.given_triplets)  # mined, then given (triplet_rows)
-        self.steps_per_epoch = math.ceil(math.ceil(self.n_triplets / distributed.world_size()) / cfg.trainer.batch_size)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(
-            cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio))
+        self.steps_per_epoch = math.ceil(
+            math.ceil(self.n_triplets / distributed.world_size()) / cfg.trainer.batch_size
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer,
+            _lr_lambda(cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio),
+        )
         self.rng = np.random.default_rng(cfg.seed)  # mining's random negatives
         self.loader_generator = torch.Generator().manual_seed(cfg.seed)  # the order of the triplets
 
@@ -179,16 +211,21 @@ class EpochTrainer:
         """The training forward as run: wrapped in DDP under several processes, compiled with ``trainer.compile``."""
         if distributed.world_size() > 1:
             step = nn.parallel.DistributedDataParallel(
-                step, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                step,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 # with cls/mean pooling the encoder's pooler computes an output no loss uses
-                find_unused_parameters=not self.frozen and self.cfg.model.pooling != "pooler")
+                find_unused_parameters=not self.frozen and self.cfg.model.pooling != "pooler",
+            )
         return torch.compile(step) if self.cfg.trainer.compile else step
 
     # -- state (last.pt) --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"optimizer": per_parameter_state(self.optimizer.state_dict(), self.flat),
-                "scheduler": self.scheduler.state_dict(),
-                "mining_rng": self.rng.bit_generator.state, "loader_rng": self.loader_generator.get_state()}
+        return {
+            "optimizer": per_parameter_state(self.optimizer.state_dict(), self.flat),
+            "scheduler": self.scheduler.state_dict(),
+            "mining_rng": self.rng.bit_generator.state,
+            "loader_rng": self.loader_generator.get_state(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(flat_state(state["optimizer"], self.flat))
@@ -204,8 +241,15 @@ class EpochTrainer:
         rate = random_rate(epoch, self.cfg.negatives.random_rate.start, self.cfg.negatives.random_rate.decay)
         negatives = None
         if distributed.is_main():
-            negatives = mine_negatives(train_sim.numpy(), self.split, rate, self.rng, self.cfg.negatives.n_neighbors,
-                                       index=self.cfg.negatives.index, device=self.device)
+            negatives = mine_negatives(
+                train_sim.numpy(),
+                self.split,
+                rate,
+                self.rng,
+                self.cfg.negatives.n_neighbors,
+                index=self.cfg.negatives.index,
+                device=self.device,
+            )
         if distributed.world_size() > 1:
             n = self.split.n_pairs
             rows = distributed.broadcast_rows(None if negatives is None else negatives.row, n)
@@ -218,15 +262,27 @@ class EpochTrainer:
         cfg = self.cfg.trainer
         rows = list(triplet_rows(self.split, negatives))
         if distributed.world_size() > 1:
-            sampler = DistributedSampler(rows, num_replicas=distributed.world_size(), rank=distributed.rank(),
-                                         shuffle=True, seed=int(self.cfg.seed))
+            sampler = DistributedSampler(
+                rows,
+                num_replicas=distributed.world_size(),
+                rank=distributed.rank(),
+                shuffle=True,
+                seed=int(self.cfg.seed),
+            )
             sampler.set_epoch(epoch)
             shuffle, generator = None, None
         else:
             sampler, shuffle, generator = None, True, self.loader_generator
-        return DataLoader(rows, batch_size=cfg.batch_size, shuffle=shuffle, sampler=sampler, generator=generator,
-                          num_workers=cfg.num_workers, collate_fn=TripletCollate(self.tokens),
-                          pin_memory=self.device.type == "cuda")
+        return DataLoader(
+            rows,
+            batch_size=cfg.batch_size,
+            shuffle=shuffle,
+            sampler=sampler,
+            generator=generator,
+            num_workers=cfg.num_workers,
+            collate_fn=TripletCollate(self.tokens),
+            pin_memory=self.device.type == "cuda",
+        )
 
     def batches(self, epoch: int, negatives: MinedNegatives):
         """This epoch's batches: yields (rows [B, 3] of (point, counter, negative), :class:`TripletStep` inputs,
@@ -248,15 +304,22 @@ class EpochTrainer:
         size = self.cfg.trainer.batch_size
         for start in range(0, len(rows), size):
             # points, then counters, then negatives, as TripletStep splits them
-            batch = index[start:start + size].T.reshape(-1)
-            yield rows[start:start + size], {"pooled": self.pooled.index_select(0, batch),
-                                             "text_id": text_id.index_select(0, batch)}
+            batch = index[start : start + size].T.reshape(-1)
+            yield (
+                rows[start : start + size],
+                {"pooled": self.pooled.index_select(0, batch), "text_id": text_id.index_select(0, batch)},
+            )
 
     def _order(self, epoch: int) -> np.ndarray:
         """This rank's triplets for ``epoch`` in training order: a seeded permutation (its shard under DDP)."""
         if distributed.world_size() > 1:
-            sampler = DistributedSampler(range(self.n_triplets), num_replicas=distributed.world_size(),
-                                         rank=distributed.rank(), shuffle=True, seed=int(self.cfg.seed))
+            sampler = DistributedSampler(
+                range(self.n_triplets),
+                num_replicas=distributed.world_size(),
+                rank=distributed.rank(),
+                shuffle=True,
+                seed=int(self.cfg.seed),
+            )
             sampler.set_epoch(epoch)
             return np.fromiter(iter(sampler), dtype=np.int64)
         return torch.randperm(self.n_triplets, generator=self.loader_generator).numpy()
@@ -270,8 +333,13 @@ class EpochTrainer:
         sums = EpochSums(self.cfg.trainer.stats_every)
         self.model.train()
         self.model.encoder.train(not self.frozen)
-        bar = tqdm(self.batches(epoch, negatives), desc=f"epoch {epoch} train", disable=not self.progress,
-                   leave=False, total=self.steps_per_epoch)
+        bar = tqdm(
+            self.batches(epoch, negatives),
+            desc=f"epoch {epoch} train",
+            disable=not self.progress,
+            leave=False,
+            total=self.steps_per_epoch,
+        )
         for _, inputs in bar:
             self.train_step(inputs, sums)
             if self.progress and sums.steps % 20 == 0:  # a host read, only for a person watching the bar
@@ -290,12 +358,14 @@ class EpochTrainer:
             out = self.step(**inputs)
         self.optimizer.zero_grad(set_to_none=False)  # the flat gradient is zeroed in place: backward adds into it
         out.total.backward()
-        sums.add(out.parts, lambda: torch.cat([head_statistics_vector(out.features, out.head_input),
-                                               self.grad_norms()]))
+        sums.add(
+            out.parts, lambda: torch.cat([head_statistics_vector(out.features, out.head_input), self.grad_norms()])
+        )
         self.optimizer.step()
         self.scheduler.step()
 
     def grad_norms(self) -> torch.Tensor:
         """[2] float32 on the device: the L2 norms of this step's gradients of the encoder (0 when frozen) and heads."""
-        return torch.stack([_grad_norm([p.grad for p in params if p.grad is not None], self.device)
-                            for params in self.grad_groups]).float()
+        return torch.stack(
+            [_grad_norm([p.grad for p in params if p.grad is not None], self.device) for params in self.grad_groups]
+        ).float()

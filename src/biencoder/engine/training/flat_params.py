@@ -41,8 +41,14 @@ class FlatParameters:
         self.params = list(params)
         skip = {id(p) for p in unused}
         first = next((p for p in self.params if id(p) not in skip and p.requires_grad), None)
-        self.members = [p for p in self.params if id(p) not in skip and p.requires_grad and p.numel() % ALIGN == 0
-                        and (p.device, p.dtype) == (first.device, first.dtype)]
+        self.members = [
+            p
+            for p in self.params
+            if id(p) not in skip
+            and p.requires_grad
+            and p.numel() % ALIGN == 0
+            and (p.device, p.dtype) == (first.device, first.dtype)
+        ]
         member_ids = {id(p) for p in self.members}
         self.loose = [p for p in self.params if id(p) not in member_ids]
         self.flat = None
@@ -64,7 +70,7 @@ class FlatParameters:
         """A tensor laid out as :attr:`flat` (an optimiser state such as ``exp_avg``) → one view per member."""
         out, start = [], 0
         for p in self.members:
-            out.append(flat[start:start + p.numel()].view_as(p))
+            out.append(flat[start : start + p.numel()].view_as(p))
             start += p.numel()
         return out
 
@@ -79,8 +85,14 @@ def per_parameter_state(state: dict, groups: list[FlatParameters]) -> dict:
         flat = state["state"].get(ids[id(group.flat)]) if group.flat is not None else None
         # a scalar state (``step``) is cloned per member: a shared one would be counted up once per member by a
         # per-parameter optimiser that loads this on the CPU (where loading copies nothing)
-        views = ({key: group.views(value) if _is_flat(value, group) else [value.clone() for _ in group.members]
-                  for key, value in flat.items()} if flat else {})
+        views = (
+            {
+                key: group.views(value) if _is_flat(value, group) else [value.clone() for _ in group.members]
+                for key, value in flat.items()
+            }
+            if flat
+            else {}
+        )
         members = {id(p): n for n, p in enumerate(group.members)}
         params = []
         for p in group.params:
@@ -101,8 +113,9 @@ def flat_state(state: dict, groups: list[FlatParameters]) -> dict:
     out, groups_out, index = {}, [], 0
     for group, saved in zip(groups, state["param_groups"]):
         if len(saved["params"]) != len(group.params):
-            raise ValueError(f"the saved optimiser group has {len(saved['params'])} parameters, this model's "
-                             f"{len(group.params)}")
+            raise ValueError(
+                f"the saved optimiser group has {len(saved['params'])} parameters, this model's {len(group.params)}"
+            )
         of = dict(zip(map(id, group.params), saved["params"]))
         members = [state["state"].get(of[id(p)]) for p in group.members]
         params = []
@@ -110,9 +123,12 @@ def flat_state(state: dict, groups: list[FlatParameters]) -> dict:
             if any(m is None for m in members) and not all(m is None for m in members):
                 raise ValueError("the saved optimiser state covers only some of the parameters of a group")
             if members[0] is not None:
-                out[index] = {key: torch.cat([m[key].reshape(-1) for m in members])
-                              if _is_flat(value, group, whole=False) else _common(key, [m[key] for m in members])
-                              for key, value in members[0].items()}
+                out[index] = {
+                    key: torch.cat([m[key].reshape(-1) for m in members])
+                    if _is_flat(value, group, whole=False)
+                    else _common(key, [m[key] for m in members])
+                    for key, value in members[0].items()
+                }
             params.append(index)
             index += 1
         for p in group.loose:

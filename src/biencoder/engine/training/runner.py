@@ -58,8 +58,10 @@ from .epoch import Diverged, EpochTrainer
 log = logging.getLogger("biencoder")
 SPLITS = ("train", "val", "test")
 #: final.json's ``tasks_skipped`` and the summary's line when the data cannot have the 8 official tasks
-NO_TASKS = ("no 8-task table: the official tasks type candidates by ArguAna's debates, sides and themes, which pair "
-            "files do not have; the per-epoch top-1 (and top1_group where the files have groups) is this data's result")
+NO_TASKS = (
+    "no 8-task table: the official tasks type candidates by ArguAna's debates, sides and themes, which pair "
+    "files do not have; the per-epoch top-1 (and top1_group where the files have groups) is this data's result"
+)
 T = TypeVar("T")
 
 
@@ -77,8 +79,14 @@ class Runner:
     validates it once.
     """
 
-    def __init__(self, cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None,
-                 variant: str | None = None):
+    def __init__(
+        self,
+        cfg: DictConfig,
+        out_dir: Path,
+        experiment: str = "runs",
+        runtime: Runtime | None = None,
+        variant: str | None = None,
+    ):
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
         corpus, self.splits = run_splits(cfg.data)
@@ -95,16 +103,20 @@ class Runner:
         self.model.to(self.device)
         # test queries whose point or counter text occurs in a training or validation pair this run uses
         self.test_seen = seen_queries(self.splits["test"], [self.splits["train"], self.splits["val"]])
-        self.overlap = {"dedup": bool(cfg.data.dedup), "dropped_pairs": dict(corpus.dropped),
-                        "test_queries_seen": int(self.test_seen.sum()),
-                        "test_queries_unseen": int((~self.test_seen).sum())}
+        self.overlap = {
+            "dedup": bool(cfg.data.dedup),
+            "dropped_pairs": dict(corpus.dropped),
+            "test_queries_seen": int(self.test_seen.sum()),
+            "test_queries_unseen": int((~self.test_seen).sum()),
+        }
         # pair files: where the data came from (path, size, sha256 per file) and the rows that repeat a pair
         self.data_files, self.counts = getattr(corpus, "files", {}), corpus.counts
         self.progress = shown and self.main
         self.frozen = bool(cfg.model.encoder.freeze)
         self.fingerprint, self.pooled, self.tokens = self._inputs()
-        self.trainer = EpochTrainer(cfg, self.model, self.splits["train"], *self._training_inputs(),
-                                    self.device, self.amp_dtype, self.progress)
+        self.trainer = EpochTrainer(
+            cfg, self.model, self.splits["train"], *self._training_inputs(), self.device, self.amp_dtype, self.progress
+        )
         self.eval_pairs = self._eval_pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
         self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, taken once (_weights_on_cpu)
@@ -118,18 +130,35 @@ class Runner:
         from them every epoch; a trained encoder's texts are tokenised once."""
         cfg = self.cfg
         if not self.frozen:
-            return None, {}, {name: TokenizedTexts(s.texts, self.tokenizer, cfg.model.max_length)
-                              for name, s in self.splits.items()}
+            return (
+                None,
+                {},
+                {
+                    name: TokenizedTexts(s.texts, self.tokenizer, cfg.model.max_length)
+                    for name, s in self.splits.items()
+                },
+            )
         self.model.encoder.requires_grad_(False)
         fingerprint = encoder_fingerprint(self.model.encoder)
         if not self.main:
             distributed.barrier()  # rank 0 fills the cache first, the others read it
         # the training split's given negatives (pair files) are encoded with it: rows 2Q + j of the trainer's vectors
-        pooled = {name: pooled_vectors(self.model, self.tokenizer, s.texts + (s.extra_texts if name == "train" else []),
-                                       cfg.model.max_length, cfg.trainer.cache_dir, cfg.trainer.eval_batch_size,
-                                       self.device, self.amp_dtype, self.progress, f"encode {name}",
-                                       fingerprint).to(self.device)
-                  for name, s in self.splits.items()}
+        pooled = {
+            name: pooled_vectors(
+                self.model,
+                self.tokenizer,
+                s.texts + (s.extra_texts if name == "train" else []),
+                cfg.model.max_length,
+                cfg.trainer.cache_dir,
+                cfg.trainer.eval_batch_size,
+                self.device,
+                self.amp_dtype,
+                self.progress,
+                f"encode {name}",
+                fingerprint,
+            ).to(self.device)
+            for name, s in self.splits.items()
+        }
         if self.main:
             distributed.barrier()
         return fingerprint, pooled, {}
@@ -139,7 +168,7 @@ class Runner:
         negatives (:attr:`PairedSplit.extra_texts`); :attr:`pooled` and :attr:`tokens` keep the split's rows only."""
         train = self.splits["train"]
         if self.frozen:
-            pooled, self.pooled["train"] = self.pooled["train"], self.pooled["train"][:len(train.texts)]
+            pooled, self.pooled["train"] = self.pooled["train"], self.pooled["train"][: len(train.texts)]
             return pooled, None
         if not train.extra_texts:
             return None, self.tokens["train"]
@@ -165,16 +194,33 @@ class Runner:
         cheap = self.frozen or sum(len(self.splits[n].texts) for n in ("val", "test")) <= 2000
         if not self.main or not (want is True or (want == "auto" and cheap)):
             return None
-        return {n: self.pooled[n].cpu() if self.frozen else encode_pooled(
-            self.model, self.tokens[n], self.cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
-            desc=f"encode {n} (zero-shot)") for n in ("val", "test")}
+        return {
+            n: self.pooled[n].cpu()
+            if self.frozen
+            else encode_pooled(
+                self.model,
+                self.tokens[n],
+                self.cfg.trainer.eval_batch_size,
+                self.device,
+                self.amp_dtype,
+                desc=f"encode {n} (zero-shot)",
+            )
+            for n in ("val", "test")
+        }
 
     # -- evaluation -------------------------------------------------------------------------------------------
     def embed(self, name: str) -> Embeddings:
         if self.frozen:
             return embed_pooled(self.model, self.pooled[name], self.pair_batch_size, self.device)
-        return encode(self.model, self.tokens[name], self.cfg.trainer.eval_batch_size, self.device,
-                      self.amp_dtype, progress=self.progress, desc=f"encode {name}")
+        return encode(
+            self.model,
+            self.tokens[name],
+            self.cfg.trainer.eval_batch_size,
+            self.device,
+            self.amp_dtype,
+            progress=self.progress,
+            desc=f"encode {name}",
+        )
 
     def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
         """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``;
@@ -188,11 +234,33 @@ class Runner:
             rows, _ = retrieve(emb.retrieval(cfg.retrieve).numpy(), split, cfg.k, cfg.index, self.device, pairs)
         seen = self.eval_seen if name == "test" else None
         try:
-            metrics, hits = retrieve_rerank(self.model, emb, split, cfg.k, self.pair_batch_size, self.device,
-                                            index=cfg.index, pairs=pairs, space=cfg.retrieve, rows=rows)
+            metrics, hits = retrieve_rerank(
+                self.model,
+                emb,
+                split,
+                cfg.k,
+                self.pair_batch_size,
+                self.device,
+                index=cfg.index,
+                pairs=pairs,
+                space=cfg.retrieve,
+                rows=rows,
+            )
             if split.groups is not None:  # pair files with a group column: the within-group top-1 too
-                metrics.update(group_rerank(self.model, emb, split, cfg.k, self.pair_batch_size, self.device,
-                                            cfg.index, pairs, cfg.retrieve, seen)[0])
+                metrics.update(
+                    group_rerank(
+                        self.model,
+                        emb,
+                        split,
+                        cfg.k,
+                        self.pair_batch_size,
+                        self.device,
+                        cfg.index,
+                        pairs,
+                        cfg.retrieve,
+                        seen,
+                    )[0]
+                )
         except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
             raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
         if seen is not None:
@@ -207,17 +275,26 @@ class Runner:
         if not (self.frozen and self.cfg.eval.retrieve == "encoder"):
             return None
         if name not in self.shortlists:
-            self.shortlists[name], _ = retrieve(emb.retrieval("encoder").numpy(), self.splits[name], self.cfg.eval.k,
-                                                self.cfg.eval.index, self.device, self.eval_pairs[name])
+            self.shortlists[name], _ = retrieve(
+                emb.retrieval("encoder").numpy(),
+                self.splits[name],
+                self.cfg.eval.k,
+                self.cfg.eval.index,
+                self.device,
+                self.eval_pairs[name],
+            )
         return self.shortlists[name]
 
-    def evaluate_epoch(self, names, epoch: int = -1) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
+    def evaluate_epoch(
+        self, names, epoch: int = -1
+    ) -> tuple[dict[str, dict], dict[str, np.ndarray], dict[str, Embeddings]]:
         metrics, hits, embs = {}, {}, {}
         with eval_mode(self.model):  # once for every split, not twice per split
             for name in names:
                 embs[name] = self.phase(f"encode {name}", lambda: self.embed(name))
-                metrics[name], hits[name] = self.phase(f"retrieve+rerank {name}",
-                                                       lambda: self.evaluate_split(name, embs[name], epoch))
+                metrics[name], hits[name] = self.phase(
+                    f"retrieve+rerank {name}", lambda: self.evaluate_split(name, embs[name], epoch)
+                )
         return metrics, hits, embs
 
     def baselines(self) -> dict:
@@ -230,15 +307,22 @@ class Runner:
             out[name] = {}
             for score, ranks in baseline_ranks(self.splits[name], self.zero_shot[name], self.eval_pairs[name]).items():
                 hits = ranks == 1
-                out[name][score] = {"top1": float(hits.mean()), "queries": len(hits), **{
-                    f"top1_{group}": float(hits[mask].mean()) if mask.any() else None for group, mask in groups.items()}}
+                out[name][score] = {
+                    "top1": float(hits.mean()),
+                    "queries": len(hits),
+                    **{
+                        f"top1_{group}": float(hits[mask].mean()) if mask.any() else None
+                        for group, mask in groups.items()
+                    },
+                }
         return out
 
     # -- checkpointing ----------------------------------------------------------------------------------------
     def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor, rngs: list[dict]) -> None:
         """The full training state after ``epoch`` into ``last.pt``, atomically (:func:`checkpoint.training_state`)."""
-        self.folder.save_state(training_state(epoch, self.model, self.trainer.state_dict(), best, train_sim, rngs,
-                                              self.fingerprint))
+        self.folder.save_state(
+            training_state(epoch, self.model, self.trainer.state_dict(), best, train_sim, rngs, self.fingerprint)
+        )
 
     def load_last(self, state: dict) -> tuple[int, dict, torch.Tensor]:
         """Restore the state of ``last.pt``; returns (next epoch, best so far, train embeddings to mine with)."""
@@ -250,15 +334,23 @@ class Runner:
         best so far is kept and valued by this run's metric, and one line says so (the earlier epochs' weights are
         gone, so they cannot be compared again)."""
         if "metric" not in best:
-            best = {**{k: v for k, v in best.items() if k != "val_top1"}, "metric": "top1",
-                    "value": best.get("val_top1", -math.inf)}
+            best = {
+                **{k: v for k, v in best.items() if k != "val_top1"},
+                "metric": "top1",
+                "value": best.get("val_top1", -math.inf),
+            }
         key = self.selection["metric"]
         if best["metric"] != key:
-            log.warning("%s: the epochs before the resume were selected by val %s, this run selects by val %s: the "
-                        "best so far (epoch %d) is kept and compared by its val %s", self.folder.last, best["metric"],
-                        key, best["epoch"], key)
-            best = {**best, "metric": key,
-                    "value": best["metrics"]["val"][key] if best.get("metrics") else -math.inf}
+            log.warning(
+                "%s: the epochs before the resume were selected by val %s, this run selects by val %s: the "
+                "best so far (epoch %d) is kept and compared by its val %s",
+                self.folder.last,
+                best["metric"],
+                key,
+                best["epoch"],
+                key,
+            )
+            best = {**best, "metric": key, "value": best["metrics"]["val"][key] if best.get("metrics") else -math.inf}
         return best
 
     # -- the run ----------------------------------------------------------------------------------------------
@@ -276,20 +368,40 @@ class Runner:
             epoch, best, train_sim = self.load_last(state)
             best = self._selected_by_rule(best)
             dropped = self.folder.truncate(epoch - 1) if self.main else 0
-            log.info("resuming %s after epoch %d (%d rows of epochs after the last checkpoint dropped)",
-                     self.out_dir, epoch - 1, dropped)
+            log.info(
+                "resuming %s after epoch %d (%d rows of epochs after the last checkpoint dropped)",
+                self.out_dir,
+                epoch - 1,
+                dropped,
+            )
             return epoch, best, train_sim
         if self.main:
             self.folder.truncate(-1)
-        best = {"epoch": -1, "metric": self.selection["metric"], "value": -math.inf, "metrics": None, "state": None,
-                "hits": None}
+        best = {
+            "epoch": -1,
+            "metric": self.selection["metric"],
+            "value": -math.inf,
+            "metrics": None,
+            "state": None,
+            "hits": None,
+        }
         if self.cfg.model.sim_init != "pca":
             return 0, best, self.embed("train").sim if self.main else None
         # every rank computes the same (float64, CPU) projection; the pooled vectors then give the first mining's
         # sim vectors too, so a trained encoder encodes the training split once here, not twice
-        pooled = self.pooled["train"] if self.frozen else encode_pooled(
-            self.model, self.tokens["train"], self.cfg.trainer.eval_batch_size, self.device, self.amp_dtype,
-            progress=self.progress, desc="encode train")
+        pooled = (
+            self.pooled["train"]
+            if self.frozen
+            else encode_pooled(
+                self.model,
+                self.tokens["train"],
+                self.cfg.trainer.eval_batch_size,
+                self.device,
+                self.amp_dtype,
+                progress=self.progress,
+                desc="encode train",
+            )
+        )
         self.model.init_sim_from_pca(pooled)
         if not self.main:
             return 0, best, None
@@ -297,38 +409,67 @@ class Runner:
 
     def _log_start(self) -> None:
         cfg, rt, n, threads = self.cfg, self.runtime, distributed.world_size(), torch.get_num_threads()
-        how = ([rt.device_name] if rt.device.type == "cuda" else []) + [rt.precision] + (
-            ["deterministic"] if rt.deterministic else []) + [f"{n} process{'es' if n > 1 else ''}"] + (
-            [f"{threads} CPU thread{'s' if threads > 1 else ''}"] if rt.device.type == "cpu" else [])
-        log.info("variant %s seed %d on %s (%s) | %s | pairs train/val/test %s", self.variant, cfg.seed, self.device,
-                 ", ".join(how), cfg.data.name, "/".join(str(s.n_pairs) for s in self.splits.values()))
+        how = (
+            ([rt.device_name] if rt.device.type == "cuda" else [])
+            + [rt.precision]
+            + (["deterministic"] if rt.deterministic else [])
+            + [f"{n} process{'es' if n > 1 else ''}"]
+            + ([f"{threads} CPU thread{'s' if threads > 1 else ''}"] if rt.device.type == "cpu" else [])
+        )
+        log.info(
+            "variant %s seed %d on %s (%s) | %s | pairs train/val/test %s",
+            self.variant,
+            cfg.seed,
+            self.device,
+            ", ".join(how),
+            cfg.data.name,
+            "/".join(str(s.n_pairs) for s in self.splits.values()),
+        )
         if self.selection["metric"] != "top1":
             log.warning(untrained_classifier_note(cfg.eval.score))
         if cfg.data.dedup:
-            log.info("data.dedup: dropped %s pairs that share a text with a later split (test untouched); test "
-                     "queries seen in train/val: %d, unseen: %d", self.overlap["dropped_pairs"],
-                     self.overlap["test_queries_seen"], self.overlap["test_queries_unseen"])
+            log.info(
+                "data.dedup: dropped %s pairs that share a text with a later split (test untouched); test "
+                "queries seen in train/val: %d, unseen: %d",
+                self.overlap["dropped_pairs"],
+                self.overlap["test_queries_seen"],
+                self.overlap["test_queries_unseen"],
+            )
         else:
-            log.info("data.dedup=false: the official splits; %d of %d test queries share a text with a training "
-                     "or validation pair (reported as seen/unseen)", self.overlap["test_queries_seen"],
-                     len(self.test_seen))
+            log.info(
+                "data.dedup=false: the official splits; %d of %d test queries share a text with a training "
+                "or validation pair (reported as seen/unseen)",
+                self.overlap["test_queries_seen"],
+                len(self.test_seen),
+            )
         for name, pairs in self.eval_pairs.items():
             if pairs is not None:
-                log.info("per-epoch %s metrics on a fixed sample of %d of its %d queries (eval.%s_queries)", name,
-                         len(pairs), self.splits[name].n_pairs, name)
+                log.info(
+                    "per-epoch %s metrics on a fixed sample of %d of its %d queries (eval.%s_queries)",
+                    name,
+                    len(pairs),
+                    self.splits[name].n_pairs,
+                    name,
+                )
         for role, f in self.data_files.items():
             log.info("data.%s: %s (%d bytes, sha256 %s)", role, f["path"], f["bytes"], f["sha256"])
         if self.data_files:
-            log.info("pairs that repeat an earlier anchor and positive (each is its own query) %s; given negatives "
-                     "%s; per-epoch pool (data.pool=%s): %s", {n: c["duplicated_pairs"] for n, c in self.counts.items()},
-                     {n: c["with_negative"] for n, c in self.counts.items()}, cfg.data.pool, POOL_TEXT[cfg.data.pool])
+            log.info(
+                "pairs that repeat an earlier anchor and positive (each is its own query) %s; given negatives "
+                "%s; per-epoch pool (data.pool=%s): %s",
+                {n: c["duplicated_pairs"] for n, c in self.counts.items()},
+                {n: c["with_negative"] for n, c in self.counts.items()},
+                cfg.data.pool,
+                POOL_TEXT[cfg.data.pool],
+            )
 
     def _fit(self, state: dict | None) -> dict | None:
         start = time.time()
         first_epoch, best, train_sim = self.begin(state)
         epochs = self.cfg.trainer.max_epochs
-        for epoch in tqdm(range(first_epoch, epochs), desc="epochs", disable=not self.progress,
-                          initial=first_epoch, total=epochs):
+        for epoch in tqdm(
+            range(first_epoch, epochs), desc="epochs", disable=not self.progress, initial=first_epoch, total=epochs
+        ):
             train_sim, best = self.run_epoch(epoch, train_sim, best)
         if not self.main:
             return None
@@ -360,8 +501,9 @@ class Runner:
         distributed.barrier()
         return train_sim, best
 
-    def _evaluate_and_log(self, epoch: int, train_stats: dict, best: dict,
-                          epoch_start: float) -> tuple[torch.Tensor, dict]:
+    def _evaluate_and_log(
+        self, epoch: int, train_stats: dict, best: dict, epoch_start: float
+    ) -> tuple[torch.Tensor, dict]:
         """Evaluate the splits due this epoch, append their rows to ``metrics.jsonl`` and the trackers, and keep the
         best-by-val epoch (by the :attr:`selection` metric). Returns (the training split's sim vectors, which the
         next epoch mines with; best)."""
@@ -371,16 +513,26 @@ class Runner:
         elapsed = time.time() - epoch_start
         base = {"variant": self.variant, "seed": int(self.cfg.seed)}
         rows = [{"epoch": epoch, "split": name, **base, **metrics[name]} for name in names]
-        rows[0].update(train_stats, epoch_time_s=elapsed)  # names[0] is always train: its row carries the epoch's training
+        rows[0].update(
+            train_stats, epoch_time_s=elapsed
+        )  # names[0] is always train: its row carries the epoch's training
         key = self.selection["metric"]
-        log.info("epoch %d  loss %.4f  " % (epoch, train_stats["loss"]) + "  ".join(
-            f"{n} {key} {metrics[n][key]:.3f}" for n in names) + f"  ({elapsed:.1f} s)")
+        log.info(
+            "epoch %d  loss %.4f  " % (epoch, train_stats["loss"])
+            + "  ".join(f"{n} {key} {metrics[n][key]:.3f}" for n in names)
+            + f"  ({elapsed:.1f} s)"
+        )
         if "val" in metrics and metrics["val"][key] > best["value"]:  # the first epoch with the highest value
-            best = {"epoch": epoch, "metric": key, "value": metrics["val"][key], "metrics": metrics,
-                    "state": self.phase("keep best", self._weights_on_cpu),
-                    "hits": hits["test"],
-                    # kept in memory for the 8 tasks at the end (recomputed there after a resume)
-                    "embs": {n: embs[n] for n in ("val", "test")}}
+            best = {
+                "epoch": epoch,
+                "metric": key,
+                "value": metrics["val"][key],
+                "metrics": metrics,
+                "state": self.phase("keep best", self._weights_on_cpu),
+                "hits": hits["test"],
+                # kept in memory for the 8 tasks at the end (recomputed there after a resume)
+                "embs": {n: embs[n] for n in ("val", "test")},
+            }
         self.phase("log", lambda: self._append(rows))
         return embs["train"].sim, best
 
@@ -395,8 +547,9 @@ class Runner:
         page faults, measured with ``scripts/bench.py --items frozen``)."""
         state = self.model.state_dict()
         if self.frozen and self.encoder_weights is None:
-            self.encoder_weights = {k: v.detach().to("cpu", copy=v.device.type != "cpu") for k, v in state.items()
-                                    if is_encoder_weight(k)}
+            self.encoder_weights = {
+                k: v.detach().to("cpu", copy=v.device.type != "cpu") for k, v in state.items() if is_encoder_weight(k)
+            }
         fixed = self.encoder_weights or {}
         return {k: fixed[k] if k in fixed else v.detach().to("cpu", copy=True) for k, v in state.items()}
 
@@ -407,20 +560,38 @@ class Runner:
         for name in ("val", "test"):
             emb = embs[name] if name in embs else self.embed(name)
             groups = query_groups(self.test_seen) if name == "test" else None
-            tasks[name] = evaluate_tasks(self.splits[name], cfg.eval.score, model=self.model, emb=emb, k=cfg.eval.k,
-                                         device=self.device, batch_size=self.pair_batch_size, groups=groups,
-                                         retrieve=cfg.eval.retrieve)
+            tasks[name] = evaluate_tasks(
+                self.splits[name],
+                cfg.eval.score,
+                model=self.model,
+                emb=emb,
+                k=cfg.eval.k,
+                device=self.device,
+                batch_size=self.pair_batch_size,
+                groups=groups,
+                retrieve=cfg.eval.retrieve,
+            )
         return tasks
 
     def _finish(self, best: dict, start: float) -> dict:
         """8 tasks with the best-by-val weights; best.pt, test_hits.npy, then final.json (status done)."""
         cfg = self.cfg
         self.model.load_state_dict(best["state"])
-        final = {"status": "done", "variant": self.variant, "seed": int(cfg.seed), "data": cfg.data.name,
-                 "model": cfg.model.name, "selection": self.selection, "best_epoch": best["epoch"],
-                 "best": best["metrics"],
-                 "epochs": cfg.trainer.max_epochs, "pairs": {n: s.n_pairs for n, s in self.splits.items()},
-                 "overlap": self.overlap, "pool": cfg.data.pool, "runtime": self.runtime.record()}
+        final = {
+            "status": "done",
+            "variant": self.variant,
+            "seed": int(cfg.seed),
+            "data": cfg.data.name,
+            "model": cfg.model.name,
+            "selection": self.selection,
+            "best_epoch": best["epoch"],
+            "best": best["metrics"],
+            "epochs": cfg.trainer.max_epochs,
+            "pairs": {n: s.n_pairs for n, s in self.splits.items()},
+            "overlap": self.overlap,
+            "pool": cfg.data.pool,
+            "runtime": self.runtime.record(),
+        }
         if self.data_files:
             final["data_files"] = self.data_files
         if cfg.eval.tasks and self.splits["val"].supports_tasks:
@@ -432,9 +603,20 @@ class Runner:
         checkpoint = None
         if cfg.trainer.save_checkpoint:
             checkpoint = checkpoint_payload(
-                self.model, self.tokenizer, best["state"], best["epoch"], OmegaConf.to_container(cfg.model, resolve=True),
-                run={"retrieve": cfg.eval.retrieve, "k": int(cfg.eval.k), "data": cfg.data.name,
-                     "dedup": bool(cfg.data.dedup), "variant": self.variant, "seed": int(cfg.seed)})
+                self.model,
+                self.tokenizer,
+                best["state"],
+                best["epoch"],
+                OmegaConf.to_container(cfg.model, resolve=True),
+                run={
+                    "retrieve": cfg.eval.retrieve,
+                    "k": int(cfg.eval.k),
+                    "data": cfg.data.name,
+                    "dedup": bool(cfg.data.dedup),
+                    "variant": self.variant,
+                    "seed": int(cfg.seed),
+                },
+            )
         final["wall_time_s"] = round(time.time() - start, 2)
         arrays = {"test_hits": best["hits"], "test_seen": self.eval_seen}
         if self.eval_pairs["test"] is not None:  # which test pairs the hits are of (eval.test_queries)
@@ -459,8 +641,13 @@ def decide_runtime(cfg: DictConfig) -> Runtime:
     return runtime
 
 
-def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runtime | None = None,
-        variant: str | None = None) -> dict | None:
+def run(
+    cfg: DictConfig,
+    out_dir: Path,
+    experiment: str = "runs",
+    runtime: Runtime | None = None,
+    variant: str | None = None,
+) -> dict | None:
     """Train one cell into ``out_dir`` (or continue it, with ``trainer.resume``); returns what ``final.json`` holds.
 
     A finished folder (status ``done``) is left as it is when resuming, so a re-run sweep skips its done jobs.
@@ -482,8 +669,9 @@ def run(cfg: DictConfig, out_dir: Path, experiment: str = "runs", runtime: Runti
             release(folder.path)
 
 
-def _run_held(cfg: DictConfig, folder: RunFolder, experiment: str, runtime: Runtime,
-              variant: str | None) -> dict | None:
+def _run_held(
+    cfg: DictConfig, folder: RunFolder, experiment: str, runtime: Runtime, variant: str | None
+) -> dict | None:
     """:func:`run` in a folder this process holds (rank 0; the others work in it through rank 0)."""
     if not distributed.is_main():
         log.setLevel(logging.WARNING)  # rank 0 speaks for the run
@@ -498,13 +686,26 @@ def _run_held(cfg: DictConfig, folder: RunFolder, experiment: str, runtime: Runt
         return runner.fit(state)
     except Diverged as err:
         if runner.main:
-            folder.record("diverged", variant=runner.variant, seed=int(cfg.seed), selection=runner.selection,
-                          epoch=err.epoch, what=err.what, loss_parts=err.parts, error=str(err))
+            folder.record(
+                "diverged",
+                variant=runner.variant,
+                seed=int(cfg.seed),
+                selection=runner.selection,
+                epoch=err.epoch,
+                what=err.what,
+                loss_parts=err.parts,
+                error=str(err),
+            )
             runner.tracker.finish({}, "diverged")
         raise
     except BaseException as err:
         if runner.main:
-            folder.record("failed", variant=runner.variant, seed=int(cfg.seed), selection=runner.selection,
-                          error=f"{type(err).__name__}: {err}")
+            folder.record(
+                "failed",
+                variant=runner.variant,
+                seed=int(cfg.seed),
+                selection=runner.selection,
+                error=f"{type(err).__name__}: {err}",
+            )
             runner.tracker.finish({}, "failed")
         raise
