@@ -1,4 +1,5 @@
-"""Reporting: compare finished runs (``biencoder-plot``, ``scripts/plot_top1.py``; the app is :mod:`biencoder.summary`).
+"""Reporting: compare finished runs (``biencoder-plot``, ``scripts/plot_top1.py``; the app is
+:mod:`biencoder.summary`).
 
 One concept per module, imports pointing down this list:
 

@@ -14,6 +14,7 @@ the test queries whose texts do not / do occur in a training or validation pair 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -106,6 +107,50 @@ def _recorded(run: Run, score: str, queries: str) -> float | None:
     return recorded.get("top1" if queries == "all" else f"top1_{queries}")
 
 
+@dataclass
+class _Cell:
+    """One cell of :func:`baseline_table`: its finished runs, the test queries kept of each ([Q] bool) and the runs'
+    hits on those ([S, kept] float)."""
+
+    name: str
+    members: list[Run]
+    keep: list[np.ndarray]
+    hits: np.ndarray
+
+
+def _cell_rows(cell: _Cell, base: list[dict[str, np.ndarray]], queries: str, n_boot: int) -> list[dict]:
+    """The rows of :func:`baseline_table` for one cell, one per baseline; ``base``: :func:`baseline_hits` of each
+    member run. Raises :class:`SummaryError` when a baseline's test split does not have the runs' queries."""
+    rows = []
+    for score, name in BASELINES.items():
+        if any(len(b[score]) != len(r.hits) for b, r in zip(base, cell.members, strict=True)):
+            raise SummaryError(
+                f"{cell.name}: the test split rebuilt from the runs' config does not have the queries "
+                "of their test_hits.npy: is data.root still the corpus the runs used?"
+            )
+        other = np.stack([b[score][k] for b, k in zip(base, cell.keep, strict=True)]).astype(float)
+        diff, low, high, p = paired_bootstrap(cell.hits, other, n_boot)
+        recorded = [v for v in (_recorded(r, score, queries) for r in cell.members) if v is not None]
+        rows.append(
+            {
+                "cell": cell.name,
+                "seeds": len(cell.members),
+                "queries": int(cell.keep[0].sum()),
+                "of": len(cell.keep[0]),
+                "test_top1": cell.hits.mean(),
+                "vs": name,
+                "vs_top1": other.mean(),
+                "vs_top1_recorded": float(np.mean(recorded)) if recorded else np.nan,
+                "diff": diff,
+                "ci_low": low,
+                "ci_high": high,
+                "p": p,
+                "ci_resamples": "seeds+queries" if len(cell.members) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries",
+            }
+        )
+    return rows
+
+
 def baseline_table(
     runs: list[Run],
     queries: str = "all",
@@ -131,37 +176,12 @@ def baseline_table(
         )
     memo: dict[str, dict[str, np.ndarray]] = {}
     rows = []
-    for cell in sorted({r.cell for r in complete}):
-        members = [r for r in complete if r.cell == cell]
+    for name in sorted({r.cell for r in complete}):
+        members = [r for r in complete if r.cell == name]
         keep = [_kept(r, queries, len(r.hits)) for r in members]
-        hits = np.stack([r.hits[k] for r, k in zip(members, keep)]).astype(float)  # [S, kept]
+        hits = np.stack([r.hits[k] for r, k in zip(members, keep, strict=True)]).astype(float)  # [S, kept]
         base = [baseline_hits(r, memo, data_root, encoder) for r in members]
-        for score, name in BASELINES.items():
-            if any(len(b[score]) != len(r.hits) for b, r in zip(base, members)):
-                raise SummaryError(
-                    f"{cell}: the test split rebuilt from the runs' config does not have the queries "
-                    "of their test_hits.npy: is data.root still the corpus the runs used?"
-                )
-            other = np.stack([b[score][k] for b, k in zip(base, keep)]).astype(float)
-            diff, low, high, p = paired_bootstrap(hits, other, n_boot)
-            recorded = [v for v in (_recorded(r, score, queries) for r in members) if v is not None]
-            rows.append(
-                {
-                    "cell": cell,
-                    "seeds": len(members),
-                    "queries": int(keep[0].sum()),
-                    "of": len(keep[0]),
-                    "test_top1": hits.mean(),
-                    "vs": name,
-                    "vs_top1": other.mean(),
-                    "vs_top1_recorded": float(np.mean(recorded)) if recorded else np.nan,
-                    "diff": diff,
-                    "ci_low": low,
-                    "ci_high": high,
-                    "p": p,
-                    "ci_resamples": "seeds+queries" if len(members) >= MIN_SEEDS_FOR_SEED_LEVEL else "queries",
-                }
-            )
+        rows += _cell_rows(_Cell(name, members, keep, hits), base, queries, n_boot)
     out = pd.DataFrame(rows)
     for column, values in verdicts(out["diff"], out["p"], n_boot).items():
         out[column] = values

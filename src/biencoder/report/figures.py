@@ -55,7 +55,7 @@ def legend_below(fig, handles=None, labels=None) -> None:
     if handles is None:
         found = {}
         for ax in fig.axes:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
+            for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
                 found.setdefault(label, handle)
         labels, handles = list(found), list(found.values())
 
@@ -143,7 +143,7 @@ def figure(runs: list[Run], metric: str = "top1", splits=SPLITS):
         ("train", "loss", "training loss")
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4.2), squeeze=False)
-    for ax, (split, key, title) in zip(axes[0], panels):
+    for ax, (split, key, title) in zip(axes[0], panels, strict=True):
         _draw(ax, runs, split, key, colors)
         if key == "top1":
             draw_baselines(ax, runs, split)
@@ -164,7 +164,7 @@ def plot_internals(runs: list[Run], out: Path) -> Path:
     cells = sorted({r.cell for r in runs})
     colors = cell_colors(cells)
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    for ax, (pre, post, title) in zip(axes.ravel(), INTERNALS):
+    for ax, (pre, post, title) in zip(axes.ravel(), INTERNALS, strict=True):
         for cell in cells:
             members = [r for r in runs if r.cell == cell and r.complete]
             for key, style in ((pre, ":"), (post, "-")):

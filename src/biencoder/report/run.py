@@ -21,8 +21,6 @@ def summary_text(final: dict, out_dir: Path) -> str:
     same queries, what each metric means, the unseen/seen split, the 8 tasks. The metric that selected the best
     epoch (``final["selection"]``; a record without it selected by the reranked top1) is named in the first line and
     comes first, with the interval; a run whose classifier was not trained says so in one line."""
-    baselines = final.get("baselines", {})
-    k = next(iter(final["best"].values()))["k"]
     chosen = final.get("selection", SELECTION_BEFORE_RECORD)
     # the selection metric first, with its interval: the run's result
     columns = sorted(COLUMNS, key=lambda c: c[0] != chosen["metric"])
@@ -33,11 +31,33 @@ def summary_text(final: dict, out_dir: Path) -> str:
     ]
     if chosen["metric"] != "top1":
         lines.append(untrained_classifier_note(final.get("tasks", {}).get("score", "")))
-    lines.append(
+    lines += _metric_table(final, columns)
+    lines.append(_legend(final))
+    lines += _unseen_lines(final)
+    lines += _group_lines(final)
+    if "tasks" in final:
+        lines.append(f"8 tasks, score={final['tasks']['score']}, best-by-val weights:")
+        lines.append(format_tasks({n: final["tasks"][n] for n in ("val", "test")}))
+    elif "tasks_skipped" in final:
+        lines.append(final["tasks_skipped"])
+    lines.append(f"run folder: {out_dir}")
+    return "\n".join(lines)
+
+
+def _shown(value: float | None) -> str:
+    """A metric with 3 decimals, or a dash where it has no value."""
+    return "–" if value is None else f"{value:.3f}"
+
+
+def _metric_table(final: dict, columns: list[tuple[str, str, int]]) -> list[str]:
+    """The header and one row per split of the best epoch's metrics (``columns``, the selection metric first with
+    its Wilson interval), with the zero-shot and TF-IDF top-1 where the run has baselines."""
+    baselines = final.get("baselines", {})
+    lines = [
         f"{'split':<6} {'queries':>7} {columns[0][1]:>6} {'95% CI':>15} "
         + " ".join(f"{head:>{width}}" for _, head, width in columns[1:])
         + ("  | zero-shot   TF-IDF" if baselines else "")
-    )
+    ]
     for name, m in final["best"].items():
         first = columns[0][0]
         low, high = wilson(round(m[first] * m["queries"]), m["queries"])
@@ -48,41 +68,43 @@ def summary_text(final: dict, out_dir: Path) -> str:
             b = baselines[name]
             row += f"  | {b['encoder_cosine']['top1']:>9.3f} {b['tfidf']['top1']:>8.3f}"
         lines.append(row)
+    return lines
+
+
+def _legend(final: dict) -> str:
+    """What each metric of the table means, its pool, and which rows are on a sample of their split."""
+    k = next(iter(final["best"].values()))["k"]
     true = "true positive" if "data_files" in final else "true counter"
-    lines.append(
+    return (
         f"top1: the {true} ranks first after the classifier reranks the k={k} nearest (pool: "
         f"{_pool(final)}); retr@1: the nearest is the {true}; R@k: it is "
         "among the k; MRR: mean 1/rank after reranking (0 outside the k); 95% CI: Wilson interval over "
         "this run's queries (nothing about other seeds)"
         + (
             "; zero-shot / TF-IDF: the untrained encoder's cosine and TF-IDF top-1 on the same queries and pools"
-            if baselines
+            if final.get("baselines", {})
             else ""
         )
         + _sample_note(final)
     )
+
+
+def _unseen_lines(final: dict) -> list[str]:
+    """The test top-1 on queries unseen and seen in train/val, and what data.dedup dropped, when the run has it."""
     test, overlap = final["best"]["test"], final.get("overlap", {})
-    if "queries_unseen" in test:
-        shown = lambda v: "–" if v is None else f"{v:.3f}"
-        lines.append(
-            f"test top1 on queries unseen in train/val: {shown(test['top1_unseen'])} "
-            f"(n={test['queries_unseen']}); seen: {shown(test['top1_seen'])} (n={test['queries_seen']}); "
-            + (
-                "data.dedup dropped "
-                + ", ".join(f"{k} {v}" for k, v in overlap.get("dropped_pairs", {}).items())
-                + " pairs"
-                if overlap.get("dedup")
-                else "official splits (data.dedup=false)"
-            )
+    if "queries_unseen" not in test:
+        return []
+    return [
+        f"test top1 on queries unseen in train/val: {_shown(test['top1_unseen'])} "
+        f"(n={test['queries_unseen']}); seen: {_shown(test['top1_seen'])} (n={test['queries_seen']}); "
+        + (
+            "data.dedup dropped "
+            + ", ".join(f"{k} {v}" for k, v in overlap.get("dropped_pairs", {}).items())
+            + " pairs"
+            if overlap.get("dedup")
+            else "official splits (data.dedup=false)"
         )
-    lines += _group_lines(final)
-    if "tasks" in final:
-        lines.append(f"8 tasks, score={final['tasks']['score']}, best-by-val weights:")
-        lines.append(format_tasks({n: final["tasks"][n] for n in ("val", "test")}))
-    elif "tasks_skipped" in final:
-        lines.append(final["tasks_skipped"])
-    lines.append(f"run folder: {out_dir}")
-    return "\n".join(lines)
+    ]
 
 
 def _sample_note(final: dict) -> str:
@@ -115,14 +137,13 @@ def _group_lines(final: dict) -> list[str]:
     best = final["best"]
     if "top1_group" not in best.get("test", {}):
         return []
-    shown = lambda v: "–" if v is None else f"{v:.3f}"
     test = best["test"]
     return [
-        f"within-group top1 (the pool cut to the query's group; false candidates per query "
+        "within-group top1 (the pool cut to the query's group; false candidates per query "
         + " / ".join(f"{n} {best[n]['candidates_group']:.1f}" for n in best)
         + "): "
         + ", ".join(f"{n} {best[n]['top1_group']:.3f}" for n in best)
-        + f"; test unseen {shown(test.get('top1_group_unseen'))}, seen {shown(test.get('top1_group_seen'))}"
+        + f"; test unseen {_shown(test.get('top1_group_unseen'))}, seen {_shown(test.get('top1_group_seen'))}"
     ]
 
 
@@ -131,7 +152,6 @@ def format_tasks(results: dict[str, dict[str, dict]]) -> str:
     names = list(results)
     # query groups (unseen/seen test queries) get an acc@1 column each, with their query count
     groups = {n: next(iter(results[n].values())).get("groups", {}) for n in names}
-    fmt = lambda v: "–" if v is None else f"{v:.3f}"
     head = [
         f"{n} acc@1 | {n} MRR" + "".join(f" | {n} {g} acc@1 (n={groups[n][g]['queries']})" for g in groups[n])
         for n in names
@@ -145,8 +165,8 @@ def format_tasks(results: dict[str, dict[str, dict]]) -> str:
             f"{results[n][task]['candidates'] / max(results[n][task]['queries'], 1):.1f}" for n in names
         )
         cells = " | ".join(
-            f"{fmt(results[n][task]['accuracy_at_1'])} | {fmt(results[n][task]['mrr'])}"
-            + "".join(f" | {fmt(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
+            f"{_shown(results[n][task]['accuracy_at_1'])} | {_shown(results[n][task]['mrr'])}"
+            + "".join(f" | {_shown(results[n][task]['groups'][g]['accuracy_at_1'])}" for g in groups[n])
             for n in names
         )
         lines.append(f"| {task} | {sizes} | {cells} |")

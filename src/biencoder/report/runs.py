@@ -4,8 +4,8 @@ A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml``
 and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Every best epoch here is the one the run
 picked, by the metric its record names (:attr:`Run.selection`), never by the metric a table shows. Runs whose
 settings differ in anything but the seed, the head flags (what the variant says) and the settings that change no
-result (:data:`biencoder.engine.config.schema.NON_RESULT_KEYS`) never share a cell: runs on pair files whose contents differ
-(``data_files.<split>.sha256`` in their config) are never averaged together, whatever the files' paths.
+result (:data:`biencoder.engine.config.schema.NON_RESULT_KEYS`) never share a cell: runs on pair files whose contents
+differ (``data_files.<split>.sha256`` in their config) are never averaged together, whatever the files' paths.
 """
 
 from __future__ import annotations
@@ -57,10 +57,11 @@ class Run:
 
     @property
     def selection(self) -> dict:
-        """What picked the run's best epoch (``{"split": "val", "metric": ...}``, :func:`biencoder.engine.config.schema.
-        selection`): its ``final.json``'s ``selection``; for a finished run whose final.json predates that field, the
-        reranked top1 (:data:`~biencoder.engine.config.schema.SELECTION_BEFORE_RECORD`); for a run without the field and
-        unfinished (running, killed, or an older failed one), its config's rule."""
+        """What picked the run's best epoch (``{"split": "val", "metric": ...}``,
+        :func:`biencoder.engine.config.schema.selection`): its ``final.json``'s ``selection``; for a finished run whose
+        final.json predates that field, the reranked top1
+        (:data:`~biencoder.engine.config.schema.SELECTION_BEFORE_RECORD`); for a run without the field and unfinished
+        (running, killed, or an older failed one), its config's rule."""
         if self.final is not None and "selection" in self.final:
             return self.final["selection"]
         if self.complete:
@@ -77,7 +78,8 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
     """Every run folder (``metrics.jsonl`` beside its config) under ``paths``, recursively.
 
     The config is the runner's ``config_resolved.yaml`` or, failing that, Hydra's ``.hydra/config.yaml``. Raises
-    :class:`SummaryError` (nothing to read) or :class:`~biencoder.engine.runs.records.RunFolderError` (a corrupt metrics.jsonl).
+    :class:`SummaryError` (nothing to read) or :class:`~biencoder.engine.runs.records.RunFolderError` (a corrupt
+    metrics.jsonl).
     """
     runs = []
     for root in map(Path, paths):
@@ -122,8 +124,8 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 def one_run_per_seed(runs: list[Run]) -> list[Run]:
     """``runs`` with one finished run per setting and seed: a run repeated with the same variant, settings and seed
-    (differing at most in :data:`~biencoder.engine.config.schema.NON_RESULT_KEYS`, e.g. its log folder) is one draw, not
-    two seeds. The first finished one by path is kept, so the choice is the same on every copy of the folders; the
+    (differing at most in :data:`~biencoder.engine.config.schema.NON_RESULT_KEYS`, e.g. its log folder) is one draw,
+    not two seeds. The first finished one by path is kept, so the choice is the same on every copy of the folders; the
     other runs of that seed, finished or not, are left out and logged. A seed with no finished run keeps all its
     runs (each outcome, failed or diverged, counts as before)."""
     groups: dict[str, list[Run]] = {}

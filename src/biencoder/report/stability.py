@@ -8,8 +8,8 @@ the figure name it (column ``metric``).
 
 - **diverged**: the run stopped at a non-finite loss or embedding (``final.json`` status ``diverged``);
 - **collapsed late**: the mean val top-1 of its last :data:`TAIL_EPOCHS` epochs is at least
-  :data:`COLLAPSE_DROP` (5 points) below its best -- about 4 standard errors of a top-1 near 0.2 (3.5 near 0.3) on the 1060
-  deduplicated val queries, so a drop this size is not noise;
+  :data:`COLLAPSE_DROP` (5 points) below its best -- about 4 standard errors of a top-1 near 0.2 (3.5 near 0.3) on
+  the 1060 deduplicated val queries, so a drop this size is not noise;
 - **post-best noise**: the standard deviation of the epoch-to-epoch change of val top-1 after the best epoch.
 
 Per cell: the value of the key with the best mean (over seeds) best val top-1, and the contiguous range of
@@ -140,7 +140,10 @@ def outcome_metric(outcomes: pd.DataFrame) -> str:
 def stability_markdown(per_x: pd.DataFrame, per_cell: pd.DataFrame, key: str, metric: str = "top1") -> str:
     """The tables of :func:`stability_tables` as Markdown; ``metric``: the runs' selection metric
     (:func:`outcome_metric`)."""
-    pm = lambda m, s: "–" if pd.isna(m) else f"{m:.3f}" + ("" if pd.isna(s) else f" ± {s:.3f}")
+
+    def pm(m, s) -> str:
+        return "–" if pd.isna(m) else f"{m:.3f}" + ("" if pd.isna(s) else f" ± {s:.3f}")
+
     lines = [
         f"| cell | best {key} | best val {metric} | test {metric} @ best val | {key} within 1 pt of best | width "
         "(decades) | diverged | collapsed late | post-best val noise |",
@@ -195,7 +198,7 @@ def plot_against(outcomes: pd.DataFrame, key: str, out: Path, runs: list[Run] | 
         ("best_val", "val", f"best val {metric}"),
         ("test_at_best", "test", f"test {metric} at the best val epoch"),
     )
-    for ax, (column, split, title) in zip(axes[0], panels):
+    for ax, (column, split, title) in zip(axes[0], panels, strict=True):
         for i, cell in enumerate(cells):
             g = outcomes[outcomes["cell"] == cell].groupby("x")[column]
             n = int(g.size().max())

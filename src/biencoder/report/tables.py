@@ -30,6 +30,12 @@ def _hits_metric(runs: list[Run]) -> str | None:
     return metrics.pop() if len(metrics) == 1 else None
 
 
+def _std(values: np.ndarray) -> float:
+    """The std over seeds with ddof=1, NaNs left out; NaN for fewer than two finite values (no spread can be
+    estimated)."""
+    return float(np.nanstd(values, ddof=1)) if np.isfinite(values).sum() > 1 else np.nan
+
+
 def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = N_BOOT) -> pd.DataFrame:
     """One row per cell over its complete runs (see module docstring for the columns); ``metric``: the one shown,
     read at each run's best epoch (which its own selection metric picked)."""
@@ -46,14 +52,12 @@ def summary_table(runs: list[Run], metric: str = "top1", n_boot: int = N_BOOT) -
         if best:
             val = np.array([b[1][metric] for b in best])
             test = np.array([b[2].get(metric, np.nan) for b in best])
-            # std over seeds with ddof=1 (NaN for one seed: no spread can be estimated)
-            std = lambda x: float(np.nanstd(x, ddof=1)) if np.isfinite(x).sum() > 1 else np.nan
             row.update(
                 {
                     f"val_{metric}_mean": val.mean(),
-                    f"val_{metric}_std": std(val),
+                    f"val_{metric}_std": _std(val),
                     f"test_{metric}_mean": np.nanmean(test),
-                    f"test_{metric}_std": std(test),
+                    f"test_{metric}_std": _std(test),
                     "best_epoch": float(np.mean([b[0] for b in best])),
                 }
             )
@@ -162,7 +166,8 @@ def _compare(cell: str, members: list[Run], ref_cell: str, ref_members: list[Run
 
 
 def _check_references(references: list[str], identity: dict, cell_of: dict) -> None:
-    """Raise :class:`SummaryError` for a reference that pairs no two cells (``identity``: cell → (variant, settings))."""
+    """Raise :class:`SummaryError` for a reference that pairs no two cells (``identity``: cell → (variant,
+    settings))."""
     for ref in references:
         if not any(_reference_cell(ref, identity[cell], cell_of) for cell in identity):
             separate = sorted({key for _, settings in identity.values() for key, _ in settings})
@@ -208,6 +213,18 @@ def _pm(mean, std) -> str:
     return f"{mean:.3f}" + ("" if pd.isna(std) else f" ± {std:.3f}")
 
 
+#: what the columns of :func:`to_markdown`'s summary table are
+SUMMARY_LEGEND = (
+    "\nmean ± std over seeds (ddof=1; no std for one seed). Best epoch: each run's first epoch with the "
+    "highest value of its selection metric (final.json: val top-1 reranked, or val retrieval top-1 when "
+    "the pair classifier is not trained); the val and test columns are read at that epoch. 95% CI: "
+    f"bootstrap over seeds and test queries (two levels) with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; with "
+    "fewer, over test queries only, and no claim about seed-to-seed variation is made. unseen/seen: test "
+    "queries whose point or counter text does not / does occur in a training or validation pair the "
+    "run used."
+)
+
+
 def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> str:
     """The summary and comparison tables as Markdown (no extra dependency)."""
     task_cols = [c for c in table.columns if c.endswith("_acc1")]
@@ -226,23 +243,7 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
     head += [c.replace("_acc1", "") for c in task_cols]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for _, r in table.iterrows():
-        seeds = f"{r['seeds']}" + (f" (+{r['incomplete']} incomplete)" if r["incomplete"] else "")
-        ci = (
-            f"[{r['test_ci_low']:.3f}, {r['test_ci_high']:.3f}]"
-            if "test_ci_low" in r and not pd.isna(r.get("test_ci_low"))
-            else "–"
-        )
-        epoch = "–" if pd.isna(r.get("best_epoch")) else f"{r['best_epoch']:.1f}"
-        if len(selected) > 1 and not pd.isna(r.get("selected_by")):
-            epoch += f" ({r['selected_by']})"
-        cells = [
-            r["cell"],
-            seeds,
-            _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
-            _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")),
-            ci,
-            epoch,
-        ]
+        cells = _summary_cells(r, metric, several_selections=len(selected) > 1)
         cells += [
             "–"
             if pd.isna(r.get(f"test_top1_{g}_mean"))
@@ -251,15 +252,7 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
         ]
         cells += ["–" if pd.isna(r[c]) else f"{r[c]:.3f}" for c in task_cols]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
-    lines.append(
-        "\nmean ± std over seeds (ddof=1; no std for one seed). Best epoch: each run's first epoch with the "
-        "highest value of its selection metric (final.json: val top-1 reranked, or val retrieval top-1 when "
-        "the pair classifier is not trained); the val and test columns are read at that epoch. 95% CI: "
-        f"bootstrap over seeds and test queries (two levels) with {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; with "
-        "fewer, over test queries only, and no claim about seed-to-seed variation is made. unseen/seen: test "
-        "queries whose point or counter text does not / does occur in a training or validation pair the "
-        "run used."
-    )
+    lines.append(SUMMARY_LEGEND)
     if task_cols and "tasks_score" in table:
         lines.append(
             f"\n8-task columns: test accuracy@1 (score `{table['tasks_score'].dropna().iloc[0]}`), mean over seeds."
@@ -267,6 +260,28 @@ def to_markdown(table: pd.DataFrame, comparisons: pd.DataFrame, metric: str) -> 
     if len(comparisons):
         lines += ["", _comparisons_markdown(comparisons)]
     return "\n".join(lines)
+
+
+def _summary_cells(r: pd.Series, metric: str, several_selections: bool) -> list:
+    """The first six cells of a summary table row ``r``: cell, seeds, val and test ``metric``, its 95% CI, the
+    best epoch (with what selected it when the cells were selected by ``several_selections`` metrics)."""
+    seeds = f"{r['seeds']}" + (f" (+{r['incomplete']} incomplete)" if r["incomplete"] else "")
+    ci = (
+        f"[{r['test_ci_low']:.3f}, {r['test_ci_high']:.3f}]"
+        if "test_ci_low" in r and not pd.isna(r.get("test_ci_low"))
+        else "–"
+    )
+    epoch = "–" if pd.isna(r.get("best_epoch")) else f"{r['best_epoch']:.1f}"
+    if several_selections and not pd.isna(r.get("selected_by")):
+        epoch += f" ({r['selected_by']})"
+    return [
+        r["cell"],
+        seeds,
+        _pm(r.get(f"val_{metric}_mean"), r.get(f"val_{metric}_std")),
+        _pm(r.get(f"test_{metric}_mean"), r.get(f"test_{metric}_std")),
+        ci,
+        epoch,
+    ]
 
 
 def _comparisons_markdown(comparisons: pd.DataFrame) -> str:

@@ -1,7 +1,8 @@
 """A comparison's figure and tables, attached to the experiment trackers its runs were logged to.
 
 Runs trained with ``logger=mlflow`` name their MLflow run and store in ``tracking.json``
-(:func:`biencoder.engine.runs.tracking.saved_state`); the summary becomes a run named ``summary`` in each of their experiments.
+(:func:`biencoder.engine.runs.tracking.saved_state`); the summary becomes a run named ``summary`` in each of their
+experiments.
 Runs without a tracker: nothing happens. MLflow is imported only when a run used it.
 """
 
