@@ -4,9 +4,9 @@ pair files of N pairs (``scripts/make_synthetic_pairs.py``; 60 / 20 / 20 % train
     python scripts/bench_scale.py --sizes 10000 30000 100000 [--epochs 3] [--threads 2] [--sample 2000]
 
 Each size runs in a fresh process (its own peak memory), through the runner's own epoch (:class:`Runner`, timed by its
-:attr:`~biencoder.engine.training.runner.Runner.phase` hook, as ``scripts/bench.py`` does): ``model=tiny`` with a frozen encoder
-(the pooled vectors computed once into ``--cache-dir``), ``eval.tasks=false`` (the 8 tasks are ArguAna's),
-``eval.baselines=true``, the files read by ``data=pairs``.
+:attr:`~biencoder.engine.training.runner.Runner.phase` hook, as ``scripts/bench.py`` does): ``model=tiny`` with a
+frozen encoder (the pooled vectors computed once into ``--cache-dir``), ``eval.tasks=false`` (the 8 tasks are
+ArguAna's), ``eval.baselines=true``, the files read by ``data=pairs``.
 
 Per phase: wall and CPU seconds (the fastest of the epochs after the first, which warms caches and allocators, phase
 by phase: on a shared machine other work only adds time; with ``--epochs 1`` the one epoch), the process's
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,7 +147,7 @@ def run_one(args) -> dict:
         for epoch in range(args.epochs):
             meter.wall, meter.cpu = {}, {}
             begin = time.perf_counter()
-            train_sim, best = meter("epoch", lambda: runner.run_epoch(epoch, train_sim, best))
+            train_sim, best = meter("epoch", partial(runner.run_epoch, epoch, train_sim, best))
             epoch_wall.append(time.perf_counter() - begin)
             per_epoch.append({"wall": meter.wall, "cpu": meter.cpu})
         # with 2+ epochs, epoch 0 warms caches and allocators: not the measure. Of the others, each phase's fastest:
@@ -188,7 +189,7 @@ def exponent(sizes: list[int], seconds: list[float]) -> float | None:
     """Least-squares slope of log(seconds) on log(sizes); None with fewer than 2 positive points."""
     import numpy as np
 
-    points = [(math.log(n), math.log(s)) for n, s in zip(sizes, seconds) if s and s > 0]
+    points = [(math.log(n), math.log(s)) for n, s in zip(sizes, seconds, strict=False) if s and s > 0]
     if len(points) < 2:
         return None
     x, y = np.array(points).T
@@ -227,6 +228,11 @@ def print_run(result: dict) -> None:
         f"   top1 train/val/test {top1}; test baselines "
         + ", ".join(f"{k} {v:.3f}" for k, v in result["baselines"]["test"].items())
     )
+
+
+def _two_places(value: float | None) -> str:
+    """An exponent with 2 decimals, or n/a where there is none."""
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -306,8 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             ("baselines", lambda r, k: r["once"][k].get("baselines")),
         ):
             cpu, wall = (exponent(sizes, [get(r, kind) for r in group]) for kind in ("cpu", "wall"))
-            shown = lambda v: "n/a" if v is None else f"{v:.2f}"
-            print(f"   {label:<24} {name:<22} {shown(cpu)} ({shown(wall)})")
+            print(f"   {label:<24} {name:<22} {_two_places(cpu)} ({_two_places(wall)})")
         rise = exponent(sizes, [data_rise_mb(r) for r in group])
         print(f"   {label:<24} {'memory rise (data path)':<22} {'n/a' if rise is None else f'{rise:.2f}'}")
     lines = [json.dumps(r) for r in results]

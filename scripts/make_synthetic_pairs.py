@@ -40,9 +40,15 @@ def vocabulary(rng: np.random.Generator, size: int) -> np.ndarray:
         syllables = rng.integers(2, 5, n)
         cons = rng.integers(0, len(CONSONANTS), (n, 4))
         vows = rng.integers(0, len(VOWELS), (n, 4))
-        for k, c, v in zip(syllables, cons, vows):
+        for k, c, v in zip(syllables, cons, vows, strict=True):
             words.setdefault("".join(CONSONANTS[c[i]] + VOWELS[v[i]] for i in range(k)))
     return np.array(list(words)[:size])
+
+
+def zipf(n: int) -> np.ndarray:
+    """[n] probabilities that fall as 1 / rank: the word frequencies."""
+    w = 1.0 / np.arange(1, n + 1)
+    return w / w.sum()
 
 
 def make_pairs(
@@ -59,7 +65,6 @@ def make_pairs(
     words = vocabulary(rng, vocab_size)
     n_common = 400  # words[:400] are the common fillers, the rest content words
     content = np.arange(n_common, vocab_size)
-    zipf = lambda n: (lambda w: w / w.sum())(1.0 / np.arange(1, n + 1))  # word frequencies fall as 1 / rank
     n_groups = max(1, n_pairs // group_size)
     topics = rng.choice(content, (n_groups, 16))  # each group's 16 topic words
     group = rng.integers(0, n_groups, n_pairs)
@@ -75,7 +80,7 @@ def make_pairs(
         fill = rng.choice(n_common, (n_pairs, max(0, length - head.shape[1] - 9)), p=zipf(n_common))
         rows = rng.permuted(np.concatenate([head, topic, noise, fill], axis=1), axis=1)
         texts.append([" ".join(words[row]) for row in rows])
-    return [{"anchor": a, "positive": p, "group": f"g{g:05d}"} for a, p, g in zip(*texts, group)]
+    return [{"anchor": a, "positive": p, "group": f"g{g:05d}"} for a, p, g in zip(*texts, group, strict=True)]
 
 
 def split_pairs(
@@ -87,7 +92,7 @@ def split_pairs(
     order = rng.permutation(len(pairs))
     cuts = np.cumsum(np.round(np.asarray(fractions) / sum(fractions) * len(pairs)).astype(int))[:2]
     out = {}
-    for name, part in zip(SPLITS, np.split(order, cuts)):
+    for name, part in zip(SPLITS, np.split(order, cuts), strict=True):
         rows = [dict(pairs[i]) for i in part]
         by_group: dict[str, list[int]] = {}
         for j, row in enumerate(rows):

@@ -29,8 +29,8 @@ from biencoder.engine.training.runner import SPLITS, Runner
 def cache_report(cfg) -> str | None:
     """For a frozen-encoder config: None when the embedding cache holds every text the run encodes, else a line
     saying how many are missing (the runner then encodes them). The texts are the runner's own
-    (:func:`biencoder.engine.data.corpus.run_splits`), the cache the one :func:`biencoder.engine.modeling.model.pooled_vectors`
-    fills."""
+    (:func:`biencoder.engine.data.corpus.run_splits`), the cache the one
+    :func:`biencoder.engine.modeling.model.pooled_vectors` fills."""
     _, splits = run_splits(cfg.data)
     texts = [text for split in splits.values() for text in split.texts]
     model, tokenizer = build_model(cfg.model, progress=False)

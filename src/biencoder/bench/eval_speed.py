@@ -1,10 +1,10 @@
 """Item 1: evaluation of one split (the real test split when the corpus is found, else the demo's).
 
-The batched retrieve-and-rerank of :func:`biencoder.engine.retrieval.rerank.retrieve_rerank`, with each nearest-neighbour
-index (``eval.index``: exact and BallTree), against a faithful re-implementation of the seed scripts' evaluator
-(:func:`biencoder.bench.common.seed_style_top1`), on the same embeddings; all must give the same top-1. The
-headline, ``eval_speedup_vs_seed_style``, is the speedup with the default ``eval.index`` (the schema's), the other
-index's beside it.
+The batched retrieve-and-rerank of :func:`biencoder.engine.retrieval.rerank.retrieve_rerank`, with each
+nearest-neighbour index (``eval.index``: exact and BallTree), against a faithful re-implementation of the seed
+scripts' evaluator (:func:`biencoder.bench.common.seed_style_top1`), on the same embeddings; all must give the same
+top-1. The headline, ``eval_speedup_vs_seed_style``, is the speedup with the default ``eval.index`` (the
+schema's), the other index's beside it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Item 5: operator calls and host synchronisations per training step.
 
-One step is :meth:`biencoder.engine.training.epoch.EpochTrainer.train_step` on a ready batch (demo corpus) of the MiniLM-sized
-encoder (random init, trained) and of the frozen-encoder head, counted with ``torch.profiler``
+One step is :meth:`biencoder.engine.training.epoch.EpochTrainer.train_step` on a ready batch (demo corpus) of the
+MiniLM-sized encoder (random init, trained) and of the frozen-encoder head, counted with ``torch.profiler``
 (:func:`biencoder.bench.common.count_step`) over 32 (frozen) or 8 steps, so that the step statistics, computed on one
 step in 8 (:class:`biencoder.engine.training.epoch.EpochSums`), count at their share; and ms per step.
 """
