@@ -10,8 +10,8 @@ import time). Circles are the strongly connected components of the graph: over t
 every import; a circle in the second list but not the first is one that function-local imports hide. Last, the
 functions (and methods) longer than 50 lines, and those with more than 6 parameters.
 ``docs/architecture.md`` quotes this output. The import rules themselves are import-linter contracts
-(``[tool.importlinter]`` in ``pyproject.toml``, run by ``tests/test_import_graph.py``); this graph adds what they
-cannot say: which imports run only inside functions, and the sizes.
+(``[tool.importlinter]`` in ``pyproject.toml``, run by ``tests/project/test_import_graph.py``); this graph adds what
+they cannot say: which imports run only inside functions, and the sizes.
 """
 
 from __future__ import annotations

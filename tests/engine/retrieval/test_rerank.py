@@ -22,7 +22,7 @@ from biencoder.engine.retrieval.rerank import (
     shortlist_margins,
     shortlist_ranks,
 )
-from test_negatives import paired_split
+from engine.retrieval.test_negatives import paired_split
 
 #        rows: 0=P0 1=P1  2=P2  3=P3  4=C0 5=C1  6=C2  7=C3 (C3 has C0's text: the true counter of P3, a twin of C0)
 POSITION = [0.0, 10.0, 20.0, 30.0, 1.0, 13.0, 20.5, 0.5]

@@ -15,7 +15,7 @@ import torch
 import biencoder.bench
 from biencoder.bench import cli, common, epoch_phases, eval_speed, finetune_epoch, import_graph, step_counts
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BENCH = Path(biencoder.bench.__file__).parent
 
 

@@ -7,7 +7,7 @@ import numpy as np
 
 from biencoder.summary import main
 from conftest import FAST, REPO, compose_cfg
-from test_report_runs import write_run
+from report.test_runs import write_run
 
 
 def test_cli_outputs_and_errors(tmp_path, capsys):

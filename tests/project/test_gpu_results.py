@@ -24,7 +24,7 @@ from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.stability import run_outcomes
 from biencoder.report.tables import paired_comparisons, summary_table
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 GPU = RESULTS / "gpu-h100-2026-11-23"
 CELLS = ("plain", "ln", "relu", "ln_relu")  # the row order of the docs' tables

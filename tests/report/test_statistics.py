@@ -23,7 +23,7 @@ from biencoder.report.statistics import (
     wilson,
 )
 from biencoder.report.tables import _comparisons_markdown, paired_comparisons, summary_table
-from test_report_runs import write_run
+from report.test_runs import write_run
 
 
 def test_bootstrap_known_answers():

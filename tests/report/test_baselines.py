@@ -21,7 +21,7 @@ from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import holm
 from biencoder.summary import main
 from conftest import REPO
-from test_report_runs import write_run
+from report.test_runs import write_run
 
 TINY = {
     "name": "tiny",

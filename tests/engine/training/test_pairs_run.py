@@ -17,7 +17,7 @@ from biencoder.engine.training.epoch import triplet_rows
 from biencoder.engine.training.runner import Runner, run
 from biencoder.errors import ConfigError
 from conftest import FAST, REPO, compose_cfg
-from test_pairs import write_jsonl
+from engine.data.test_pairs import write_jsonl
 
 VOLATILE = {"epoch_time_s"}
 #: what metrics.jsonl rows hold only when the pair files have a group column

@@ -7,8 +7,8 @@ import torch
 from biencoder.engine.modeling.model import Embeddings, TokenizedTexts, encode
 from biencoder.engine.retrieval.official_tasks import evaluate_tasks
 from biencoder.engine.retrieval.rerank import retrieve, retrieve_rerank
-from test_negatives import paired_split
-from test_rerank import candidate_scorer
+from engine.retrieval.test_negatives import paired_split
+from engine.retrieval.test_rerank import candidate_scorer
 
 
 @pytest.fixture
@@ -142,7 +142,7 @@ def test_retrieval_by_the_encoders_cosine_by_hand(planted):
 
 def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_tokenizer, demo_corpus):
     """Per-epoch retrieval top-1 with eval.retrieve=encoder is the zero-shot encoder_cosine epa accuracy (its top-1
-    is the epa rerank's: tests/test_rerank.py)."""
+    is the epa rerank's: tests/engine/retrieval/test_rerank.py)."""
     model, tokenizer = tiny_model_and_tokenizer
     split = demo_corpus.paired("test")
     emb = encode(model, TokenizedTexts(split.texts, tokenizer, 64))

@@ -29,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SKIPPED_DIRS = {".git", ".venv", "logs", "outputs", "multirun", "node_modules", "build", "dist"}
 NOT_SHELL = {"python", "py", "yaml", "yml", "json", "toml", "bibtex", "diff"}
 HYDRA_APPS = {"biencoder.train", "biencoder.evaluate"}

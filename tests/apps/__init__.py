@@ -1,0 +1,1 @@
+"""Tests of the command-line apps (biencoder.train, evaluate, retrieve, summary, ...), run as a user runs them."""

@@ -1,0 +1,1 @@
+"""Cross-cutting tests: documents, install, import rules, hermetic suite, reliability, committed results."""

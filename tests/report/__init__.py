@@ -1,0 +1,1 @@
+"""Tests of biencoder.report: the tables, statistics and figures of a comparison."""
