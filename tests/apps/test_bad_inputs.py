@@ -244,7 +244,10 @@ def test_a_corrupt_cache_entry_is_recomputed_not_fatal(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "cannot be read" in second.stderr + (tmp_path / "b" / "train.log").read_text()
     rows = [(tmp_path / d / "metrics.jsonl").read_text().splitlines() for d in "ab"]
-    strip = lambda lines: [{k: v for k, v in json.loads(x).items() if k != "epoch_time_s"} for x in lines]
+
+    def strip(lines):
+        return [{k: v for k, v in json.loads(x).items() if k != "epoch_time_s"} for x in lines]
+
     assert strip(rows[0]) == strip(rows[1])
 
 

@@ -32,11 +32,11 @@ def test_top1_is_the_per_epoch_rerank_choice(trained, demo_corpus, tmp_path):
     rows, _ = retrieve(emb.sim.numpy(), split, settings["k"])
     # the per-epoch pool also drops twins of the true counter; without twins in the shortlist both pools agree
     margins = pair_margins(model, emb, np.repeat(split.query, rows.shape[1]), rows.ravel()).reshape(rows.shape)
-    expected = [split.texts[r[np.argmax(m)]] for r, m in zip(rows, margins)]
+    expected = [split.texts[r[np.argmax(m)]] for r, m in zip(rows, margins, strict=True)]
     retriever = Retriever(trained, split.texts, cache_dir=tmp_path)
     hits = retriever.search([split.texts[q] for q in split.query], k=3)
     assert [h[0].text for h in hits] == expected
-    for query, h in zip(split.query, hits):
+    for query, h in zip(split.query, hits, strict=True):
         assert [x.rank for x in h] == [1, 2, 3] and all(x.text != split.texts[query] for x in h)
         assert h[0].rerank_score >= h[1].rerank_score >= h[2].rerank_score
 
@@ -171,7 +171,7 @@ def test_a_moved_run_folder_needs_nothing_else(trained, tmp_path, monkeypatch):
     monkeypatch.setattr(transformers.AutoModel, "from_pretrained", refused)
     model, tokenizer, _, _ = load_checkpoint(moved)
     original, _, _, _ = load_checkpoint(trained)
-    for a, b in zip(model.state_dict().values(), original.state_dict().values()):
+    for a, b in zip(model.state_dict().values(), original.state_dict().values(), strict=False):
         assert torch.equal(a, b)
     assert tokenizer("a test sentence")["input_ids"] == load_checkpoint(trained)[1]("a test sentence")["input_ids"]
 

@@ -1,5 +1,6 @@
 """biencoder.engine.files's JSON: every record the package writes is strict JSON (a non-finite number as null, named
-with its reason), and every reader reads those records and the ones written with bare NaN before into the same values."""
+with its reason), and every reader reads those records and the ones written with bare NaN before into the same
+values."""
 
 import json
 import math

@@ -252,7 +252,7 @@ def expected(dedup, official) -> dict[str, list[str]]:
     # lr × batch, one seed
     runs = find_runs([GPU / "lr_batch_ln_relu"])
     assign_cells(runs, also=("trainer.lr",))
-    for run, o in zip(runs, run_outcomes(runs, "trainer.lr").itertuples()):
+    for run, o in zip(runs, run_outcomes(runs, "trainer.lr").itertuples(), strict=False):
         results.append(
             f"| {lr(o.x)} | {run.flat['trainer.batch_size']} | {num(o.best_val)} | {num(o.test_at_best)} | "
             f"{o.best_epoch} |"
@@ -288,10 +288,13 @@ def expected(dedup, official) -> dict[str, list[str]]:
     )
     better = [c for c in ranked if base[c, "zero-shot"]["verdict"] == "better"]
     level = [c for c in ranked if base[c, "zero-shot"]["verdict"] != "better"]
-    vs_zs = lambda c, unit="": (
-        f"`{c}` {points(base[c, 'zero-shot']['diff'])}{unit} "
-        f"[{points(base[c, 'zero-shot']['low'])}, {points(base[c, 'zero-shot']['high'])}]"
-    )
+
+    def vs_zs(c, unit=""):
+        return (
+            f"`{c}` {points(base[c, 'zero-shot']['diff'])}{unit} "
+            f"[{points(base[c, 'zero-shot']['low'])}, {points(base[c, 'zero-shot']['high'])}]"
+        )
+
     results.append(
         f"{vs_zs(better[0], ' points')}, "
         + ", ".join(vs_zs(c) for c in better[1:-1])
@@ -299,10 +302,13 @@ def expected(dedup, official) -> dict[str, list[str]]:
         + "; ".join(vs_zs(c) for c in level)
         + ", no significant difference"
     )
-    vs_plain = lambda c: (
-        f"`{c}` {points(paired.loc[c, 'diff_test_top1'])}",
-        f"[{points(paired.loc[c, 'ci_low'])}, {points(paired.loc[c, 'ci_high'])}]",
-    )
+
+    def vs_plain(c):
+        return (
+            f"`{c}` {points(paired.loc[c, 'diff_test_top1'])}",
+            f"[{points(paired.loc[c, 'ci_low'])}, {points(paired.loc[c, 'ci_high'])}]",
+        )
+
     results.append(
         f"{vs_plain('ln')[0]} points {vs_plain('ln')[1]} (p_holm {pvalue(paired.loc['ln', 'p_holm'])}), worse"
     )
@@ -360,7 +366,10 @@ def expected(dedup, official) -> dict[str, list[str]]:
 def bench_rows(slower: float) -> list[str]:
     """BENCHMARKS.md's rows of the H100 machine, from bench.txt, profile_3epochs and deterministic_3epochs."""
     text = (GPU / "bench.txt").read_text()
-    device = lambda d: "H100" if d.startswith("NVIDIA H100") else "CPU, 16 threads (H100 machine)"
+
+    def device(d):
+        return "H100" if d.startswith("NVIDIA H100") else "CPU, 16 threads (H100 machine)"
+
     rows = []
     for m in re.finditer(
         r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +ArguAna test .*?\) +([\d.]+) +([\d.]+) +"

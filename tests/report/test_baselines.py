@@ -81,7 +81,7 @@ def test_each_cell_is_compared_with_the_baseline_of_its_own_config(tmp_path):
     runs = find_runs([tmp_path])
     assert assign_cells(runs) == ["data.max_debates"]
     table = baseline_table(runs, "all", n_boot=200)
-    got = {(c, v): t for c, v, t in zip(table["cell"], table["vs"], table["vs_top1"])}
+    got = {(c, v): t for c, v, t in zip(table["cell"], table["vs"], table["vs_top1"], strict=True)}
     for cell, max_debates in (("plain max_debates=None", None), ("plain max_debates=2", 2)):
         per_seed = [expected(seed, max_debates) for seed in (0, 1)]
         for name in ("zero-shot", "TF-IDF"):

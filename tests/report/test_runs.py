@@ -30,7 +30,7 @@ def write_run(
     }
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     rows = []
-    for epoch, (v, t) in enumerate(zip(val, test)):
+    for epoch, (v, t) in enumerate(zip(val, test, strict=False)):
         base = {
             "epoch": epoch,
             "variant": variant,

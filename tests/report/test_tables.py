@@ -87,7 +87,7 @@ def test_comparisons_against_a_setting_and_a_variant_in_one_holm_family(tmp_path
     assign_cells(runs)
     # the default resamples: with 500, a p of 0 is known only to [0, 0.035], too wide for a Holm family of 4
     table = paired_comparisons(runs, ["plain", "eval.retrieve=sim"])
-    got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
+    got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"], strict=True)}
     assert got == pytest.approx(
         {
             ("ln retrieve=encoder", "plain retrieve=encoder"): -0.2,
@@ -98,7 +98,9 @@ def test_comparisons_against_a_setting_and_a_variant_in_one_holm_family(tmp_path
     )
     assert np.allclose(table["p_holm"], holm(table["p"]))  # one family of 4
     assert (
-        dict(zip(table["vs"] + "|" + table["cell"], table["verdict"]))["plain retrieve=sim|plain retrieve=encoder"]
+        dict(zip(table["vs"] + "|" + table["cell"], table["verdict"], strict=True))[
+            "plain retrieve=sim|plain retrieve=encoder"
+        ]
         == "better"
     )
 
@@ -152,7 +154,7 @@ def test_a_reference_of_settings_changed_together(tmp_path):
         },
     )
     table = paired_comparisons(runs, "loss.name=triplet_ce,trainer.head_lr=3e-4", n_boot=500)
-    got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"])}
+    got = {(c, v): d for c, v, d in zip(table["cell"], table["vs"], table["diff_test_top1"], strict=True)}
     assert got == pytest.approx(
         {
             ("plain loss=infonce head_lr=0.001", "plain loss=triplet_ce head_lr=0.0003"): 0.15,

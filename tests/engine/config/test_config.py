@@ -198,7 +198,8 @@ def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
         ),
         (
             ["loss=infonce", "loss.scal=10"],
-            "unknown config key loss.scal (did you mean loss.scale?): fix its spelling, or see every key with --cfg job",
+            "unknown config key loss.scal (did you mean loss.scale?): fix its spelling, or see every key with "
+            "--cfg job",
         ),
     ],
 )
@@ -279,8 +280,8 @@ def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, na
 
 
 def test_one_function_names_the_variant(monkeypatch):
-    """The run folder's name, the app's variant and the runner's default come from engine.config.schema.variant_name; only
-    it reads the head flags."""
+    """The run folder's name, the app's variant and the runner's default come from
+    engine.config.schema.variant_name; only it reads the head flags."""
     from biencoder import hydra_glue
     from biencoder.engine.config import schema
     from conftest import REPO

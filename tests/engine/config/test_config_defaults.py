@@ -1,5 +1,5 @@
-"""One default per key: the schema (src/biencoder/engine/config/schema.py) holds every default; a file of conf/ holds only what
-differs from it. The option each group selects by default holds no key at all, and no file repeats a schema
+"""One default per key: the schema (src/biencoder/engine/config/schema.py) holds every default; a file of conf/ holds
+only what differs from it. The option each group selects by default holds no key at all, and no file repeats a schema
 default. Experiment, variant and sweep files are outside the rule: they state a study's settings in full
 (docs/architecture.md, "One default per key")."""
 

@@ -1,5 +1,5 @@
-"""The metric that picks a run's best epoch (biencoder.engine.config.schema.selection): the one the run's numbers come from,
-recorded in final.json, named in the summary, and the one every table and figure reads back."""
+"""The metric that picks a run's best epoch (biencoder.engine.config.schema.selection): the one the run's numbers come
+from, recorded in final.json, named in the summary, and the one every table and figure reads back."""
 
 import json
 from pathlib import Path

@@ -1,5 +1,6 @@
-"""Pair files (biencoder.engine.data.pair_files, data=pairs): the reader against hand-counted fixtures and against the ArguAna
-reader, the pool and group rules, given negatives, the config checks, and the data hash that keeps runs apart."""
+"""Pair files (biencoder.engine.data.pair_files, data=pairs): the reader against hand-counted fixtures and against the
+ArguAna reader, the pool and group rules, given negatives, the config checks, and the data hash that keeps runs
+apart."""
 
 import json
 

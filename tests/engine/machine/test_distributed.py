@@ -112,7 +112,7 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path):
         for node in (0, 1)
     ]
     outputs = [node.communicate(timeout=300) for node in nodes]
-    for node, (_, err) in zip(nodes, outputs):
+    for node, (_, err) in zip(nodes, outputs, strict=True):
         assert node.returncode == 0, err[-3000:]
     check_one_run(logs)
 

@@ -1,4 +1,5 @@
-"""The frozen-encoder embedding cache: keying, corruption, staleness, and frozen training that never runs the encoder."""
+"""The frozen-encoder embedding cache: keying, corruption, staleness, and frozen training that never runs the
+encoder."""
 
 import logging
 
@@ -286,7 +287,8 @@ def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch
 
 def test_frozen_batches_carry_the_mined_negatives(tmp_path):
     """The frozen path gathers each batch from the cached vectors, not through the DataLoader: each batch must be
-    exactly the cached vectors of (point, its counter, the negative mined for that point), every pair once per epoch."""
+    exactly the cached vectors of (point, its counter, the negative mined for that point), every pair once per
+    epoch."""
     runner = Runner(
         compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "negatives.random_rate.start=0.5"]), tmp_path
     )

@@ -4,14 +4,17 @@ import math
 import pytest
 import torch
 
-from biencoder.engine.modeling.loss import TripletCELoss
+from biencoder.engine.modeling.loss import InfoNCELoss, TripletCELoss, same_text_mask
 from biencoder.engine.modeling.model import Embeddings
 
 
 def test_loss_parts_by_hand(tiny_model_and_tokenizer):
     model = copy.deepcopy(tiny_model_and_tokenizer[0])
     # sim: anchor at 0, positive at distance 1, negative at distance 0.5 → triplet = 1 - 0.5 + margin 1 = 1.5
-    sim = lambda x: torch.tensor([[x] + [0.0] * 127])
+
+    def sim(x):
+        return torch.tensor([[x] + [0.0] * 127])
+
     pooled = torch.zeros(1, 32)
     point, counter, negative = Embeddings(sim(0.0), pooled), Embeddings(sim(1.0), pooled), Embeddings(sim(0.5), pooled)
     # classifier: logits = [0, s_b[0]] so P(positive) = sigmoid(candidate's first sim coordinate)
@@ -53,8 +56,6 @@ def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
 
 
 # -- InfoNCE (in-batch + mined negatives) -------------------------------------------------------------------------
-from biencoder.engine.modeling.loss import InfoNCELoss, same_text_mask
-
 E = torch.eye(3)
 
 
@@ -154,7 +155,7 @@ def test_ddp_shared_negatives_equal_the_local_ones_with_one_process(tmp_path):
     finally:
         dist.destroy_process_group()
     assert torch.equal(shared, local)
-    for a, b in zip(shared_grads, local_grads):
+    for a, b in zip(shared_grads, local_grads, strict=True):
         assert torch.allclose(a, b, atol=1e-7)
     assert any(g.abs().sum() > 0 for g in shared_grads[1:])  # the gradient reached the gathered candidates
 
@@ -195,7 +196,7 @@ def test_gathered_negatives_across_two_processes(tmp_path):
     for rank in range(world):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert torch.allclose(got["loss"], per_query[rank * 3 : (rank + 1) * 3].mean().detach(), atol=1e-6)
-        for mine, full in zip(got["grads"], (point, counter, negative)):
+        for mine, full in zip(got["grads"], (point, counter, negative), strict=False):
             assert torch.allclose(mine, full.grad[rank * 3 : (rank + 1) * 3], atol=1e-6)
 
 
@@ -217,7 +218,7 @@ def test_infonce_scores_and_softmax_are_fp32_under_autocast(tiny_model_and_token
     def infonce_and_grads(autocast: bool):
         leaves = [s.clone().requires_grad_() for s in sims]
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            out = loss(model, *(Embeddings(s, p) for s, p in zip(leaves, pooled)), text_id=text_id)
+            out = loss(model, *(Embeddings(s, p) for s, p in zip(leaves, pooled, strict=True)), text_id=text_id)
             scores, _, _ = loss.scores(*leaves, text_id)
         out.total.backward()
         return out.parts["infonce"], scores, [leaf.grad for leaf in leaves]
@@ -225,7 +226,7 @@ def test_infonce_scores_and_softmax_are_fp32_under_autocast(tiny_model_and_token
     ref_loss, ref_scores, ref_grads = infonce_and_grads(False)
     amp_loss, amp_scores, amp_grads = infonce_and_grads(True)
     assert amp_loss.item() == pytest.approx(ref_loss.item(), rel=1e-6)  # bf16 scores: 3e-5 off
-    for amp, ref in zip(amp_grads, ref_grads):
+    for amp, ref in zip(amp_grads, ref_grads, strict=True):
         assert ref.abs().max() > 1e-3  # every input gets a gradient worth comparing
         torch.testing.assert_close(amp, ref, rtol=1e-6, atol=1e-7)  # bf16 scores: 8e-3 of the largest off
     torch.testing.assert_close(amp_scores, ref_scores, rtol=1e-6, atol=1e-6)
@@ -268,7 +269,7 @@ def test_gather_without_a_process_group_is_the_local_loss():
     text_id = torch.arange(9).view(3, 3)
     local = InfoNCELoss(scale=5.0).scores(point, counter, negative, text_id)
     gathered = InfoNCELoss(scale=5.0, gather=True).scores(point, counter, negative, text_id)
-    for a, b in zip(local, gathered):
+    for a, b in zip(local, gathered, strict=True):
         assert torch.equal(a, b)
 
 
@@ -293,7 +294,10 @@ def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer)
     """loss.margin reaches the triplet term, on Euclidean (p=2) distances of vectors with two non-zero coordinates:
     d(a, p) = |(3, 4)| = 5, d(a, n) = 4.9, so triplet = 5 − 4.9 + margin."""
     model, _ = tiny_model_and_tokenizer
-    sim = lambda *x: torch.tensor([list(x) + [0.0] * (128 - len(x))])
+
+    def sim(*x):
+        return torch.tensor([list(x) + [0.0] * (128 - len(x))])
+
     pooled = torch.zeros(1, 32)
     point, counter, negative = (Embeddings(sim(*x), pooled) for x in ((0.0,), (3.0, 4.0), (0.0, 4.9)))
     for margin in (0.25, 1.0):

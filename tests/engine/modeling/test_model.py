@@ -253,6 +253,7 @@ def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny
         32,
     )
     reads = []
+    original = torch.Tensor.all  # each patch below is undone when its block ends
     for rows in ([0, 1, 2, 3], [1, 1], [2, 2, 2]):
         batch = texts.batch(rows)
         assert batch["padded"] == (len(set(texts.lengths[rows])) > 1)
@@ -262,7 +263,6 @@ def test_the_mask_decided_on_the_host_gives_the_same_outputs_without_a_sync(tiny
             with torch.no_grad():
                 plain = model.pool(batch["input_ids"], batch["attention_mask"])
             torch.manual_seed(1)
-            original = torch.Tensor.all
             with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
                 patch.setattr(torch.Tensor, "all", lambda self, *a, **k: reads.append(1) or original(self, *a, **k))
                 decided = model.pool(**batch)

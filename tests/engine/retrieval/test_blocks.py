@@ -1,5 +1,6 @@
-"""The data path in blocks of queries (engine/retrieval/rerank.py, engine/retrieval/official_tasks.py, engine/retrieval/negatives.py): the same ranks, hits,
-shortlists and negatives as one pass over the whole [Q, 2Q] matrix, ties included, and memory that does not hold it.
+"""The data path in blocks of queries (engine/retrieval/rerank.py, engine/retrieval/official_tasks.py,
+engine/retrieval/negatives.py): the same ranks, hits, shortlists and negatives as one pass over the whole [Q, 2Q]
+matrix, ties included, and memory that does not hold it.
 
 The references below are that whole-matrix pass, written out as it was before the blocks (8e61826)."""
 
@@ -85,7 +86,7 @@ def whole_pool_ranks(model, emb, split, pools, k, space):
     shortlists = pool_shortlists(dist, with_true, k)
     margins = shortlist_margins(model, emb, q, list(shortlists.values()), 4096)
     ranks = {}
-    for (name, rows), m in zip(shortlists.items(), margins):
+    for (name, rows), m in zip(shortlists.items(), margins, strict=True):
         rank, in_k = shortlist_ranks(rows, m, true)
         listed = np.zeros_like(pools[name])
         np.put_along_axis(listed, np.where(rows == NONE, true[:, None], rows), True, axis=1)
@@ -101,7 +102,10 @@ def tied_split(n_pairs=57, seed=0):
     (the embedding cache's contract); the sim vectors are small integers, so distances tie between distinct texts."""
     rng = np.random.default_rng(seed)
     words = [f"w{i}" for i in range(40)]
-    text = lambda: " ".join(rng.choice(words, size=6))
+
+    def text():
+        return " ".join(rng.choice(words, size=6))
+
     points, counters = [text() for _ in range(n_pairs)], [text() for _ in range(n_pairs)]
     for i in range(0, n_pairs, 7):
         counters[i + 1 if i + 1 < n_pairs else 0] = counters[i]  # twins of a true counter
@@ -262,7 +266,7 @@ def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, m
         retrieve_rerank(model, emb, split, k=4, index=index),
         mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index=index),
     ]
-    for a, b in zip(whole[:2], blocked[:2]):
+    for a, b in zip(whole[:2], blocked[:2], strict=True):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     assert whole[2][0] == blocked[2][0] and np.array_equal(whole[2][1], blocked[2][1])
     assert np.array_equal(whole[3].row, blocked[3].row) and np.array_equal(whole[3].distance, blocked[3].distance)

@@ -154,8 +154,8 @@ def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_
 
 
 def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, monkeypatch):
-    """No checkpoint: the encoder as loaded, untrained, so its vectors are the embedding cache's (keyed by its weights),
-    shared with the frozen runs; a second evaluation runs the encoder on no text and gives the same tasks."""
+    """No checkpoint: the encoder as loaded, untrained, so its vectors are the embedding cache's (keyed by its
+    weights), shared with the frozen runs; a second evaluation runs the encoder on no text and gives the same tasks."""
     from biencoder.engine.modeling import model as model_module
     from biencoder.evaluate import run_evaluation
     from conftest import compose_cfg

@@ -1,5 +1,5 @@
-"""biencoder.engine.retrieval.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two shortlist finders
-(the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
+"""biencoder.engine.retrieval.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two
+shortlist finders (the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
 
 import copy
 

@@ -46,7 +46,10 @@ def test_types_of_one_query(grid):
     t = grid.table
     q = int(np.flatnonzero(t["pair_id"] == "theme0/debate00/pro01")[0])
     types = candidate_types(grid)[q]
-    row = lambda pair_id, kind: int(np.flatnonzero((t["pair_id"] == pair_id) & (t["kind"] == kind))[0])
+
+    def row(pair_id, kind):
+        return int(np.flatnonzero((t["pair_id"] == pair_id) & (t["kind"] == kind))[0])
+
     assert types[q] == -1 and types[row("theme0/debate00/pro01", "counter")] == -1
     assert types[row("theme1/debate10/con01", "counter")] == -1  # twin of the true counter
     named = {
@@ -67,7 +70,10 @@ def test_types_of_one_query(grid):
 
 def test_one_ranking_by_hand(grid):
     t = grid.table
-    row = lambda pair_id, kind: int(np.flatnonzero((t["pair_id"] == pair_id) & (t["kind"] == kind))[0])
+
+    def row(pair_id, kind):
+        return int(np.flatnonzero((t["pair_id"] == pair_id) & (t["kind"] == kind))[0])
+
     q = row("theme0/debate00/pro01", "point")
     # distances from the query: true counter 2.0; a same-side counter 1.0; an opposite point 3.0; a theme
     # point 1.5; everything else 100
@@ -113,7 +119,10 @@ def test_ties_count_against_and_all_scores_agree_on_a_perfect_model(grid):
 
 def test_tfidf_prefers_shared_words(make_corpus):
     words = iter(["apple", "bread", "cider", "dates", "eggs", "flour", "grape", "honey"] * 3)
-    side = lambda: [(f"{w} {w} claim\nwe claim it", f"{w} rebuttal") for w in (next(words), next(words))]
+
+    def side():
+        return [(f"{w} {w} claim\nwe claim it", f"{w} rebuttal") for w in (next(words), next(words))]
+
     layout = {s: {"theme": {"debate": {"pro": side(), "con": side()}}} for s in ("training", "validation", "test")}
     split = read_corpus(make_corpus(layout)).paired("test")
     result = evaluate_tasks(split, "tfidf")

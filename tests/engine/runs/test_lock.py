@@ -1,6 +1,6 @@
-"""One process writes a run folder at a time (``engine/runs/folder.claim``): a second process that finds the folder in use
-ends with one line naming the folder and the holder (pid, host, since when), exit 2, having changed nothing; a holder
-killed with SIGKILL leaves no lock behind, and the next resume says it took over a stale one."""
+"""One process writes a run folder at a time (``engine/runs/folder.claim``): a second process that finds the folder in
+use ends with one line naming the folder and the holder (pid, host, since when), exit 2, having changed nothing; a
+holder killed with SIGKILL leaves no lock behind, and the next resume says it took over a stale one."""
 
 import json
 import logging

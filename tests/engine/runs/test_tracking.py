@@ -25,7 +25,7 @@ BASE = FAST + ["+variant=ln", "eval.tasks=false", "trainer.max_epochs=4", "train
 def same(got, want):
     """Same steps, same values (TensorBoard stores float32)."""
     return [s for s, _ in got] == [s for s, _ in want] and all(
-        v == pytest.approx(w, rel=1e-6, abs=1e-7) for (_, v), (_, w) in zip(got, want)
+        v == pytest.approx(w, rel=1e-6, abs=1e-7) for (_, v), (_, w) in zip(got, want, strict=True)
     )
 
 

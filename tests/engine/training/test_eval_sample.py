@@ -73,7 +73,7 @@ def test_test_numbers_on_a_sample_are_the_whole_runs_on_those_queries(runs):
 def test_the_plot_baselines_take_the_runs_own_sample(runs):
     """biencoder-plot --baselines rebuilds a run's baselines from its config: on its eval.test_queries sample, the
     queries of its test_hits.npy, and the same hits the run recorded."""
-    (_, final_whole), (sampled, final) = runs["whole"], runs["sample"]
+    sampled, final = runs["sample"]
     [run_] = find_runs([sampled])
     hits = baseline_hits(run_)
     assert {score: len(h) for score, h in hits.items()} == {"encoder_cosine": TEST_SAMPLE, "tfidf": TEST_SAMPLE}

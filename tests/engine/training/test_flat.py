@@ -1,5 +1,5 @@
-"""Contiguous parameters (biencoder.engine.training.flat_params): the optimiser over the flat tensors trains what the optimiser over the
-parameters trains, bit for bit, and its state is saved and read in the per-parameter form."""
+"""Contiguous parameters (biencoder.engine.training.flat_params): the optimiser over the flat tensors trains what the
+optimiser over the parameters trains, bit for bit, and its state is saved and read in the per-parameter form."""
 
 import pytest
 import torch
@@ -32,7 +32,9 @@ class Net(nn.Module):
 
 
 def optimiser(groups, lrs=(1e-2, 3e-3)):
-    return torch.optim.AdamW([{"params": g, "lr": lr} for g, lr in zip(groups, lrs)], weight_decay=0.1, fused=True)
+    return torch.optim.AdamW(
+        [{"params": g, "lr": lr} for g, lr in zip(groups, lrs, strict=False)], weight_decay=0.1, fused=True
+    )
 
 
 def train(net, opt, steps, seed, set_to_none):
@@ -72,7 +74,8 @@ def assert_same_state(a: dict, b: dict):
 
 
 def test_the_layout():
-    """Members are the aligned parameters a loss reaches, as views of one tensor (gradients too); the rest are loose."""
+    """Members are the aligned parameters a loss reaches, as views of one tensor (gradients too); the rest are
+    loose."""
     net = Net()
     flat = FlatParameters(net.groups()[1], [])
     assert [p.numel() % ALIGN for p in flat.members] == [0] * len(flat.members)
@@ -92,7 +95,7 @@ def test_flat_training_is_per_parameter_training_bit_for_bit():
     untouched by both (no gradient: no weight decay) and has no state."""
     net, flat, opt = flat_run()
     plain, plain_opt = plain_run()
-    for (name, p), q in zip(net.named_parameters(), plain.parameters()):
+    for (name, p), q in zip(net.named_parameters(), plain.parameters(), strict=True):
         assert torch.equal(p, q), name
     assert torch.equal(net.unused.weight, Net().unused.weight)
     assert_same_state(per_parameter_state(opt.state_dict(), flat), plain_opt.state_dict())
@@ -113,7 +116,7 @@ def test_a_saved_state_resumes_as_if_never_stopped(saved_by):
 
     reference, reference_flat, reference_opt = flat_run(steps=3)
     train(reference, reference_opt, 2, seed=2, set_to_none=False)
-    for p, q in zip(net.parameters(), reference.parameters()):
+    for p, q in zip(net.parameters(), reference.parameters(), strict=True):
         assert torch.equal(p, q)
     assert_same_state(
         per_parameter_state(opt.state_dict(), flat), per_parameter_state(reference_opt.state_dict(), reference_flat)
@@ -146,7 +149,7 @@ def test_a_flat_optimisers_saved_state_resumes_a_per_parameter_one(tmp_path):
     plain_opt.load_state_dict(saved["optimizer"])
     train(plain, plain_opt, 2, seed=2, set_to_none=True)
     train(net, opt, 2, seed=2, set_to_none=False)
-    for p, q in zip(net.parameters(), plain.parameters()):
+    for p, q in zip(net.parameters(), plain.parameters(), strict=True):
         assert torch.equal(p, q)
     assert_same_state(per_parameter_state(opt.state_dict(), flat), plain_opt.state_dict())
 
