@@ -192,7 +192,7 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
 def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determinism):
     import yaml
 
-    from biencoder.engine.training.runner import run
+    from biencoder.engine.training.run import run
     from conftest import compose_cfg
 
     final = run(

@@ -212,8 +212,8 @@ def model_cache(
     fingerprint: str,
     autocast_dtype: torch.dtype | None = None,
 ) -> EmbeddingCache:
-    """The :class:`EmbeddingCache` that :func:`biencoder.engine.modeling.model.pooled_vectors` reads and fills for ``model`` (a
-    BiModel) run with ``autocast_dtype`` (None: fp32)."""
+    """The :class:`EmbeddingCache` that :func:`biencoder.engine.modeling.encoding.pooled_vectors` reads and fills for
+    ``model`` (a BiModel) run with ``autocast_dtype`` (None: fp32)."""
     precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
     return EmbeddingCache(
         cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision

@@ -4,7 +4,8 @@
 memory at one [block, N] matrix), keeps a shortlist of the nearest ``k + SHORTLIST_EXTRA`` and orders it by the
 float64 distance recomputed for those few: the float32 pass only has to put the true k inside the shortlist, so
 the result is the float64 ranking at float32 speed. The two indexes agree on every neighbour up to exact ties
-(tests check a planted neighbour and random data); ``scripts/bench.py`` shows when each is faster.
+(tests check a planted neighbour and random data); ``scripts/bench.py`` shows when each is faster. Where a query
+needs its distance to every row (a pool of the 8 tasks), :func:`distances` computes them exactly in float64.
 """
 
 from __future__ import annotations
@@ -88,3 +89,20 @@ class NeighbourIndex:
         exact = (rows_of - q64[:, None, :]).pow_(2).sum(-1)  # [B, short] float64
         order = torch.sort(exact, dim=1, stable=True)
         return order.values[:, :k].sqrt().cpu(), cand.gather(1, order.indices[:, :k]).cpu()
+
+
+def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -> np.ndarray:
+    """[P, N] float64 Euclidean distances from the rows ``query_rows`` of ``vectors`` [N, D] to every row, computed
+    from the differences (not ||a||² + ||b||² − 2ab), so equal vectors are at exactly equal distances."""
+    x = vectors.double()
+    q = x[torch.as_tensor(np.asarray(query_rows), dtype=torch.long)]
+    return (
+        np.concatenate(
+            [
+                torch.cdist(q[i : i + block], x, compute_mode="donot_use_mm_for_euclid_dist").numpy()
+                for i in range(0, len(q), block)
+            ]
+        )
+        if len(q)
+        else np.zeros((0, len(x)))
+    )

@@ -3,13 +3,14 @@
 :class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
 shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.training.runner.Runner` drives it. A step
 sums its loss parts (and, one step in ``trainer.stats_every``, the head statistics and gradient norms) on the device
-(:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device.
+(:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device. What a step consumes is
+:mod:`biencoder.engine.training.triplets`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -18,12 +19,14 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from ..data.corpus import PairedSplit
 from ..machine import distributed
-from ..modeling.loss import LossOutput, build_loss
-from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector, to_device
-from ..retrieval.negatives import MinedNegatives, mine_negatives, random_rate
+from ..machine.runtime import Runtime
+from ..modeling.encoding import to_device
+from ..modeling.loss import build_loss
+from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, head_statistics_vector
+from ..retrieval.negatives import MinedNegatives, Mining, mine_negatives, random_rate
 from .flat_params import FlatParameters, flat_state, per_parameter_state
+from .triplets import TrainingInputs, TripletCollate, TripletStep, triplet_rows
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
 STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
@@ -40,31 +43,6 @@ class Diverged(RuntimeError):
             + (f" ({detail})" if detail else "")
             + "; lower trainer.lr / trainer.head_lr or use trainer.precision=fp32"
         )
-
-
-class TripletCollate:
-    """Rows [B, 3] of (point, counter, negative) → one padded encoder batch of 3B texts, plus the rows.
-
-    Without ``tokens`` (frozen encoder: the pooled vectors are cached) the batch holds the rows only.
-    """
-
-    def __init__(self, tokens: TokenizedTexts | None):
-        self.tokens = tokens
-
-    def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
-        rows = np.stack(rows)
-        # all points, then all counters, then all negatives
-        batch = self.tokens.batch(rows.T.ravel()) if self.tokens is not None else {}
-        batch["rows"] = torch.from_numpy(rows)
-        return batch
-
-
-def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
-    """[Q + G, 3] training rows (point, counter, negative) for this epoch: one per pair with its freshly mined negative,
-    then one per given negative of pair files (:attr:`PairedSplit.given_triplets`, rows ``2Q + j``; G = 0 without)."""
-    mined = np.stack([split.query, split.counter, negatives.row], axis=1)
-    given = split.given_triplets
-    return np.concatenate([mined, given]) if len(given) else mined
 
 
 def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
@@ -112,35 +90,6 @@ class EpochSums:
         }
 
 
-class TripletStep(nn.Module):
-    """The whole training forward (triplet batch → :class:`LossOutput`) as one module, so DDP wraps all of it.
-
-    Takes token ids (encoder trained) or the cached pooled vectors [3B, hidden] (encoder frozen), ordered
-    points, counters, negatives, and their text ids [3B] in the same order (``PairedSplit.text_id``: the loss
-    masks duplicate texts with them).
-    """
-
-    def __init__(self, model: BiModel, loss_fn: nn.Module):
-        super().__init__()
-        self.model, self.loss_fn = model, loss_fn
-
-    def forward(
-        self,
-        pooled: torch.Tensor | None = None,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        text_id: torch.Tensor | None = None,
-        padded: bool | None = None,
-    ) -> LossOutput:
-        emb = (
-            self.model.from_pooled(pooled)
-            if pooled is not None
-            else self.model.embed(input_ids, attention_mask, padded)
-        )
-        point, counter, negative = emb.chunk(3)
-        return self.loss_fn(self.model, point, counter, negative, None if text_id is None else text_id.view(3, -1))
-
-
 def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
     warmup = int(warmup_ratio * total_steps)
 
@@ -159,27 +108,17 @@ class EpochTrainer:
 
     Args:
         cfg: the run's config (``trainer``, ``negatives``, ``loss``, ``seed``).
-        model: the :class:`BiModel`, already on ``device``.
-        split: the training split; ``pooled`` its cached pooled vectors [2Q + E, hidden] on the device (frozen
-            encoder), else ``tokens`` its tokenised texts: the table's rows, then its given negatives'
-            (:attr:`PairedSplit.extra_texts`, E = 0 without).
-        amp_dtype: the autocast dtype (None: fp32). ``progress``: show the step bar.
+        model: the :class:`BiModel`, already on the runtime's device.
+        inputs: the training split and its cached pooled vectors (frozen encoder) or token ids (:class:`TrainingInputs`).
+        runtime: the device and the autocast dtype (None: fp32). ``progress``: show the step bar.
     """
 
-    def __init__(
-        self,
-        cfg: DictConfig,
-        model: BiModel,
-        split: PairedSplit,
-        pooled: torch.Tensor | None,
-        tokens: TokenizedTexts | None,
-        device: torch.device,
-        amp_dtype: torch.dtype | None,
-        progress: bool,
-    ):
-        self.cfg, self.model, self.split, self.pooled, self.tokens = cfg, model, split, pooled, tokens
-        self.device, self.amp_dtype, self.progress = device, amp_dtype, progress
-        self.frozen = pooled is not None
+    def __init__(self, cfg: DictConfig, model: BiModel, inputs: TrainingInputs, runtime: Runtime, progress: bool):
+        self.cfg, self.model, self.split = cfg, model, inputs.split
+        self.pooled, self.tokens = inputs.pooled, inputs.tokens
+        self.device, self.amp_dtype, self.progress = runtime.device, runtime.autocast_dtype, progress
+        self.mining = Mining.of_run(cfg.negatives, runtime)
+        self.frozen = self.pooled is not None
         groups = [(model.head_parameters(), cfg.trainer.head_lr)]
         if not self.frozen:
             groups.insert(0, (list(model.encoder.parameters()), cfg.trainer.lr))
@@ -196,7 +135,7 @@ class EpochTrainer:
         )
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
-        self.n_triplets = split.n_pairs + len(split.given_triplets)  # mined, then given (triplet_rows)
+        self.n_triplets = self.split.n_pairs + len(self.split.given_triplets)  # mined, then given (triplet_rows)
         self.steps_per_epoch = math.ceil(
             math.ceil(self.n_triplets / distributed.world_size()) / cfg.trainer.batch_size
         )
@@ -241,15 +180,7 @@ class EpochTrainer:
         rate = random_rate(epoch, self.cfg.negatives.random_rate.start, self.cfg.negatives.random_rate.decay)
         negatives = None
         if distributed.is_main():
-            negatives = mine_negatives(
-                train_sim.numpy(),
-                self.split,
-                rate,
-                self.rng,
-                self.cfg.negatives.n_neighbors,
-                index=self.cfg.negatives.index,
-                device=self.device,
-            )
+            negatives = mine_negatives(train_sim.numpy(), self.split, rate, self.rng, self.mining)
         if distributed.world_size() > 1:
             n = self.split.n_pairs
             rows = distributed.broadcast_rows(None if negatives is None else negatives.row, n)
