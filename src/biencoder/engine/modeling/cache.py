@@ -25,8 +25,8 @@ import logging
 import os
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -153,7 +153,7 @@ class EmbeddingCache:
                 log.warning("embedding cache: %s %s; deleting it, its texts will be recomputed", shard, problem)
                 shard.unlink(missing_ok=True)
                 continue
-            for digest, vector in zip(hashes, vectors):
+            for digest, vector in zip(hashes, vectors, strict=False):
                 table[digest.tobytes()] = vector
         return table
 
@@ -199,7 +199,7 @@ class EmbeddingCache:
             if not np.isfinite(vectors).all():
                 raise NonFiniteVectors()
             self._write_shard(hashes[unique_missing], vectors)
-            for i, vector in zip(unique_missing, vectors):
+            for i, vector in zip(unique_missing, vectors, strict=False):
                 table[hashes[i].tobytes()] = vector
         return np.stack([table[h.tobytes()] for h in hashes]) if len(texts) else np.zeros((0, 0), np.float32)
 

@@ -82,9 +82,9 @@ def _first_allowed(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none.
 
-    A block of :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its own (the
-    search is row by row) and so is how far its k doubles, so the blocks change no row, and a text shared by many
-    pairs (whose queries need k ~ their count) costs [block, k], never [Q, k]."""
+    A block of :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its
+    own (the search is row by row) and so is how far its k doubles, so the blocks change no row, and a text shared by
+    many pairs (whose queries need k ~ their count) costs [block, k], never [Q, k]."""
     best = np.full(len(queries), -1)
     dist = np.full(len(queries), np.inf)
     for start in range(0, len(queries), SEARCH_BLOCK):

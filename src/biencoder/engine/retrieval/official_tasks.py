@@ -5,9 +5,9 @@ to pairs, never the query itself, never a counter whose text equals the true cou
 to the query (see :data:`TYPES`); each task is a union of types. Accuracy@1 counts a query when its true
 counter scores strictly higher than every false candidate (ties count against it); MRR uses the same ranks.
 
-Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features
-tensor, never the whole [Q, 2Q] matrix of a large split): the memory held is a few [B, 2Q] matrices (float64 distances,
-float32 scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`, so it grows linearly
+Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features tensor,
+never the whole [Q, 2Q] matrix of a large split): the memory held is a few [B, 2Q] matrices (float64 distances, float32
+scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`, so it grows linearly
 with the split (the time, every query against every row, quadratically). The ``rerank`` score is
 :mod:`biencoder.engine.retrieval.rerank`'s retrieve-then-rerank over each task's pool.
 
@@ -175,15 +175,18 @@ def baseline_ranks(
     split: PairedSplit, pooled: torch.Tensor, pairs: np.ndarray | None = None, cells: int = BLOCK_CELLS
 ) -> dict[str, np.ndarray]:
     """Per query of ``pairs`` (indices of pairs; default all), the rank of its true counter in the per-epoch top-1's
-    pool (:func:`~biencoder.engine.retrieval.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each of
-    :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1 (ties count against). Needs no theme,
+    pool (:func:`~biencoder.engine.retrieval.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each
+    of :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1 (ties count against). Needs no theme,
     debate or stance: pair files get their baselines too.
 
     ``pooled``: [2Q, H] pooled vectors of the split's rows from the untrained encoder (zero-shot cosine); TF-IDF is
     fit on the split's texts. On ArguAna the mean of ``rank == 1`` is what ``evaluate_tasks(split, score)["epa"]``
     reports. Scored ``cells`` query × row cells at a time.
     """
-    pools = lambda block: {"pool": pool_mask(split, block)}
+
+    def pools(block: np.ndarray) -> dict[str, np.ndarray]:
+        return {"pool": pool_mask(split, block)}
+
     return {
         name: block_ranks(split, scorer, pools, pairs, cells)["pool"]
         for name, scorer in (("encoder_cosine", cosine_scorer(split, pooled)), ("tfidf", tfidf_scorer(split)))

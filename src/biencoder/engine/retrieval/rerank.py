@@ -12,9 +12,10 @@ distances keep the lower row first; a candidate that ties the true counter ranks
 * No [Q, 2Q] matrix is held: whatever scores a query against every row does so for a block of queries at a time
   (:func:`query_blocks`, at most :data:`BLOCK_CELLS` cells), so memory grows linearly with the split.
 * :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them.
-* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``);
-  :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever
-  (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`.
+* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``); :func:`pool_ranks`
+  the 8 tasks' ``rerank`` score (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever
+  (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`. How they run (k, retrieval
+  space, index, classifier batches, device) is a :class:`Rerank`, made once per run from ``eval`` and the runtime.
 """
 
 from __future__ import annotations
@@ -72,8 +73,9 @@ POOL_RERANK = Rerank(batch_size=4096)
 def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1) -> list[np.ndarray]:
     """``range(n)`` in consecutive blocks of B indices (the last one shorter) for scoring B queries against ``width``
     rows at once: B·width ≤ ``cells``, B at least 1 and a multiple of ``multiple`` (a block then starts at a multiple
-    of ``multiple · width`` cells: :func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks` keeps the classifier's batches where
-    one [Q, 2Q] pass had them). One block when n·width ≤ cells; one empty block when n = 0."""
+    of ``multiple · width`` cells: :func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks` keeps the
+    classifier's batches where one [Q, 2Q] pass had them). One block when n·width ≤ cells; one empty block when
+    n = 0."""
     size = max(1, cells // max(width, 1))
     size = max(multiple, size - size % multiple)
     return [np.arange(start, min(start + size, n)) for start in range(0, n, size)] or [np.arange(0)]
@@ -216,8 +218,8 @@ def shortlist_margins(
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values)`` of a 1-D int array by one sort: numpy 2's hashing ``unique`` took 2.0 ms against 0.5 ms for
-    the 14 010 keys of the test split's shortlists, three times an epoch."""
+    """``np.unique(values)`` of a 1-D int array by one sort: numpy 2's hashing ``unique`` took 2.0 ms against 0.5 ms
+    for the 14 010 keys of the test split's shortlists, three times an epoch."""
     ordered = np.sort(values)
     return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
@@ -286,11 +288,11 @@ def pool_ranks(
     nearest (true counter included) by their margins, the rest after them by distance (ties count against).
 
     ``pools(pairs)``: for the queries ``pairs`` [B] (indices of pairs), name → [B, 2Q] bool, the false candidates of
-    each (the 8 tasks': :class:`biencoder.engine.retrieval.official_tasks.TaskPools`; :func:`fixed_pools` wraps whole [Q, 2Q] masks).
-    ``rerank``: k, the retrieval space, the classifier's batches and device, and ``cells``. ``pools`` is called once
-    per block of queries (:func:`query_blocks`, at most ``rerank.cells`` cells): the distances, masks and
-    the count of pool members ahead of the true counter live for one block; only the [Q, k] shortlists outlive it, and
-    they are reranked in one classifier pass, as one [Q, 2Q] pass would.
+    each (the 8 tasks': :class:`biencoder.engine.retrieval.official_tasks.TaskPools`; :func:`fixed_pools` wraps whole
+    [Q, 2Q] masks). ``rerank``: k, the retrieval space, the classifier's batches and device, and ``cells``. ``pools``
+    is called once per block of queries (:func:`query_blocks`, at most ``rerank.cells`` cells): the distances, masks
+    and the count of pool members ahead of the true counter live for one block; only the [Q, k] shortlists outlive it,
+    and they are reranked in one classifier pass, as one [Q, 2Q] pass would.
     """
     vectors = emb.retrieval(rerank.space).double()  # distances() reads it as it is, once for every block
     shortlists: dict[str, list[np.ndarray]] = {}
@@ -313,7 +315,7 @@ def pool_ranks(
     rows_of = {name: np.concatenate(parts) for name, parts in shortlists.items()}
     margins = shortlist_margins(model, emb, split.query, list(rows_of.values()), rerank.batch_size, rerank.device)
     ranks = {}
-    for (name, rows), m in zip(rows_of.items(), margins):
+    for (name, rows), m in zip(rows_of.items(), margins, strict=False):
         rank, in_k = shortlist_ranks(rows, m, split.counter, split.name)
         ranks[name] = np.where(in_k, rank, np.concatenate(behind[name]))
     return ranks

@@ -34,8 +34,8 @@ class NeighbourIndex:
             distances stays in cache (1.8x faster than 2048 for N = 5592, the same neighbours; scripts/bench.py), and
             2048 on a GPU (fewer launches).
         refine: queries per float64 re-ranking of the shortlists, default 32 on a CPU (their [32, k + 16, D] float64
-            rows stay in cache: a mining-shaped search of 2796 queries took 88 ms against 105 ms re-ranking 256 at once,
-            medians), the whole block on a GPU.
+            rows stay in cache: a mining-shaped search of 2796 queries took 88 ms against 105 ms re-ranking 256 at
+            once, medians), the whole block on a GPU.
     """
 
     def __init__(
@@ -73,7 +73,7 @@ class NeighbourIndex:
             d2 = torch.addmm(self.norms[None, :], q, self.data.T, alpha=-2.0)  # ||x||² − 2 q·x (+ ||q||², constant)
             cand = torch.topk(d2, short, dim=1, largest=False, sorted=False).indices  # [B, short]
             cand = torch.sort(cand, dim=1).values  # equal distances (duplicate texts) keep the lower row first
-            for part, q_part in zip(cand.split(self.refine), q64.split(self.refine)):
+            for part, q_part in zip(cand.split(self.refine), q64.split(self.refine), strict=False):
                 d, r = self._refine(part, q_part, k)
                 dists.append(d)
                 rows.append(r)
@@ -82,9 +82,9 @@ class NeighbourIndex:
         return torch.cat(dists).double().numpy(), torch.cat(rows).numpy()
 
     def _refine(self, cand: torch.Tensor, q64: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k nearest of each query's float32 shortlist ``cand`` [B, short] by float64 distance, nearest first (ties:
-        lower row first): (distances [B, k], rows [B, k]) on the CPU. Row by row, so any split of the queries gives the
-        same values."""
+        """The k nearest of each query's float32 shortlist ``cand`` [B, short] by float64 distance, nearest first
+        (ties: lower row first): (distances [B, k], rows [B, k]) on the CPU. Row by row, so any split of the queries
+        gives the same values."""
         rows_of = torch.index_select(self.exact, 0, cand.reshape(-1)).view(*cand.shape, -1)  # [B, short, D]
         exact = (rows_of - q64[:, None, :]).pow_(2).sum(-1)  # [B, short] float64
         order = torch.sort(exact, dim=1, stable=True)

@@ -1,10 +1,10 @@
 """One training epoch: mine this epoch's negatives, then one pass of optimisation steps over the triplets.
 
 :class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
-shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.training.runner.Runner` drives it. A step
-sums its loss parts (and, one step in ``trainer.stats_every``, the head statistics and gradient norms) on the device
-(:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device. What a step consumes is
-:mod:`biencoder.engine.training.triplets`.
+shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.training.runner.Runner` drives
+it. A step sums its loss parts (and, one step in ``trainer.stats_every``, the head statistics and gradient norms) on
+the device (:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device. What a step
+consumes is :mod:`biencoder.engine.training.triplets`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class Diverged(RuntimeError):
 
 
 def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
-    """L2 norm (0-d tensor, on ``device``) over ``grads``: the norm of the per-tensor norms, one foreach call for those."""
+    """L2 norm (0-d tensor, on ``device``) over ``grads``: the norm of the per-tensor norms (one foreach call)."""
     return (
         torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros((), device=device)
     )
@@ -85,8 +85,11 @@ class EpochSums:
         if self.parts is None:
             return {}
         return {
-            **{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist())},
-            **{name: value / self.sampled for name, value in zip(STEP_STATISTICS, self.statistics.tolist())},
+            **{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist(), strict=False)},
+            **{
+                name: value / self.sampled
+                for name, value in zip(STEP_STATISTICS, self.statistics.tolist(), strict=False)
+            },
         }
 
 
@@ -109,7 +112,8 @@ class EpochTrainer:
     Args:
         cfg: the run's config (``trainer``, ``negatives``, ``loss``, ``seed``).
         model: the :class:`BiModel`, already on the runtime's device.
-        inputs: the training split and its cached pooled vectors (frozen encoder) or token ids (:class:`TrainingInputs`).
+        inputs: the training split and its cached pooled vectors (frozen encoder) or its token ids
+            (:class:`TrainingInputs`).
         runtime: the device and the autocast dtype (None: fp32). ``progress``: show the step bar.
     """
 
@@ -122,14 +126,14 @@ class EpochTrainer:
         groups = [(model.head_parameters(), cfg.trainer.head_lr)]
         if not self.frozen:
             groups.insert(0, (list(model.encoder.parameters()), cfg.trainer.lr))
-        # each group's parameters as views of one flat tensor (engine/training/flat_params.py): the optimiser steps 1-2 tensors a group
-        # (before DDP wraps the model, which keeps its own references to the parameters)
+        # each group's parameters as views of one flat tensor (engine/training/flat_params.py): the optimiser steps
+        # 1-2 tensors a group (before DDP wraps the model, which keeps its own references to the parameters)
         self.flat = [FlatParameters(params, model.unused_parameters()) for params, _ in groups]
         self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
         # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
         # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor)
         self.optimizer = torch.optim.AdamW(
-            [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups)],
+            [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups, strict=False)],
             weight_decay=cfg.trainer.weight_decay,
             fused=True,
         )
@@ -296,7 +300,8 @@ class EpochTrainer:
         self.scheduler.step()
 
     def grad_norms(self) -> torch.Tensor:
-        """[2] float32 on the device: the L2 norms of this step's gradients of the encoder (0 when frozen) and heads."""
+        """[2] float32 on the device: the L2 norms of this step's gradients of the encoder (0 when frozen) and the
+        heads."""
         return torch.stack(
             [_grad_norm([p.grad for p in params if p.grad is not None], self.device) for params in self.grad_groups]
         ).float()

@@ -223,7 +223,7 @@ class Runner:
         rows[0].update(train_stats, epoch_time_s=elapsed)  # names[0] is always train: its row carries the training
         key = self.selection["metric"]
         log.info(
-            "epoch %d  loss %.4f  " % (epoch, train_stats["loss"])
+            f"epoch {epoch}  loss {train_stats['loss']:.4f}  "
             + "  ".join(f"{n} {key} {metrics[n][key]:.3f}" for n in names)
             + f"  ({elapsed:.1f} s)"
         )
@@ -246,9 +246,9 @@ class Runner:
         self.tracker.log_rows(rows)
 
     def _weights_on_cpu(self) -> dict[str, torch.Tensor]:
-        """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so they
-        are taken once per run and shared by every copy (copying MiniLM's 22.7 M took 70-130 ms an epoch); on a CPU
-        they are the model's own tensors, not a second 90 MB (with that copy, later epochs had several times the
+        """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so
+        they are taken once per run and shared by every copy (copying MiniLM's 22.7 M took 70-130 ms an epoch); on a
+        CPU they are the model's own tensors, not a second 90 MB (with that copy, later epochs had several times the
         page faults, measured with ``scripts/bench.py --items frozen``)."""
         state = self.model.state_dict()
         if self.frozen and self.encoder_weights is None:

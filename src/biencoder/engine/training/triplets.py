@@ -47,8 +47,9 @@ class TripletCollate:
 
 
 def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
-    """[Q + G, 3] training rows (point, counter, negative) for this epoch: one per pair with its freshly mined negative,
-    then one per given negative of pair files (:attr:`PairedSplit.given_triplets`, rows ``2Q + j``; G = 0 without)."""
+    """[Q + G, 3] training rows (point, counter, negative) for this epoch: one per pair with its freshly mined
+    negative, then one per given negative of pair files (:attr:`PairedSplit.given_triplets`, rows ``2Q + j``; G = 0
+    without)."""
     mined = np.stack([split.query, split.counter, negatives.row], axis=1)
     given = split.given_triplets
     return np.concatenate([mined, given]) if len(given) else mined
