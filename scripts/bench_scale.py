@@ -161,12 +161,12 @@ def run_one(args) -> dict:
             for kind in ("wall", "cpu")
         }
         meter.wall, meter.cpu = once["wall"], once["cpu"]
-        baselines = runner.baselines
-        runner.baselines = lambda: meter("baselines", baselines)
+        baselines = runner.evaluation.baselines
+        runner.evaluation.baselines = lambda: meter("baselines", baselines)
         final = runner._finish(best, start)
         return {
             "pairs": args.pairs,
-            "split_pairs": {n: s.n_pairs for n, s in runner.splits.items()},
+            "split_pairs": {n: s.n_pairs for n, s in runner.data.splits.items()},
             "sample": args.sample,
             "threads": torch.get_num_threads(),
             "epochs": args.epochs,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import resource
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import hydra
@@ -18,9 +19,10 @@ from .engine.data.corpus import PairedSplit, read_corpus, seen_queries
 from .engine.data.corpus import split_name as canonical_split
 from .engine.files import write_json_atomic
 from .engine.machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
-from .engine.modeling.model import BiModel, Embeddings, build_model, embed_pooled, pooled_vectors
+from .engine.modeling.encoding import Encoding, TextEncoder, embed_pooled, pooled_vectors
+from .engine.modeling.model import BiModel, Embeddings, build_model
 from .engine.retrieval.official_tasks import evaluate_tasks
-from .engine.retrieval.rerank import query_groups
+from .engine.retrieval.rerank import Rerank, query_groups
 from .engine.runs.checkpoint import load_checkpoint
 from .errors import BiencoderError, ConfigError
 from .hydra_glue import conf_dir, fail, hydra_cli, register
@@ -47,23 +49,13 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
     # one process, whatever the environment says (never under torchrun)
     runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic, environ={})
     runtime.apply()
-    device = runtime.device
     set_seed_everywhere(cfg.seed)
     model = emb = model_cfg = None  # TF-IDF needs no model
     if score != "tfidf":
         model, emb, model_cfg, trained = _embedded(cfg, split, runtime)
         retrieve = retrieve or trained
-    tasks = evaluate_tasks(
-        split,
-        score,
-        model=model,
-        emb=emb,
-        k=cfg.eval.k,
-        device=device,
-        groups=groups,
-        batch_size=runtime.pair_batch_size(cfg.eval.pair_batch_size),
-        retrieve=retrieve or "sim",
-    )
+    rerank = replace(Rerank.of_run(cfg.eval, runtime), space=retrieve or "sim")
+    tasks = evaluate_tasks(split, score, model, emb, rerank, groups)
     result = {
         "score": score,
         "retrieve": (retrieve or "sim") if score == "rerank" else None,
@@ -137,18 +129,9 @@ def _embedded(cfg: DictConfig, split: PairedSplit, runtime: Runtime) -> tuple[Bi
     # which the frozen runs share; a fine-tuned encoder's would be used by this checkpoint alone
     untrained = cfg.eval.checkpoint is None or model_cfg["encoder"].get("freeze")
     cache_dir = cfg.trainer.cache_dir if untrained else None
-    pooled = pooled_vectors(
-        model,
-        tokenizer,
-        split.texts,
-        model_cfg["max_length"],
-        cache_dir,
-        cfg.trainer.eval_batch_size,
-        runtime.device,
-        runtime.autocast_dtype,
-        progress,
-        f"encode {split.name}",
-    )
+    encoding = Encoding.of_run(cfg.trainer, runtime, progress)
+    encoder = TextEncoder(model, tokenizer, model_cfg["max_length"], encoding, cache_dir)
+    pooled = pooled_vectors(encoder, split.texts, f"encode {split.name}")
     emb = embed_pooled(model, pooled, runtime.pair_batch_size(cfg.eval.pair_batch_size), runtime.device)
     return model, emb, model_cfg, trained
 

@@ -33,7 +33,8 @@ import torch
 from .engine.config.schema import default_cache_dir
 from .engine.data.corpus import read_corpus, split_name
 from .engine.files import strict_json
-from .engine.modeling.model import Embeddings, embed_pooled, pooled_vectors
+from .engine.modeling.encoding import Encoding, TextEncoder, embed_pooled, pooled_vectors
+from .engine.modeling.model import Embeddings
 from .engine.retrieval.rerank import NONE, first_kept, shortlist_margins
 from .engine.retrieval.search import NeighbourIndex
 from .engine.runs.checkpoint import load_checkpoint
@@ -93,17 +94,9 @@ class Retriever:
         self.embed_seconds = time.time() - start
 
     def _pool(self, texts: list[str], cache_dir=None, progress: bool = False, desc: str = "encode") -> torch.Tensor:
-        return pooled_vectors(
-            self.model,
-            self.tokenizer,
-            texts,
-            self.model_cfg["max_length"],
-            cache_dir,
-            self.batch_size,
-            self.device,
-            progress=progress,
-            desc=desc,
-        )
+        encoding = Encoding(self.batch_size, self.device, progress=progress)
+        encoder = TextEncoder(self.model, self.tokenizer, self.model_cfg["max_length"], encoding, cache_dir)
+        return pooled_vectors(encoder, texts, desc)
 
     def search(self, queries: list[str], k: int = 5) -> list[list[Hit]]:
         """Top ``k`` candidates per query, best first (see the module docstring): k hits whenever k candidates have a

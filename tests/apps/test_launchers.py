@@ -72,7 +72,7 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     from submitit.core.utils import pickle_load
 
     from biencoder.engine.runs.records import read_metrics
-    from biencoder.engine.training.runner import run
+    from biencoder.engine.training.run import run
 
     sweep = tmp_path / "sweep"
     settings = [

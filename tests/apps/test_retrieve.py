@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.modeling.model import TokenizedTexts, encode, pair_margins
+from biencoder.engine.modeling.encoding import TokenizedTexts, encode, pair_margins
 from biencoder.engine.retrieval.rerank import retrieve
 from biencoder.engine.runs.checkpoint import load_checkpoint
-from biencoder.engine.training.runner import run
+from biencoder.engine.training.run import run
 from biencoder.retrieve import InputError, Retriever, main, read_texts
 from conftest import FAST, compose_cfg
 

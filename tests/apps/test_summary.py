@@ -44,7 +44,7 @@ def test_cli_outputs_and_errors(tmp_path, capsys):
 
 def test_script_on_real_runner_output(tmp_path):
     for variant in ("plain", "ln"):
-        from biencoder.engine.training.runner import run
+        from biencoder.engine.training.run import run
 
         out = tmp_path / f"{variant}_s0"
         run(compose_cfg(FAST + [f"+variant={variant}", "trainer.max_epochs=1", "eval.tasks=false"]), out)

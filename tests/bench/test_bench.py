@@ -228,7 +228,7 @@ def test_a_resumed_optimizer_state_saved_by_foreach_adamw_runs_fused(tmp_path):
         group.update(fused=None, foreach=True)
     runner.trainer.load_state_dict(state)
     assert all(g["fused"] is True and g["foreach"] is None for g in runner.trainer.optimizer.param_groups)
-    negatives = runner.trainer.mine(0, runner.embed("train").sim)
+    negatives = runner.trainer.mine(0, runner.evaluation.embed("train").sim)
     assert runner.trainer.train_epoch(0, negatives)["loss"] > 0
 
 

@@ -103,7 +103,7 @@ def test_a_diverged_run_writes_strict_json_that_the_report_reads(tmp_path, monke
     """The record of a run stopped by a NaN loss: strict JSON, loss parts null and named; the report reads it, and the
     same record written with bare NaN (before), as the same diverged run with NaN loss parts."""
     from biencoder.engine.training.epoch import Diverged
-    from biencoder.engine.training.runner import run
+    from biencoder.engine.training.run import run
     from biencoder.report.runs import find_runs
     from conftest import poison_classifier
 

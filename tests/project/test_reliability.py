@@ -15,7 +15,7 @@ import torch
 from biencoder.engine.modeling.model import build_model
 from biencoder.engine.runs.records import RunFolderError, append_rows, read_metrics, truncate_metrics
 from biencoder.engine.training.epoch import Diverged
-from biencoder.engine.training.runner import run
+from biencoder.engine.training.run import run
 from biencoder.errors import ConfigError
 from conftest import FAST, REPO, compose_cfg
 

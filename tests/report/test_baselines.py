@@ -14,7 +14,8 @@ import yaml
 from biencoder.engine.config.schema import demo_root, packaged_minilm_path
 from biencoder.engine.data.corpus import read_corpus
 from biencoder.engine.machine.runtime import set_seed_everywhere
-from biencoder.engine.modeling.model import Embeddings, TokenizedTexts, build_model, encode_pooled
+from biencoder.engine.modeling.encoding import Encoding, TokenizedTexts, encode_pooled
+from biencoder.engine.modeling.model import Embeddings, build_model
 from biencoder.engine.retrieval.official_tasks import evaluate_tasks
 from biencoder.report.baselines import baseline_markdown, baseline_table
 from biencoder.report.runs import assign_cells, find_runs
@@ -60,7 +61,7 @@ def expected(seed, max_debates, groups=None):
     split = read_corpus("demo").used(True).paired("test", max_debates)
     set_seed_everywhere(seed)
     model, tokenizer = build_model(TINY, progress=False)
-    pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, 64), 64, "cpu")
+    pooled = encode_pooled(model, TokenizedTexts(split.texts, tokenizer, 64), Encoding(64, "cpu"))
     emb = Embeddings(torch.zeros(len(split.texts), 1), pooled)
     out = {}
     for score, name in (("encoder_cosine", "zero-shot"), ("tfidf", "TF-IDF")):

@@ -22,15 +22,17 @@ from biencoder.engine.data.corpus import run_splits
 from biencoder.engine.machine.rng import rng_states
 from biencoder.engine.machine.runtime import decide
 from biencoder.engine.modeling.cache import encoder_fingerprint, model_cache
-from biencoder.engine.modeling.model import TokenizedTexts, build_model
-from biencoder.engine.training.runner import SPLITS, Runner
+from biencoder.engine.modeling.encoding import TokenizedTexts
+from biencoder.engine.modeling.model import build_model
+from biencoder.engine.training.evaluation import SPLITS
+from biencoder.engine.training.runner import Runner
 
 
 def cache_report(cfg) -> str | None:
     """For a frozen-encoder config: None when the embedding cache holds every text the run encodes, else a line
     saying how many are missing (the runner then encodes them). The texts are the runner's own
     (:func:`biencoder.engine.data.corpus.run_splits`), the cache the one
-    :func:`biencoder.engine.modeling.model.pooled_vectors` fills."""
+    :func:`biencoder.engine.modeling.encoding.pooled_vectors` fills."""
     _, splits = run_splits(cfg.data)
     texts = [text for split in splits.values() for text in split.texts]
     model, tokenizer = build_model(cfg.model, progress=False)
@@ -68,7 +70,7 @@ def _tokenise_seconds(runner) -> dict[str, float]:
     if not runner.frozen:
         for name in SPLITS:
             begin = time.perf_counter()
-            TokenizedTexts(runner.splits[name].texts, runner.tokenizer, runner.cfg.model.max_length)
+            TokenizedTexts(runner.data.splits[name].texts, runner.tokenizer, runner.cfg.model.max_length)
             out[f"tokenise {name} (once)"] = time.perf_counter() - begin
     return out
 

@@ -19,7 +19,7 @@ from biencoder.engine.config.schema import INDEXES, EvalSchema
 from biencoder.engine.data.corpus import read_corpus
 from biencoder.engine.machine.runtime import Runtime
 from biencoder.engine.modeling.model import Embeddings
-from biencoder.engine.retrieval.rerank import retrieve_rerank
+from biencoder.engine.retrieval.rerank import Rerank, retrieve_rerank
 
 #: the index a run searches with unless told otherwise: the headline is its figure
 DEFAULT_INDEX = EvalSchema().index
@@ -50,7 +50,7 @@ def bench_eval(corpus_root: Path, device: torch.device, k: int = 10) -> dict:
     seconds, top1 = {}, {}
     for index in INDEXES:
         seconds[index], (metrics, _) = timed(
-            lambda index=index: retrieve_rerank(model, emb, split, k, size, device=device, index=index),
+            lambda index=index: retrieve_rerank(model, emb, split, Rerank(k, size, device, index)),
             repeat=3,
             sync=device,
         )

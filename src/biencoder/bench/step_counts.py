@@ -59,7 +59,7 @@ def bench_step_counts(frozen: bool, steps: int, size: str = "minilm") -> dict:
     scratch = Path(tempfile.mkdtemp(prefix="bench-step-"))
     try:
         runner = Runner(compose_config(step_overrides(frozen, scratch / "cache", size)), scratch / "run")
-        negatives = runner.trainer.mine(0, runner.embed("train").sim)
+        negatives = runner.trainer.mine(0, runner.evaluation.embed("train").sim)
         runner.model.train()
         runner.model.encoder.train(not runner.frozen)
         batches = _ready_batches(runner, negatives, 2 * steps + 2)

@@ -22,7 +22,8 @@ import torch
 
 from ..engine.data.corpus import run_splits
 from ..engine.machine.runtime import set_seed_everywhere
-from ..engine.modeling.model import build_model, pooled_vectors
+from ..engine.modeling.encoding import TextEncoder, pooled_vectors
+from ..engine.modeling.model import build_model
 from ..engine.retrieval.official_tasks import BASELINES, baseline_ranks
 from ..engine.retrieval.rerank import query_sample
 from . import SummaryError
@@ -79,9 +80,8 @@ def baseline_hits(
         set_seed_everywhere(run.seed)  # as the runner does before building the model: the same random_init encoder
         model, tokenizer = build_model(model_cfg, progress=False)
         with torch.no_grad():
-            pooled = pooled_vectors(
-                model, tokenizer, split.texts, model_cfg["max_length"], run.flat["trainer.cache_dir"]
-            )
+            encoder = TextEncoder(model, tokenizer, model_cfg["max_length"], cache_dir=run.flat["trainer.cache_dir"])
+            pooled = pooled_vectors(encoder, split.texts)
         pairs = query_sample(split.n_pairs, run.flat.get("eval.test_queries"))  # the run's own test queries
         memo[key] = {name: ranks == 1 for name, ranks in baseline_ranks(split, pooled, pairs).items()}
     return memo[key]

@@ -3,14 +3,15 @@ from, recorded in final.json, named in the summary, and the one every table and 
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import yaml
 
 from biencoder.engine.config.schema import selection
-from biencoder.engine.training.runner import Runner, run
+from biencoder.engine.runs.checkpoint import selected_by_rule
+from biencoder.engine.training.evaluation import Evaluation
+from biencoder.engine.training.run import run
 from biencoder.report.run import summary_text
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.stability import run_outcomes
@@ -39,7 +40,7 @@ def test_the_best_epoch_is_picked_by_the_metric_the_run_reports(tmp_path, monkey
     """With planted val values whose best epochs differ, ``loss.ce_weight=0`` picks by val retrieval top-1 and the
     default by the reranked top-1; final.json records it, test_hits.npy holds that metric's hits at that epoch, and
     the summary names it (and says the classifier is untrained)."""
-    real = Runner.evaluate_split
+    real = Evaluation.evaluate_split
 
     def planted(self, name, emb, epoch=-1):
         metrics, hits = real(self, name, emb, epoch)
@@ -47,7 +48,7 @@ def test_the_best_epoch_is_picked_by_the_metric_the_run_reports(tmp_path, monkey
             metrics.update({key: values[epoch] for key, values in PLANTED.items()})
         return metrics, hits
 
-    monkeypatch.setattr(Runner, "evaluate_split", planted)
+    monkeypatch.setattr(Evaluation, "evaluate_split", planted)
     out = tmp_path / "run"
     final = run(
         compose_cfg(
@@ -84,8 +85,7 @@ def test_a_resumed_best_from_before_the_field_is_valued_by_this_run_s_metric():
         "hits": None,
     }
     for metric, value in (("retrieval_top1", 0.3), ("top1", 0.4)):
-        runner = SimpleNamespace(selection={"split": "val", "metric": metric}, folder=SimpleNamespace(last="last.pt"))
-        best = Runner._selected_by_rule(runner, dict(old))
+        best = selected_by_rule(dict(old), metric, "last.pt")
         assert (best["epoch"], best["metric"], best["value"]) == (2, metric, value) and "val_top1" not in best
 
 

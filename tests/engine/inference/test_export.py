@@ -4,9 +4,9 @@ its logits; for the pooler (tiny BERT), mean pooling and a frozen encoder alike.
 import pytest
 import torch
 
-from biencoder.engine.modeling.model import TokenizedTexts, encode
+from biencoder.engine.modeling.encoding import Encoding, TokenizedTexts, encode
 from biencoder.engine.runs.checkpoint import load_checkpoint
-from biencoder.engine.training.runner import run
+from biencoder.engine.training.run import run
 from conftest import FAST, compose_cfg
 
 st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
@@ -41,7 +41,7 @@ def test_round_trip(tmp_path, extra):
     )
     exported = export(out, tmp_path / "st")
     model, tokenizer, model_cfg, _ = load_checkpoint(out)
-    own = encode(model, TokenizedTexts(TEXTS, tokenizer, model_cfg["max_length"]), batch_size=2)
+    own = encode(model, TokenizedTexts(TEXTS, tokenizer, model_cfg["max_length"]), Encoding(batch_size=2))
 
     loaded = st.SentenceTransformer(str(exported), device="cpu")
     sim = torch.as_tensor(loaded.encode(TEXTS))

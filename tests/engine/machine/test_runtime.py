@@ -155,12 +155,12 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
     wrapper = tmp_path / "unpool_step.py"
     wrapper.write_text(
         "import torch\n"
-        "from biencoder import train\nfrom biencoder.engine import epoch\n"
-        "forward = epoch.TripletStep.forward\n"
+        "from biencoder import train\nfrom biencoder.engine.training import triplets\n"
+        "forward = triplets.TripletStep.forward\n"
         "def with_unpool(self, *args, **kwargs):\n"
         "    torch.nn.functional.max_unpool1d(torch.ones(1, 1, 2), torch.tensor([[[0, 1]]]), 2)\n"
         "    return forward(self, *args, **kwargs)\n"
-        "epoch.TripletStep.forward = with_unpool\n"
+        "triplets.TripletStep.forward = with_unpool\n"
         "train.cli()\n"
     )
     logs = tmp_path / "logs"
@@ -192,7 +192,7 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
 def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determinism):
     import yaml
 
-    from biencoder.engine.training.runner import run
+    from biencoder.engine.training.run import run
     from conftest import compose_cfg
 
     final = run(

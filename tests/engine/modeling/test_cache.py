@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from biencoder.engine.modeling.cache import EmbeddingCache, encoder_fingerprint
-from biencoder.engine.modeling.model import TokenizedTexts, build_model, encode_pooled, pooled_vectors
+from biencoder.engine.modeling.encoding import TextEncoder, TokenizedTexts, encode_pooled, pooled_vectors
+from biencoder.engine.modeling.model import build_model
 from biencoder.engine.training.runner import Runner
 from biencoder.evaluate import run_evaluation
 from conftest import FAST, compose_cfg
@@ -159,11 +160,13 @@ def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_toke
     texts = demo_corpus.paired("val").texts
     fresh = encode_pooled(model, TokenizedTexts(texts, tokenizer, 64))
     encoder_calls.clear()
-    torch.testing.assert_close(pooled_vectors(model, tokenizer, texts, 64), fresh, rtol=0, atol=0)
+    torch.testing.assert_close(pooled_vectors(TextEncoder(model, tokenizer, 64), texts), fresh, rtol=0, atol=0)
     assert encoder_calls
-    first = pooled_vectors(model, tokenizer, texts, 64, tmp_path, fingerprint=encoder_fingerprint(model.encoder))
+    fingerprint = encoder_fingerprint(model.encoder)
+    first = pooled_vectors(TextEncoder(model, tokenizer, 64, cache_dir=tmp_path, fingerprint=fingerprint), texts)
     encoder_calls.clear()
-    second = pooled_vectors(model, tokenizer, texts, 64, tmp_path)  # the fingerprint hashed here: the same key
+    # the fingerprint hashed here: the same key
+    second = pooled_vectors(TextEncoder(model, tokenizer, 64, cache_dir=tmp_path), texts)
     assert encoder_calls == []
     torch.testing.assert_close(first, fresh, rtol=0, atol=1e-6)
     torch.testing.assert_close(second, first, rtol=0, atol=0)
@@ -184,7 +187,7 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     assert not any(p.requires_grad for p in runner.model.encoder.parameters())
     calls = encoder_calls
     calls.clear()  # building the runner filled the cache; from here on nothing may encode
-    train_emb = runner.embed("train")
+    train_emb = runner.evaluation.embed("train")
     runner.trainer.train_epoch(0, runner.trainer.mine(0, train_emb.sim))
     runner.evaluate_epoch(("train", "val"))
     assert calls == []  # training, mining and evaluation all work on the cached vectors
@@ -202,26 +205,21 @@ def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypa
     """eval.retrieve=encoder with a frozen encoder: the shortlists cannot change, so each split is searched once
     per run (not every epoch), and the epoch's metrics are those of a fresh search."""
     from biencoder.engine.retrieval import rerank
-    from biencoder.engine.training import runner as runner_module
+    from biencoder.engine.training import evaluation
 
     searches = []
-    original = runner_module.retrieve
-    monkeypatch.setattr(runner_module, "retrieve", lambda *a, **k: searches.append(1) or original(*a, **k))
+    original = evaluation.retrieve
+    monkeypatch.setattr(evaluation, "retrieve", lambda *a, **k: searches.append(1) or original(*a, **k))
     runner = Runner(
         compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "eval.retrieve=encoder"]), tmp_path / "run"
     )
     for epoch in range(2):
-        runner.trainer.train_epoch(epoch, runner.trainer.mine(epoch, runner.embed("train").sim))
+        runner.trainer.train_epoch(epoch, runner.trainer.mine(epoch, runner.evaluation.embed("train").sim))
         metrics, _, embs = runner.evaluate_epoch(("train", "val", "test"), epoch)
         for name, emb in embs.items():
+            settings = rerank.Rerank(runner.cfg.eval.k, index=runner.cfg.eval.index, space="encoder")
             fresh, _ = rerank.retrieve_rerank(
-                runner.model,
-                emb,
-                runner.splits[name],
-                runner.cfg.eval.k,
-                index=runner.cfg.eval.index,
-                pairs=runner.eval_pairs[name],
-                space="encoder",
+                runner.model, emb, runner.data.splits[name], settings, runner.evaluation.pairs[name]
             )
             assert {key: metrics[name][key] for key in fresh} == fresh
     assert len(searches) == 3  # one per split, in the first epoch
@@ -256,7 +254,7 @@ def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch
     """last.pt leaves out a frozen encoder's weights; on resume the best state's encoder part comes from the model
     (checkpoint.restore_last), so a run stopped after 2 of 3 epochs and resumed writes the same best.pt and final
     numbers as one that ran through."""
-    from biencoder.engine.training.runner import run
+    from biencoder.engine.training.run import run
 
     overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.max_epochs=3", "trainer.device=cpu"]
     whole = run(compose_cfg(overrides), tmp_path / "whole")
@@ -292,8 +290,8 @@ def test_frozen_batches_carry_the_mined_negatives(tmp_path):
     runner = Runner(
         compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "negatives.random_rate.start=0.5"]), tmp_path
     )
-    split, pooled = runner.splits["train"], runner.pooled["train"]
-    mined = runner.trainer.mine(0, runner.embed("train").sim)
+    split, pooled = runner.data.splits["train"], runner.inputs.pooled["train"]
+    mined = runner.trainer.mine(0, runner.evaluation.embed("train").sim)
     seen = []
     for rows, inputs in runner.trainer.batches(0, mined):
         assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]]) and np.array_equal(
@@ -313,7 +311,7 @@ def test_a_fresh_run_starts_its_sim_head_from_pca(tmp_path, frozen):
     for init, kept in (("pca", True), ("random", False)):
         runner = Runner(compose_cfg(base + [f"model.sim_init={init}"]), tmp_path / init)
         _, _, train_sim = runner._start()
-        pooled = runner.embed("train").pooled.double()
+        pooled = runner.evaluation.embed("train").pooled.double()
         same = torch.allclose(
             torch.cdist(train_sim.double(), train_sim.double()), torch.cdist(pooled, pooled), rtol=1e-4, atol=1e-6
         )
@@ -325,7 +323,7 @@ def test_a_frozen_runs_best_weights_take_the_encoder_once(tmp_path):
     and shared by later copies (it never changes). On a CPU it is the model's own tensors, not a second copy."""
     runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.device=cpu"]), tmp_path)
     first = runner._weights_on_cpu()
-    runner.trainer.train_epoch(0, runner.trainer.mine(0, runner.embed("train").sim))
+    runner.trainer.train_epoch(0, runner.trainer.mine(0, runner.evaluation.embed("train").sim))
     second = runner._weights_on_cpu()
     assert first.keys() == second.keys() == runner.model.state_dict().keys()
     for key, value in runner.model.state_dict().items():

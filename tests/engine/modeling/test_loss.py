@@ -43,7 +43,7 @@ def test_triplet_is_zero_when_negative_far_enough(tiny_model_and_tokenizer):
 
 
 def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
-    from biencoder.engine.modeling.model import TokenizedTexts
+    from biencoder.engine.modeling.encoding import TokenizedTexts
 
     base, tokenizer = tiny_model_and_tokenizer
     model = copy.deepcopy(base)

@@ -5,15 +5,13 @@ import pytest
 import torch
 
 from biencoder.engine.config.schema import FUSIONS
+from biencoder.engine.modeling.encoding import Encoding, TokenizedTexts, encode, pair_margins
 from biencoder.engine.modeling.model import (
     FUSION_PARTS,
     BiModel,
     Embeddings,
-    TokenizedTexts,
-    encode,
     head_statistics,
     head_statistics_vector,
-    pair_margins,
 )
 from conftest import compose_cfg
 
@@ -115,8 +113,8 @@ def test_encode_is_batch_size_and_order_independent(tiny_model_and_tokenizer):
     model, tokenizer = tiny_model_and_tokenizer
     texts = [f"text number {i} " + "word " * (i % 7) for i in range(23)]
     tokens = TokenizedTexts(texts, tokenizer, 32)
-    one = encode(model, tokens, batch_size=1)
-    many = encode(model, tokens, batch_size=8)
+    one = encode(model, tokens, Encoding(batch_size=1))
+    many = encode(model, tokens, Encoding(batch_size=8))
     assert torch.allclose(one.sim, many.sim, atol=1e-5) and torch.allclose(one.pooled, many.pooled, atol=1e-5)
     direct = model.eval().embed(**tokens.batch([5]))
     assert torch.allclose(direct.sim[0], many.sim[5], atol=1e-5)
@@ -189,7 +187,7 @@ def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_t
     not switched (nor back) at all, and a model that was switched is restored as before (train(was_training))."""
     import copy
 
-    from biencoder.engine.modeling.model import eval_mode
+    from biencoder.engine.modeling.encoding import eval_mode
 
     model = make_model(copy.deepcopy(tiny_model_and_tokenizer[0].encoder))  # the session's model keeps its mode
     switches = []
@@ -220,17 +218,17 @@ def test_pooled_vectors_refuse_non_finite_vectors_with_or_without_a_cache(tiny_m
     pooled_vectors guarantees it without a cache too, as the cache does, with one line a person can act on."""
     import copy
 
-    from biencoder.engine.modeling.model import pooled_vectors
+    from biencoder.engine.modeling.encoding import TextEncoder, pooled_vectors
     from biencoder.errors import BiencoderError
 
     model, tokenizer = tiny_model_and_tokenizer
     broken = copy.deepcopy(model)
     with torch.no_grad():
         broken.encoder.embeddings.word_embeddings.weight.fill_(float("nan"))
-    assert torch.isfinite(pooled_vectors(model, tokenizer, ["a point", "a counter"], 16)).all()
+    assert torch.isfinite(pooled_vectors(TextEncoder(model, tokenizer, 16), ["a point", "a counter"])).all()
     for cache_dir in (None, tmp_path / "cache"):  # without a cache, and with one (nothing is written to it)
         with pytest.raises(BiencoderError, match="non-finite pooled vectors.*trainer.precision=fp32"):
-            pooled_vectors(broken, tokenizer, ["a point", "a counter"], 16, cache_dir=cache_dir)
+            pooled_vectors(TextEncoder(broken, tokenizer, 16, cache_dir=cache_dir), ["a point", "a counter"])
     assert not list((tmp_path / "cache").rglob("*.npz"))
 
 

@@ -14,7 +14,7 @@ import torch
 from biencoder.engine.data.corpus import PairedSplit
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval import negatives, rerank
-from biencoder.engine.retrieval.negatives import mine_negatives
+from biencoder.engine.retrieval.negatives import Mining, mine_negatives
 from biencoder.engine.retrieval.official_tasks import (
     NOT_A_CANDIDATE,
     TASKS,
@@ -30,7 +30,7 @@ from biencoder.engine.retrieval.official_tasks import (
 )
 from biencoder.engine.retrieval.rerank import (
     NONE,
-    distances,
+    Rerank,
     pool_mask,
     pool_ranks,
     pool_shortlists,
@@ -41,6 +41,7 @@ from biencoder.engine.retrieval.rerank import (
     shortlist_margins,
     shortlist_ranks,
 )
+from biencoder.engine.retrieval.search import distances
 
 
 # -- the whole-matrix references ------------------------------------------------------------------------------------
@@ -174,7 +175,7 @@ def test_pool_ranks_in_blocks_are_the_whole_matrix_ranks(tiny_model_and_tokenize
     split, emb = tied
     expected = whole_pool_ranks(model, emb, split, task_masks(whole_types(split)), 3, space)
     for cells in cells_choices(split):
-        got = pool_ranks(model, emb, split, TaskPools(split), 3, space, cells=cells)
+        got = pool_ranks(model, emb, split, TaskPools(split), Rerank(k=3, batch_size=4096, space=space, cells=cells))
         assert {t: r.tolist() for t, r in got.items()} == {t: r.tolist() for t, r in expected.items()}
     assert max(r.max() for r in expected.values()) > 3  # some true counters fall behind the shortlist
 
@@ -193,7 +194,7 @@ def test_scores_in_blocks_rank_as_the_whole_matrix(tiny_model_and_tokenizer, tie
         assert {t: r.tolist() for t, r in got.items()} == {t: r.tolist() for t, r in expected.items()}, cells
         if score != "encoder_cosine":  # a BLAS rounds a float32 dot product by where it sits (cosine_scorer)
             assert np.array_equal(scorer(np.arange(split.n_pairs)), whole)
-        results.append(evaluate_tasks(split, score, model=model, emb=emb, batch_size=64, cells=cells))
+        results.append(evaluate_tasks(split, score, model, emb, Rerank(batch_size=64, cells=cells)))
     assert results[0] == results[1] == results[2]
     assert all(results[0][t]["candidates"] == int(m.sum()) for t, m in task_masks(whole_types(split)).items())
 
@@ -255,16 +256,16 @@ def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, m
     whole = [
         retrieve(sim, split, 4, index),
         retrieve(sim, split, 4, index, pairs=pairs),
-        retrieve_rerank(model, emb, split, k=4, index=index),
-        mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index=index),
+        retrieve_rerank(model, emb, split, Rerank(k=4, index=index)),
+        mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(n_neighbors=1, index=index)),
     ]
     monkeypatch.setattr(rerank, "SEARCH_BLOCK", 5)
     monkeypatch.setattr(negatives, "SEARCH_BLOCK", 5)
     blocked = [
         retrieve(sim, split, 4, index),
         retrieve(sim, split, 4, index, pairs=pairs),
-        retrieve_rerank(model, emb, split, k=4, index=index),
-        mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index=index),
+        retrieve_rerank(model, emb, split, Rerank(k=4, index=index)),
+        mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(n_neighbors=1, index=index)),
     ]
     for a, b in zip(whole[:2], blocked[:2], strict=True):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
@@ -281,13 +282,13 @@ def test_retrieval_of_the_positives_pool_in_search_blocks(tiny_model_and_tokeniz
     split, emb = tied
     split = replace(split, pool="positives")
     sim = emb.sim.numpy()
-    whole = retrieve(sim, split, 4, "exact"), retrieve_rerank(model, emb, split, k=4, index="exact")
+    whole = retrieve(sim, split, 4, "exact"), retrieve_rerank(model, emb, split, Rerank(k=4, index="exact"))
     expected = baseline_ranks(split, emb.pooled)
     monkeypatch.setattr(rerank, "SEARCH_BLOCK", 5)
     rows, dist = retrieve(sim, split, 4, "exact")
     assert np.array_equal(rows, whole[0][0]) and np.array_equal(dist, whole[0][1])
     assert split.is_counter[rows].all()
-    metrics, hits = retrieve_rerank(model, emb, split, k=4, index="exact")
+    metrics, hits = retrieve_rerank(model, emb, split, Rerank(k=4, index="exact"))
     assert metrics == whole[1][0] and np.array_equal(hits, whole[1][1])
     got = baseline_ranks(split, emb.pooled, cells=1)
     assert {s: r.tolist() for s, r in got.items()} == {s: r.tolist() for s, r in expected.items()}
@@ -302,9 +303,9 @@ def test_mining_doubles_k_per_query_in_any_block(monkeypatch):
     sim = np.zeros((80, 2))
     sim[:40, 0] = np.arange(40)
     sim[40:, 0] = np.arange(40) + 0.25  # every counter next to its point: the nearest rows are banned twins
-    whole = mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index="exact")
+    whole = mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(n_neighbors=1, index="exact"))
     monkeypatch.setattr(negatives, "SEARCH_BLOCK", 3)
-    blocked = mine_negatives(sim, split, 0.0, np.random.default_rng(0), n_neighbors=1, index="exact")
+    blocked = mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(n_neighbors=1, index="exact"))
     assert np.array_equal(whole.row, blocked.row)
     assert (split.text_id[whole.row] != split.text_id[split.counter]).all()
 
@@ -341,8 +342,8 @@ def test_the_evaluation_never_holds_the_whole_matrix(tiny_model_and_tokenizer):
     cap = whole // 2
     tracemalloc.start()
     try:
-        mine_negatives(emb.sim.numpy(), split, 0.5, np.random.default_rng(0), index="exact")
-        metrics, _ = retrieve_rerank(model, emb, split, k=10, index="exact")
+        mine_negatives(emb.sim.numpy(), split, 0.5, np.random.default_rng(0), Mining(index="exact"))
+        metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=10, index="exact"))
         ranks = baseline_ranks(split, emb.pooled)
         sizes = pool_sizes(split)
         _, peak = tracemalloc.get_traced_memory()
@@ -356,7 +357,7 @@ def test_the_evaluation_never_holds_the_whole_matrix(tiny_model_and_tokenizer):
 def test_texts_are_tokenised_in_blocks_to_the_same_ids(tiny_model_and_tokenizer, monkeypatch):
     """TokenizedTexts calls the tokenizer on CHUNK texts at a time (its output for 200 000 texts at once held 3.9 GB):
     the ids are those of one call."""
-    from biencoder.engine.modeling.model import TokenizedTexts
+    from biencoder.engine.modeling.encoding import TokenizedTexts
 
     tokenizer = tiny_model_and_tokenizer[1]
     texts = [f"text number {i} " + "word " * (i % 9) for i in range(11)]

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.modeling.model import Embeddings, TokenizedTexts, encode
+from biencoder.engine.modeling.encoding import TokenizedTexts, encode
+from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.official_tasks import evaluate_tasks
-from biencoder.engine.retrieval.rerank import retrieve, retrieve_rerank
+from biencoder.engine.retrieval.rerank import Rerank, retrieve, retrieve_rerank
 from engine.retrieval.test_negatives import paired_split
 from engine.retrieval.test_rerank import candidate_scorer
 
@@ -39,7 +40,7 @@ def test_retrieve_rerank_by_hand(planted):
     # query 1 at 0.4: P0 (0.4), C0 (0.6) — its counter C1 (4.6) is not among the 2
     # query 2 at 10:  C2 (0.5), C1 (5.0) — C0 is a twin of the true counter and excluded, P2 itself too
     assert rows.tolist() == [[1, 3], [0, 3], [5, 4]]
-    metrics, hits = retrieve_rerank(model, emb, split, k=2)
+    metrics, hits = retrieve_rerank(model, emb, split, Rerank(k=2))
     # rerank by preference: q0 picks C0 (1.0 > 0.0) → hit; q1 misses; q2 picks C1 (2.0 > 0.5) → miss
     assert hits.tolist() == [True, False, False]
     assert metrics["top1"] == pytest.approx(1 / 3)
@@ -52,7 +53,7 @@ def test_retrieve_rerank_by_hand(planted):
 def test_ties_count_against_the_true_counter(planted):
     split, emb, model = planted
     emb.pooled[1, 0] = 1.0  # P1 now ties with C0 for query 0
-    metrics, hits = retrieve_rerank(model, emb, split, k=2)
+    metrics, hits = retrieve_rerank(model, emb, split, Rerank(k=2))
     assert not hits[0] and metrics["mrr"] == pytest.approx((1 / 2 + 0 + 1 / 2) / 3)
 
 
@@ -63,9 +64,9 @@ def test_saturated_probabilities_do_not_tie(planted):
     emb.pooled[3, 0], emb.pooled[1, 0] = 30.0, 20.0  # query 0 retrieves P1 and C0 (its counter)
     p = torch.tensor([30.0, 20.0]).sigmoid()
     assert p[0] == p[1] == 1.0  # the float32 tie the old ranking lost
-    _, hits = retrieve_rerank(model, emb, split, k=2)
+    _, hits = retrieve_rerank(model, emb, split, Rerank(k=2))
     assert hits[0]
-    tasks = evaluate_tasks(split, "rerank", model=model, emb=emb, k=2)
+    tasks = evaluate_tasks(split, "rerank", model, emb, Rerank(k=2, batch_size=4096))
     classifier = evaluate_tasks(split, "classifier", model=model, emb=emb)
     assert tasks["epa"]["accuracy_at_1"] >= 1 / 3 and classifier["epa"]["accuracy_at_1"] >= 1 / 3
 
@@ -83,10 +84,10 @@ def test_classifier_is_called_in_blocks_not_per_pair(planted, monkeypatch):
     calls = []
     original = model.head
     monkeypatch.setattr(model, "head", lambda features: calls.append(len(features)) or original(features))
-    retrieve_rerank(model, emb, split, k=2)
+    retrieve_rerank(model, emb, split, Rerank(k=2))
     assert calls == [6]  # all 3 queries × 2 candidates in one call
     calls.clear()
-    retrieve_rerank(model, emb, split, k=2, batch_size=4)
+    retrieve_rerank(model, emb, split, Rerank(k=2, batch_size=4))
     assert calls == [4, 2]  # blocks of 4 pairs, the last one partial
 
 
@@ -136,7 +137,7 @@ def test_retrieval_by_the_encoders_cosine_by_hand(planted):
     assert raw[0, 0] == 1  # Euclidean on the raw vectors would have picked P1
     sim_rows, _ = retrieve(emb.sim.numpy(), split, k=2)
     assert sim_rows[0].tolist() == [1, 3]  # and the sim head P1, C0
-    metrics, _ = retrieve_rerank(model, emb, split, k=2, space="encoder")
+    metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=2, space="encoder"))
     assert metrics["queries"] == 3
 
 
@@ -146,24 +147,26 @@ def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_
     model, tokenizer = tiny_model_and_tokenizer
     split = demo_corpus.paired("test")
     emb = encode(model, TokenizedTexts(split.texts, tokenizer, 64))
-    metrics, _ = retrieve_rerank(model, emb, split, k=5, space="encoder")
+    metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=5, space="encoder"))
     cosine = evaluate_tasks(split, "encoder_cosine", emb=emb)
     assert metrics["retrieval_top1"] == pytest.approx(cosine["epa"]["accuracy_at_1"])
-    sim_metrics, _ = retrieve_rerank(model, emb, split, k=5)
+    sim_metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=5))
     assert sim_metrics["recall_at_k"] != metrics["recall_at_k"]  # a different shortlist, not the sim head's
 
 
 def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, monkeypatch):
     """No checkpoint: the encoder as loaded, untrained, so its vectors are the embedding cache's (keyed by its
     weights), shared with the frozen runs; a second evaluation runs the encoder on no text and gives the same tasks."""
-    from biencoder.engine.modeling import model as model_module
+    from biencoder.engine.modeling import encoding as encoding_module
     from biencoder.evaluate import run_evaluation
     from conftest import compose_cfg
 
     encoded = []
-    real = model_module.encode_pooled
+    real = encoding_module.encode_pooled
     monkeypatch.setattr(
-        model_module, "encode_pooled", lambda m, texts, *a, **k: encoded.append(len(texts)) or real(m, texts, *a, **k)
+        encoding_module,
+        "encode_pooled",
+        lambda m, texts, *a, **k: encoded.append(len(texts)) or real(m, texts, *a, **k),
     )
     overrides = [
         "model=tiny",

@@ -3,7 +3,7 @@ import pandas as pd
 import pytest
 
 from biencoder.engine.data.corpus import PairedSplit
-from biencoder.engine.retrieval.negatives import forbidden_texts, mine_negatives, random_rate
+from biencoder.engine.retrieval.negatives import Mining, forbidden_texts, mine_negatives, random_rate
 
 
 def paired_split(points, counters, debate=None):
@@ -29,7 +29,7 @@ def test_planted_nearest_neighbour_skips_self_counter_and_duplicates():
     # 1-D positions: rows 0..3 points, 4..7 counters
     pos = {0: 0.0, 4: 0.1, 7: 0.2, 1: 0.3, 5: 5.0, 2: 9.0, 6: 9.5, 3: 20.0}
     sim = np.array([[pos[r]] for r in range(8)])
-    mined = mine_negatives(sim, split, rate=0.0, rng=np.random.default_rng(0), n_neighbors=1)
+    mined = mine_negatives(sim, split, rate=0.0, rng=np.random.default_rng(0), mining=Mining(n_neighbors=1))
     # point 0: own counter (row 4, 0.1) and its duplicate (row 7, 0.2) are skipped → point 1 at 0.3
     # point 1: nearest are row 7 (0.1), row 0 (0.3), row 4 (0.2) → row 7 (0.1)
     # point 2: own counter row 6 skipped; nearest point row 1 (6.3) vs counter row 5 (4.0) → row 5
@@ -47,7 +47,7 @@ def test_negative_never_has_the_positive_text(rate):
     banned = forbidden_texts(split)
     for seed in range(20):
         sim = rng.normal(size=(80, 4))
-        mined = mine_negatives(sim, split, rate, np.random.default_rng(seed), n_neighbors=2)
+        mined = mine_negatives(sim, split, rate, np.random.default_rng(seed), Mining(n_neighbors=2))
         assert (mined.row != split.counter).all() and (mined.row != split.query).all()
         assert (split.text_id[mined.row][:, None] != banned).all()
         if rate == 1.0:
@@ -86,9 +86,9 @@ def test_only_the_hard_pairs_are_searched_and_they_get_what_a_search_of_all_give
     q = 700  # 1400 rows: several of exact search's 256-query blocks, a partial one at the end
     split = paired_split([f"p{i}" for i in range(q)], [f"c{i % 650}" for i in range(q)])  # some duplicate counters
     sim = np.random.default_rng(4).normal(size=(2 * q, 16))
-    every = mine_negatives(sim, split, 0.0, np.random.default_rng(9), n_neighbors=3, index=index)
+    every = mine_negatives(sim, split, 0.0, np.random.default_rng(9), Mining(n_neighbors=3, index=index))
     for rate in (0.3, 0.8):
-        mixed = mine_negatives(sim, split, rate, np.random.default_rng(9), n_neighbors=3, index=index)
+        mixed = mine_negatives(sim, split, rate, np.random.default_rng(9), Mining(n_neighbors=3, index=index))
         hard = ~mixed.is_random
         assert 0 < hard.sum() < q
         np.testing.assert_array_equal(mixed.row[hard], every.row[hard])
@@ -99,7 +99,7 @@ def test_only_the_hard_pairs_are_searched_and_they_get_what_a_search_of_all_give
 def test_a_pair_without_an_eligible_negative_is_refused_at_any_rate(rate):
     split = paired_split(["a", "a"], ["b", "b"])  # two texts: every argument is a point's or its counter's
     with pytest.raises(ValueError, match="^a pair has no eligible negative"):
-        mine_negatives(np.zeros((4, 2)), split, rate, np.random.default_rng(0), n_neighbors=1)
+        mine_negatives(np.zeros((4, 2)), split, rate, np.random.default_rng(0), Mining(n_neighbors=1))
 
 
 @pytest.mark.parametrize(
@@ -111,7 +111,9 @@ def test_a_pair_without_an_eligible_negative_is_refused_at_any_rate(rate):
 )  # pair 0 may take b, pair 1 nothing
 def test_one_pair_without_an_eligible_negative_is_enough_to_refuse(points, counters):
     with pytest.raises(ValueError, match="^a pair has no eligible negative"):
-        mine_negatives(np.zeros((4, 2)), paired_split(points, counters), 0.0, np.random.default_rng(0), n_neighbors=1)
+        mine_negatives(
+            np.zeros((4, 2)), paired_split(points, counters), 0.0, np.random.default_rng(0), Mining(n_neighbors=1)
+        )
 
 
 def test_a_split_smaller_than_the_neighbours_fetched():
@@ -151,7 +153,7 @@ def test_the_random_draw_is_the_first_thing_mining_takes_from_the_rng():
     searched: a change of order would move every same-seed number."""
     split = paired_split([f"p{i}" for i in range(300)], [f"c{i}" for i in range(300)])
     sim = np.random.default_rng(1).normal(size=(600, 4))
-    mined = mine_negatives(sim, split, 0.4, np.random.default_rng(11), n_neighbors=2)
+    mined = mine_negatives(sim, split, 0.4, np.random.default_rng(11), Mining(n_neighbors=2))
     np.testing.assert_array_equal(mined.is_random, np.random.default_rng(11).random(300) < 0.4)
 
 

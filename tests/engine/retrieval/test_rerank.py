@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from biencoder.engine.modeling.model import Embeddings, TokenizedTexts, encode
+from biencoder.engine.modeling.encoding import TokenizedTexts, encode
+from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.official_tasks import candidate_types, evaluate_tasks, task_masks
 from biencoder.engine.retrieval.rerank import (
     NONE,
     NonFiniteMargins,
-    distances,
+    Rerank,
     fixed_pools,
     pool_ranks,
     pool_shortlists,
@@ -22,6 +23,7 @@ from biencoder.engine.retrieval.rerank import (
     shortlist_margins,
     shortlist_ranks,
 )
+from biencoder.engine.retrieval.search import distances
 from engine.retrieval.test_negatives import paired_split
 
 #        rows: 0=P0 1=P1  2=P2  3=P3  4=C0 5=C1  6=C2  7=C3 (C3 has C0's text: the true counter of P3, a twin of C0)
@@ -63,7 +65,7 @@ def test_per_epoch_rerank_by_hand(line):
     # q1 at 10: C1 (3), C0 (9) | q2 at 20: C2 (0.5), C1 (7) | q3 at 30: C2 (9.5), P2 (10); its C3 (29.5) not among 2
     assert rows.tolist() == [[4, 1], [5, 4], [6, 5], [6, 2]]
     assert dist.tolist() == [[1.0, 10.0], [3.0, 9.0], [0.5, 7.0], [9.5, 10.0]]
-    metrics, hits = retrieve_rerank(model, emb, split, k=2, index="exact")
+    metrics, hits = retrieve_rerank(model, emb, split, Rerank(k=2, index="exact"))
     # margins: q0 C0 1 > P1 0 → hit; q1 C1 3 > C0 1 → hit; q2 C2 2 < C1 3 → rank 2; q3 its counter not in the k
     assert hits.tolist() == [True, True, False, False]
     assert metrics == {
@@ -79,14 +81,21 @@ def test_per_epoch_rerank_by_hand(line):
 def test_pool_ranks_by_hand(line):
     """The epa pool: the k reranked first, the rest of the pool after them by distance (ties count against)."""
     split, emb, model = line
-    ranks = pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=2)["all"]
+    ranks = pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), Rerank(k=2, batch_size=4096))[
+        "all"
+    ]
     # q3: the k (C2, P2), then C1 (17) and P1 (20) are nearer than its counter C3 (29.5) → rank 2 + 2 + 1
     assert ranks.tolist() == [1, 1, 2, 5]
-    metrics, hits = retrieve_rerank(model, emb, split, k=2)
+    metrics, hits = retrieve_rerank(model, emb, split, Rerank(k=2))
     assert (ranks == 1).tolist() == hits.tolist()  # the per-epoch top-1 is the epa pool's
     # P0 moved to 0.5 ties C3 for q3 (both 29.5 away): a tie counts against the true counter
     emb.sim[0, 0] = 0.5
-    assert pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=2)["all"][3] == 6
+    assert (
+        pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), Rerank(k=2, batch_size=4096))[
+            "all"
+        ][3]
+        == 6
+    )
 
 
 def test_small_pools_ties_and_margin_ties_by_hand(line):
@@ -99,10 +108,14 @@ def test_small_pools_ties_and_margin_ties_by_hand(line):
     shortlists = pool_shortlists(distances(emb.sim, split.query), {"few": with_true}, k=3)["few"]
     # q0's pool has 2 members: a NONE place; q2: P1 and P3 are both 10 from P2, the lower row first
     assert shortlists.tolist() == [[4, 1, NONE], [5, 3, NONE], [6, 5, 1], [5, 7, 0]]
-    assert pool_ranks(model, emb, split, fixed_pools({"few": pools}), k=3)["few"].tolist() == [1, 1, 2, 1]
+    assert pool_ranks(model, emb, split, fixed_pools({"few": pools}), Rerank(k=3, batch_size=4096))[
+        "few"
+    ].tolist() == [1, 1, 2, 1]
     # a margin tie counts against: P1 scored like C0 for q0
     emb.pooled[1, 0] = 1.0
-    assert pool_ranks(model, emb, split, fixed_pools({"few": pools}), k=3)["few"].tolist() == [2, 1, 2, 1]
+    assert pool_ranks(model, emb, split, fixed_pools({"few": pools}), Rerank(k=3, batch_size=4096))[
+        "few"
+    ].tolist() == [2, 1, 2, 1]
     rank, in_k = shortlist_ranks(np.array([[4, 1], [0, 2]]), np.array([[1.0, 1.0], [0.0, 0.0]]), np.array([4, 5]))
     assert rank.tolist() == [2, 0] and in_k.tolist() == [True, False]
 
@@ -154,9 +167,9 @@ def test_nan_classifier_in_retrieve_rerank_names_the_split(line):
     with torch.no_grad():
         model.out.bias[1] = float("nan")
     with pytest.raises(NonFiniteMargins, match=r"^8 of 8 classifier margins on split train are not finite"):
-        retrieve_rerank(model, emb, split, k=2, index="exact")
+        retrieve_rerank(model, emb, split, Rerank(k=2, index="exact"))
     with pytest.raises(NonFiniteMargins, match="on split train"):
-        pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=2)
+        pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), Rerank(k=2, batch_size=4096))
 
 
 def test_nan_margins_stop_a_run_as_diverged(tmp_path, monkeypatch):
@@ -166,7 +179,7 @@ def test_nan_margins_stop_a_run_as_diverged(tmp_path, monkeypatch):
 
     import biencoder.engine.retrieval.rerank as rerank
     from biencoder.engine.training.epoch import Diverged
-    from biencoder.engine.training.runner import run
+    from biencoder.engine.training.run import run
     from conftest import FAST, compose_cfg
 
     monkeypatch.setattr(
@@ -199,9 +212,9 @@ def test_the_two_shortlist_finders_agree_on_demo(tiny_model_and_tokenizer, demo_
         # a BallTree orders equal distances (duplicate texts, equal vectors) its own way: the same distances
         rows, found = retrieve(emb.retrieval(space).numpy(), split, 5, "balltree")
         np.testing.assert_allclose(found, np.take_along_axis(dist, expected, 1), rtol=1e-12)
-        tasks = evaluate_tasks(split, "rerank", model=model, emb=emb, k=5, retrieve=space)
+        tasks = evaluate_tasks(split, "rerank", model, emb, Rerank(k=5, batch_size=4096, space=space))
         for index in ("exact", "balltree"):
-            metrics, _ = retrieve_rerank(model, emb, split, k=5, space=space, index=index)
+            metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=5, index=index, space=space))
             assert metrics["top1"] == tasks["epa"]["accuracy_at_1"]
         if space == "sim":  # the nearest candidate is the pool's first by distance
             assert metrics["retrieval_top1"] == evaluate_tasks(split, "sim", emb=emb)["epa"]["accuracy_at_1"]
@@ -214,7 +227,7 @@ def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_co
     size, a partial last block included. The margins agree to float32 rounding: BLAS may compute a block's leftover
     rows with another kernel (blocks of 7 rows differed by ~1e-6 here; multiples of 8 were equal to the bit)."""
     from biencoder.engine.machine.runtime import Runtime
-    from biencoder.engine.modeling.model import embed_pooled
+    from biencoder.engine.modeling.encoding import embed_pooled
 
     model, tokenizer = tiny_model_and_tokenizer
     split = demo_corpus.paired("test")
@@ -225,7 +238,9 @@ def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_co
         margins = shortlist_margins(
             model, emb, split.query, [retrieve(emb.sim.numpy(), split, 5, "exact")[0]], batch_size=size
         )
-        results.append((emb.sim, margins[0], retrieve_rerank(model, emb, split, k=5, batch_size=size, index="exact")))
+        results.append(
+            (emb.sim, margins[0], retrieve_rerank(model, emb, split, Rerank(k=5, batch_size=size, index="exact")))
+        )
     for sim, margins, (metrics, hits) in results[1:]:
         torch.testing.assert_close(sim, results[0][0], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(margins, results[0][1], rtol=1e-5, atol=1e-5)
@@ -257,7 +272,7 @@ def test_nan_margins_in_the_within_group_top1_stop_a_run_as_diverged(tmp_path, m
 
     import biencoder.engine.retrieval.groups as groups
     from biencoder.engine.training.epoch import Diverged
-    from biencoder.engine.training.runner import run
+    from biencoder.engine.training.run import run
     from conftest import FAST, compose_cfg
 
     def nan_margins(model, emb, queries, row_lists, *args):
@@ -276,7 +291,9 @@ def test_pool_ranks_of_two_queries_beyond_their_shortlist(line):
     for q3 (at 30) C2 does. Each one's rank counts only its own pool members nearer than its counter."""
     split, emb, model = line
     emb.sim[6, 0] = 27.0
-    ranks = pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), k=1)["all"]
+    ranks = pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), Rerank(k=1, batch_size=4096))[
+        "all"
+    ]
     # q2: the one listed + 1, nothing unlisted within 7 → 2 | q3: C2 listed + 1 + P2 (10), C1 (17), P1 (20) → 5
     assert ranks.tolist() == [1, 1, 2, 5]
 
@@ -284,7 +301,7 @@ def test_pool_ranks_of_two_queries_beyond_their_shortlist(line):
 def test_per_epoch_rerank_of_some_queries(line):
     """``pairs`` (eval.sample's queries): the metrics of those queries alone, each in the whole split's pool."""
     split, emb, model = line
-    metrics, hits = retrieve_rerank(model, emb, split, k=2, index="exact", pairs=np.array([0, 2]))
+    metrics, hits = retrieve_rerank(model, emb, split, Rerank(k=2, index="exact"), pairs=np.array([0, 2]))
     # as in test_per_epoch_rerank_by_hand: q0 a hit, q2 its counter second after reranking; both nearest first
     assert hits.tolist() == [True, False]
     assert metrics == {
@@ -335,7 +352,7 @@ def test_a_k_above_the_smallest_pool_is_cut_to_it(line):
     rows, dist = retrieve(emb.sim.numpy(), split, k=10, index="exact")
     assert rows.shape == (4, 6)
     assert rows[1].tolist() == [5, 4, 7, 0, 2, 6] and dist[1].tolist() == [3.0, 9.0, 9.5, 10.0, 10.0, 10.5]
-    metrics, _ = retrieve_rerank(model, emb, split, k=10, index="exact")
+    metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=10, index="exact"))
     assert metrics["k"] == 6 and metrics["recall_at_k"] == 1.0
 
 

@@ -4,7 +4,7 @@ same mined negatives and retrieved candidates."""
 import numpy as np
 import pytest
 
-from biencoder.engine.retrieval.negatives import mine_negatives
+from biencoder.engine.retrieval.negatives import Mining, mine_negatives
 from biencoder.engine.retrieval.rerank import retrieve
 from biencoder.engine.retrieval.search import NeighbourIndex
 
@@ -36,7 +36,9 @@ def test_k_larger_than_the_data_is_clipped():
 def test_mining_and_retrieval_agree_across_indexes(demo_corpus):
     split = demo_corpus.paired("train")
     sim = np.random.default_rng(2).normal(size=(len(split.texts), 8))
-    mined = [mine_negatives(sim, split, 0.3, np.random.default_rng(5), index=kind) for kind in ("balltree", "exact")]
+    mined = [
+        mine_negatives(sim, split, 0.3, np.random.default_rng(5), Mining(index=kind)) for kind in ("balltree", "exact")
+    ]
     np.testing.assert_array_equal(mined[0].row, mined[1].row)
     np.testing.assert_array_equal(mined[0].is_random, mined[1].is_random)
     got = [retrieve(sim, split, 5, index=kind)[0] for kind in ("balltree", "exact")]

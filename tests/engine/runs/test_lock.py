@@ -27,7 +27,7 @@ from biencoder.engine.runs.folder import (
     run_dir_resolver,
 )
 from biencoder.engine.runs.records import read_metrics
-from biencoder.engine.training.runner import run
+from biencoder.engine.training.run import run
 from conftest import FAST, REPO, compose_cfg, hold
 
 RUN = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from biencoder.engine.training.runner import run
+from biencoder.engine.training.run import run
 from biencoder.errors import ConfigError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.tables import paired_comparisons, summary_table

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from biencoder.engine.runs.records import read_metrics
-from biencoder.engine.training.runner import Runner, run
+from biencoder.engine.training.run import run
+from biencoder.engine.training.runner import Runner
 from conftest import FAST, REPO, compose_cfg
 
 mlflow = pytest.importorskip("mlflow", reason="pip install -e '.[tracking]'")

@@ -9,7 +9,7 @@ import pytest
 
 from biencoder.engine.config.validation import validate
 from biencoder.engine.retrieval.rerank import query_sample
-from biencoder.engine.training.runner import run
+from biencoder.engine.training.run import run
 from biencoder.errors import ConfigError
 from biencoder.report.baselines import baseline_hits
 from biencoder.report.run import summary_text

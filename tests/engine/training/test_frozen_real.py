@@ -5,7 +5,7 @@ The first cell encodes the slice once; the other three read every vector from th
 
 import pytest
 
-from biencoder.engine.training.runner import run
+from biencoder.engine.training.run import run
 from conftest import compose_cfg
 
 pytestmark = pytest.mark.slow

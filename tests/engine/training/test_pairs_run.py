@@ -12,9 +12,10 @@ import pytest
 import yaml
 
 from biencoder.engine.data.pair_files import export_pairs
-from biencoder.engine.modeling.model import pooled_vectors
-from biencoder.engine.training.epoch import triplet_rows
-from biencoder.engine.training.runner import Runner, run
+from biencoder.engine.modeling.encoding import TextEncoder, pooled_vectors
+from biencoder.engine.training.run import run
+from biencoder.engine.training.runner import Runner
+from biencoder.engine.training.triplets import triplet_rows
 from biencoder.errors import ConfigError
 from conftest import FAST, REPO, compose_cfg
 from engine.data.test_pairs import write_jsonl
@@ -113,18 +114,20 @@ def test_given_negatives_are_trained_on_besides_the_mined_ones(tmp_path):
         compose_cfg(FAST + overrides + ["model.encoder.freeze=true", f"trainer.cache_dir={tmp_path / 'c'}"]),
         tmp_path / "frozen",
     )
-    split = frozen.splits["train"]
-    mined = frozen.trainer.mine(0, frozen.embed("train").sim)
+    split = frozen.data.splits["train"]
+    mined = frozen.trainer.mine(0, frozen.evaluation.embed("train").sim)
     rows = np.concatenate([r for r, _ in frozen.trainer.batches(0, mined)])
     expected = triplet_rows(split, mined)
     assert len(rows) == split.n_pairs + 2 and sorted(map(tuple, rows)) == sorted(map(tuple, expected))
     assert [tuple(r) for r in expected[-2:]] == [(0, 5, 10), (4, 9, 11)]  # "tn0" for pair 0, "tp0" for pair 4
-    vectors = pooled_vectors(frozen.model, frozen.tokenizer, split.extra_texts, frozen.cfg.model.max_length)
+    vectors = pooled_vectors(
+        TextEncoder(frozen.model, frozen.tokenizer, frozen.cfg.model.max_length), split.extra_texts
+    )
     assert np.allclose(frozen.trainer.pooled[10:].cpu().numpy(), vectors.numpy(), atol=1e-5)
-    assert len(frozen.pooled["train"]) == 10  # the evaluation sees the table's rows only
+    assert len(frozen.inputs.pooled["train"]) == 10  # the evaluation sees the table's rows only
     trained = Runner(compose_cfg(FAST + overrides), tmp_path / "trained")
     tokens = trained.trainer.tokens
-    assert len(tokens) == 12 and len(trained.tokens["train"]) == 10
+    assert len(tokens) == 12 and len(trained.inputs.tokens["train"]) == 10
     assert tokens.ids[10].tolist() == trained.tokenizer("tn0", truncation=True, max_length=64)["input_ids"]
 
 

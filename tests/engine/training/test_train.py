@@ -9,9 +9,10 @@ import pytest
 import torch
 import yaml
 
-from biencoder.engine.training import epoch as epoch_module
+from biencoder.engine.training import triplets as triplets_module
 from biencoder.engine.training.epoch import EpochTrainer
-from biencoder.engine.training.runner import Runner, run
+from biencoder.engine.training.run import run
+from biencoder.engine.training.runner import Runner
 from conftest import FAST, REPO, compose_cfg
 
 VOLATILE = {"epoch_time_s"}
@@ -88,7 +89,7 @@ def test_same_seed_same_numbers(demo_run, tmp_path, global_determinism):
 def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
     """The seed's Dataset kept the stale column, so every 'negative' was the positive itself."""
     events = []
-    real_mine, real_collate = EpochTrainer.mine, epoch_module.TripletCollate.__call__
+    real_mine, real_collate = EpochTrainer.mine, triplets_module.TripletCollate.__call__
 
     def mine(self, epoch, emb):
         mined = real_mine(self, epoch, emb)
@@ -101,10 +102,10 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
         return batch
 
     monkeypatch.setattr(EpochTrainer, "mine", mine)
-    monkeypatch.setattr(epoch_module.TripletCollate, "__call__", collate)
+    monkeypatch.setattr(triplets_module.TripletCollate, "__call__", collate)
     runner = Runner(compose_cfg(FAST + ["negatives.random_rate.start=0.5"]), tmp_path)
     runner.fit()
-    split = runner.splits["train"]
+    split = runner.data.splits["train"]
     epochs = []
     for kind, value in events:
         if kind == "mined":
@@ -123,10 +124,10 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
 
 def test_batches_carry_the_mined_tokens(tmp_path):
     runner = Runner(compose_cfg(FAST), tmp_path)
-    tokens, split = runner.tokens["train"], runner.splits["train"]
-    mined = runner.trainer.mine(0, runner.embed("train").sim)
-    rows = epoch_module.triplet_rows(split, mined)[:4]
-    batch = epoch_module.TripletCollate(tokens)(list(rows))
+    tokens, split = runner.inputs.tokens["train"], runner.data.splits["train"]
+    mined = runner.trainer.mine(0, runner.evaluation.embed("train").sim)
+    rows = triplets_module.triplet_rows(split, mined)[:4]
+    batch = triplets_module.TripletCollate(tokens)(list(rows))
     for i, (point, counter, negative) in enumerate(rows):  # layout: 4 points, 4 counters, 4 negatives
         for offset, row in ((0, point), (4, counter), (8, negative)):
             ids = tokens.ids[row]
@@ -315,8 +316,8 @@ def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path,
         + (["model.encoder.freeze=true"] if frozen else [])
     )
     runner = Runner(cfg, tmp_path)
-    split = runner.splits["train"]
-    mined = runner.trainer.mine(0, runner.embed("train").sim)
+    split = runner.data.splits["train"]
+    mined = runner.trainer.mine(0, runner.evaluation.embed("train").sim)
     masked_total = 0
     for rows, inputs in runner.trainer.batches(0, mined):
         text_id = inputs.pop("text_id")
@@ -342,7 +343,7 @@ def test_the_engine_runs_from_python_with_a_plain_config(tmp_path):
     code = (
         "import sys\n"
         "from omegaconf import OmegaConf\n"
-        "from biencoder.engine.training.runner import run\n"
+        "from biencoder.engine.training.run import run\n"
         "from biencoder.engine.config.schema import Schema\n"
         "cfg = OmegaConf.structured(Schema)\n"
         "cfg.model.encoder.random_init = {'num_hidden_layers': 2, 'hidden_size': 32, 'num_attention_heads': 2,"

@@ -25,8 +25,8 @@ import logging
 import os
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -153,7 +153,7 @@ class EmbeddingCache:
                 log.warning("embedding cache: %s %s; deleting it, its texts will be recomputed", shard, problem)
                 shard.unlink(missing_ok=True)
                 continue
-            for digest, vector in zip(hashes, vectors):
+            for digest, vector in zip(hashes, vectors, strict=False):
                 table[digest.tobytes()] = vector
         return table
 
@@ -199,7 +199,7 @@ class EmbeddingCache:
             if not np.isfinite(vectors).all():
                 raise NonFiniteVectors()
             self._write_shard(hashes[unique_missing], vectors)
-            for i, vector in zip(unique_missing, vectors):
+            for i, vector in zip(unique_missing, vectors, strict=False):
                 table[hashes[i].tobytes()] = vector
         return np.stack([table[h.tobytes()] for h in hashes]) if len(texts) else np.zeros((0, 0), np.float32)
 
@@ -212,8 +212,8 @@ def model_cache(
     fingerprint: str,
     autocast_dtype: torch.dtype | None = None,
 ) -> EmbeddingCache:
-    """The :class:`EmbeddingCache` that :func:`biencoder.engine.modeling.model.pooled_vectors` reads and fills for ``model`` (a
-    BiModel) run with ``autocast_dtype`` (None: fp32)."""
+    """The :class:`EmbeddingCache` that :func:`biencoder.engine.modeling.encoding.pooled_vectors` reads and fills for
+    ``model`` (a BiModel) run with ``autocast_dtype`` (None: fp32)."""
     precision = "bf16" if autocast_dtype == torch.bfloat16 else "fp32"
     return EmbeddingCache(
         cache_dir, fingerprint, tokenizer_fingerprint(tokenizer), model.pooling, max_length, precision

@@ -1,10 +1,11 @@
 """The training losses, chosen with ``loss=triplet_ce`` (the default) or ``loss=infonce`` (``loss.name``).
 
-Both take a :class:`~biencoder.engine.modeling.model.BiModel` and the :class:`~biencoder.engine.modeling.model.Embeddings` of a batch of
-(point, counter, negative) triplets, each [B, ·], where the negative is the one mined for that pair
-(:mod:`biencoder.engine.retrieval.negatives`: never the point's or the counter's text). Both add the pair classifier's
-cross-entropy on (point, counter) → 1 and (point, negative) → 0 with its own weight ``ce_weight``; they differ
-in what trains the sim head, the space that retrieves the k candidates the classifier reranks.
+Both take a :class:`~biencoder.engine.modeling.model.BiModel` and the
+:class:`~biencoder.engine.modeling.model.Embeddings` of a batch of (point, counter, negative) triplets, each [B, ·],
+where the negative is the one mined for that pair (:mod:`biencoder.engine.retrieval.negatives`: never the point's or
+the counter's text). Both add the pair classifier's cross-entropy on (point, counter) → 1 and (point, negative) → 0
+with its own weight ``ce_weight``; they differ in what trains the sim head, the space that retrieves the k candidates
+the classifier reranks.
 
 - :class:`TripletCELoss` (``triplet_ce``): one negative per query, a margin on Euclidean distances.
 - :class:`InfoNCELoss` (``infonce``): every other counter in the batch and every mined negative in the batch are
@@ -65,7 +66,7 @@ def _pair_labels(batch: int, device: torch.device) -> Tensor:
 
 def _parts(names: tuple[str, ...], values: list[Tensor]) -> dict[str, Tensor]:
     # detached, left on the device: reading them here would stall every step; the runner reads them once an epoch
-    return {name: value.detach() for name, value in zip(names, values)}
+    return {name: value.detach() for name, value in zip(names, values, strict=False)}
 
 
 class TripletCELoss(nn.Module):

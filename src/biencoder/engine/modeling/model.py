@@ -1,27 +1,22 @@
 """The bi-encoder: a shared HF encoder, a sim head and a pair classifier with optional LayerNorm / ReLU.
 
 Reference: the ablation of Wachsmuth-style counter-argument retrieval with a BERT bi-encoder; the flags
-``use_layernorm`` / ``use_relu`` decide what sits in front of the classifier's output layer.
+``use_layernorm`` / ``use_relu`` decide what sits in front of the classifier's output layer. Here: the modules
+(:class:`Embeddings`, :class:`PairHead`, :class:`BiModel`), building them (:func:`build_model`), the encoder's
+attention mask (:func:`encoder_mask`) and the head statistics; running texts through them is
+:mod:`biencoder.engine.modeling.encoding`.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
-from pathlib import Path
 
-import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from ...errors import ConfigError
-from .cache import NonFiniteVectors, encoder_fingerprint, model_cache
 
-log = logging.getLogger("biencoder")
 _TRANSFORMERS_MAJOR = int(version("transformers").split(".")[0])
 
 
@@ -35,13 +30,13 @@ class Embeddings:
     def __len__(self) -> int:
         return self.sim.shape[0]
 
-    def index(self, rows) -> "Embeddings":
+    def index(self, rows) -> Embeddings:
         """The rows ``rows`` (ints, a repeat allowed), with ``index_select``: on a CPU 3x faster than ``tensor[rows]``
         (aten::index), the same values."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.sim.device)
         return Embeddings(self.sim.index_select(0, rows), self.pooled.index_select(0, rows))
 
-    def to(self, device) -> "Embeddings":
+    def to(self, device) -> Embeddings:
         return Embeddings(self.sim.to(device), self.pooled.to(device))
 
     def retrieval(self, space: str = "sim") -> Tensor:
@@ -53,9 +48,9 @@ class Embeddings:
             return nn.functional.normalize(self.pooled.float(), dim=1)
         raise ValueError(f"unknown retrieval space '{space}'")
 
-    def chunk(self, n: int) -> list["Embeddings"]:
+    def chunk(self, n: int) -> list[Embeddings]:
         """Split the rows into ``n`` equal consecutive parts."""
-        return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n))]
+        return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n), strict=False)]
 
 
 #: the embeddings each ``model.fusion`` puts in the pair features, in order; each adds [a, b, |a − b|] of it
@@ -166,8 +161,9 @@ class BiModel(PairHead):
     def pool(self, input_ids: Tensor, attention_mask: Tensor, padded: bool | None = None) -> Tensor:
         """Token ids [B, L] and mask [B, L] → pooled encoder output [B, hidden].
 
-        ``padded`` (known on the host from the token lengths: :meth:`TokenizedTexts.batch`) lets an SDPA encoder
-        skip the host sync of transformers' own check of the mask (:func:`encoder_mask`); None: the 2-D mask as is.
+        ``padded`` (known on the host from the token lengths:
+        :meth:`~biencoder.engine.modeling.encoding.TokenizedTexts.batch`) lets an SDPA encoder skip the host sync of
+        transformers' own check of the mask (:func:`encoder_mask`); None: the 2-D mask as is.
         """
         output = self.encoder(input_ids=input_ids, attention_mask=encoder_mask(self.encoder, attention_mask, padded))
         if self.pooling == "pooler":
@@ -288,173 +284,6 @@ def bimodel(encoder: nn.Module, model_cfg) -> BiModel:
     )
 
 
-class TokenizedTexts:
-    """Texts tokenised once (truncated to ``max_length``); batches are padded on demand.
-
-    ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L], "padded": bool}`` (L = longest row in the
-    batch; ``padded``: some row is shorter, known here on the host: :func:`encoder_mask`).
-    """
-
-    #: texts per tokenizer call: a fast tokenizer's output for a call (encodings, offsets, Python lists) is ~20 kB a
-    #: text until the call returns, and the allocator keeps it: 200 000 texts at once raised the resident memory by
-    #: 3.9 GB for good, blocks of 4096 by 0.2 GB, with the same ids (docs/scaling-data.md)
-    CHUNK = 4096
-
-    def __init__(self, texts: list[str], tokenizer, max_length: int):
-        texts, self.ids = list(texts), []
-        for start in range(0, len(texts), self.CHUNK):
-            encoded = tokenizer(texts[start : start + self.CHUNK], truncation=True, max_length=max_length)["input_ids"]
-            self.ids += [np.asarray(ids, dtype=np.int64) for ids in encoded]
-        self.lengths = np.array([len(ids) for ids in self.ids])
-        self.pad_id = tokenizer.pad_token_id or 0
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def batch(self, rows) -> dict[str, Tensor | bool]:
-        rows = np.asarray(rows)
-        width = int(self.lengths[rows].max())
-        input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((len(rows), width), dtype=np.int64)
-        for i, row in enumerate(rows):
-            n = self.lengths[row]
-            input_ids[i, :n] = self.ids[row]
-            mask[i, :n] = 1
-        return {
-            "input_ids": torch.from_numpy(input_ids),
-            "attention_mask": torch.from_numpy(mask),
-            "padded": bool(self.lengths[rows].min() < width),
-        }
-
-
-def to_device(batch: dict, device: torch.device, pin: bool = False) -> dict:
-    """``batch``'s tensors copied to ``device`` (non-blocking; pinned first with ``pin``), its other values (the
-    host's ``padded``) as they are."""
-    return {
-        k: (v.pin_memory() if pin else v).to(device, non_blocking=True) if isinstance(v, Tensor) else v
-        for k, v in batch.items()
-    }
-
-
-@contextmanager
-def eval_mode(model: nn.Module):
-    """Eval mode (no dropout) and no gradients inside; the model's previous mode is restored after. A model already in
-    eval mode throughout is left alone (switching MiniLM's 125 modules takes about 0.5 ms each way)."""
-    was_training = model.training
-    switch = any(module.training for module in model.modules())
-    if switch:
-        model.eval()
-    try:
-        with torch.no_grad():
-            yield model
-    finally:
-        if switch:
-            model.train(was_training)
-
-
-def encode_pooled(
-    model: BiModel,
-    texts: TokenizedTexts,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    autocast_dtype: torch.dtype | None = None,
-    progress: bool = False,
-    desc: str = "encode",
-) -> Tensor:
-    """Pooled encoder output [N, hidden] (float32, CPU, row order) of every row of ``texts``, in eval mode.
-
-    Rows are processed longest-first so each batch pads little; the order is restored afterwards. The
-    progress bar counts texts, so it shows texts/s.
-    """
-    order = np.argsort(-texts.lengths, kind="stable")
-    device = torch.device(device)
-    pooled = []
-    with eval_mode(model), tqdm(total=len(order), desc=desc, unit="text", disable=not progress, leave=False) as bar:
-        for start in range(0, len(order), batch_size):
-            batch = to_device(texts.batch(order[start : start + batch_size]), device, pin=device.type == "cuda")
-            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
-                pooled.append(model.pool(**batch).float().cpu())
-            bar.update(len(batch["input_ids"]))
-    if not pooled:
-        return torch.zeros(0, model.encoder.config.hidden_size)
-    return torch.cat(pooled)[torch.from_numpy(np.argsort(order))]
-
-
-def embed_pooled(
-    model: BiModel, pooled: Tensor, batch_size: int = 4096, device: str | torch.device = "cpu"
-) -> Embeddings:
-    """:class:`Embeddings` (float32, CPU) from pooled vectors [N, hidden]: the sim head in eval mode, in blocks."""
-    sims = []
-    with eval_mode(model):
-        for block in pooled.split(batch_size):
-            sims.append(model.sim_head(block.to(device)).float().cpu())
-    sim = torch.cat(sims) if sims else torch.zeros(0, model.sim_head.out_features)
-    return Embeddings(sim, pooled.float().cpu())
-
-
-def encode(
-    model: BiModel,
-    texts: TokenizedTexts,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    autocast_dtype: torch.dtype | None = None,
-    progress: bool = False,
-    desc: str = "encode",
-) -> Embeddings:
-    """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order."""
-    pooled = encode_pooled(model, texts, batch_size, device, autocast_dtype, progress, desc)
-    return embed_pooled(model, pooled, device=device)
-
-
-def pooled_vectors(
-    model: BiModel,
-    tokenizer,
-    texts: list[str],
-    max_length: int,
-    cache_dir: str | Path | None = None,
-    batch_size: int = 64,
-    device: str | torch.device = "cpu",
-    autocast_dtype: torch.dtype | None = None,
-    progress: bool = False,
-    desc: str = "encode",
-    fingerprint: str | None = None,
-) -> Tensor:
-    """Pooled encoder vectors [N, hidden] (float32, CPU, row order) of ``texts``, tokenised to ``max_length``.
-
-    With ``cache_dir`` (a frozen encoder, whose outputs depend only on its weights) they come from the embedding
-    cache there (:class:`biencoder.engine.modeling.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
-    bar) and added to it. Without it every text is encoded. Either way the vectors returned are finite, or
-    :class:`~biencoder.engine.modeling.cache.NonFiniteVectors` is raised. ``fingerprint``: :func:`encoder_fingerprint` of
-    ``model.encoder``, hashed here when None (pass it to hash the encoder once for several calls).
-    """
-
-    def encode_rows(rows) -> Tensor:
-        tokens = TokenizedTexts([texts[i] for i in rows], tokenizer, max_length)
-        return encode_pooled(model, tokens, batch_size, device, autocast_dtype, progress, desc)
-
-    if cache_dir is None:
-        vectors = encode_rows(range(len(texts)))
-        if not torch.isfinite(vectors).all():  # as the cache checks what it stores: the vectors returned are finite
-            raise NonFiniteVectors()
-        return vectors
-
-    def compute(rows: np.ndarray) -> np.ndarray:
-        start = time.time()
-        pooled = encode_rows(rows).numpy()
-        seconds = time.time() - start
-        log.info(
-            "%s: encoded %d texts in %.1f s (%.1f texts/s)", desc, len(rows), seconds, len(rows) / max(seconds, 1e-9)
-        )
-        return pooled
-
-    cache = model_cache(
-        model, tokenizer, max_length, cache_dir, fingerprint or encoder_fingerprint(model.encoder), autocast_dtype
-    )
-    vectors = cache.get(texts, compute)
-    log.info("%s: %d of %d texts from the embedding cache %s", desc, cache.hits, len(texts), cache.folder)
-    return torch.from_numpy(vectors)
-
-
 #: what :func:`head_statistics` reports per tensor (``pre``, ``post``), in the order of its [2, 6] table
 HEAD_STATISTICS = ("sample_mean", "sample_mean_std", "sample_var", "sample_var_std", "feature_var_std", "zero_share")
 #: the names of :func:`head_statistics_vector`'s 12 values
@@ -490,30 +319,4 @@ def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
     the spread (std) of per-feature variances, and the share of exact zeros. Values are 0-d tensors on the
     input's device, keyed ``head_{pre|post}_{name}`` (name in :data:`HEAD_STATISTICS`).
     """
-    return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind()))
-
-
-def pair_margins(
-    model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 1024, device: str | torch.device = "cpu"
-) -> np.ndarray:
-    """Classifier logit margins l1 − l0 [P] (float32) for the pairs (emb[rows_a[i]], emb[rows_b[i]]), in blocks.
-
-    The margin orders pairs exactly as P(positive) = sigmoid(l1 − l0) does, without float32 P's ties: two
-    probabilities within 6e-8 of each other, or both saturated at 1.0 (a margin above ~17), become equal and a tie
-    counts against the true counter, while their margins still differ. Rankings therefore use margins.
-
-    ``emb`` is precomputed (see :func:`encode`), so the encoder never runs here: one head call per block of
-    ``batch_size`` pairs, never one per pair, and never more than a block of features in memory.
-    """
-    rows_a = torch.as_tensor(np.asarray(rows_a), dtype=torch.long, device=device)
-    rows_b = torch.as_tensor(np.asarray(rows_b), dtype=torch.long, device=device)
-    emb = emb.to(device)
-    out = torch.empty(len(rows_a), dtype=torch.float32, device=device)
-    with eval_mode(model), torch.inference_mode():
-        features = torch.empty(min(batch_size, len(rows_a)), model.out.in_features, dtype=emb.sim.dtype, device=device)
-        for start in range(0, len(rows_a), batch_size):
-            stop = start + batch_size
-            _, logits = model.head(model.gather_pair_features(emb, rows_a[start:stop], rows_b[start:stop], features))
-            logits = logits.float()
-            torch.sub(logits[:, 1], logits[:, 0], out=out[start:stop])
-    return out.cpu().numpy()
+    return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind(), strict=False))

@@ -13,8 +13,11 @@ import numpy as np
 
 from ..data.paired import PairedSplit
 from ..modeling.model import BiModel, Embeddings
-from .rerank import NONE, first_kept, query_groups, shortlist_margins, shortlist_ranks
+from .rerank import NONE, Rerank, first_kept, query_groups, shortlist_margins, shortlist_ranks
 from .search import NeighbourIndex
+
+#: :func:`group_rerank`'s settings unless told: :class:`~.rerank.Rerank`'s with exact search
+GROUP_RERANK = Rerank(index="exact")
 
 
 def _by_code(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -60,12 +63,8 @@ def group_rerank(
     model: BiModel,
     emb: Embeddings,
     split: PairedSplit,
-    k: int = 10,
-    batch_size: int = 1024,
-    device="cpu",
-    index: str = "exact",
+    rerank: Rerank = GROUP_RERANK,
     pairs: np.ndarray | None = None,
-    space: str = "sim",
     seen: np.ndarray | None = None,
 ) -> tuple[dict, np.ndarray]:
     """The within-group top-1 of ``split`` (which has groups) over the queries of ``pairs`` (default all), with
@@ -76,8 +75,9 @@ def group_rerank(
     an empty group of queries).
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
-    rows, false = group_shortlists(emb.retrieval(space).numpy(), split, k, index, device, pairs)
-    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], batch_size, device)
+    sim = emb.retrieval(rerank.space).numpy()
+    rows, false = group_shortlists(sim, split, rerank.k, rerank.index, rerank.device, pairs)
+    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
     rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
     hits = rank == 1
     metrics = {

@@ -13,14 +13,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
+from ..config.schema import NegativesSchema
 from ..data.corpus import PairedSplit
+from ..machine.runtime import Runtime
 from .search import SEARCH_BLOCK, NeighbourIndex
 
 
 def random_rate(epoch: int, start: float = 0.8, decay: float = 0.01) -> float:
     """Share of random negatives in ``epoch``: ``max(0, start − decay·epoch)``."""
     return max(0.0, start - decay * epoch)
+
+
+@dataclass(frozen=True)
+class Mining:
+    """How hard negatives are searched for: ``n_neighbors`` neighbours fetched at first (more for the rare rows that
+    need them), by the ``index`` ``balltree`` or ``exact`` (:mod:`biencoder.engine.retrieval.search`; ``device`` is
+    where ``exact`` runs)."""
+
+    n_neighbors: int = 10
+    index: str = "balltree"
+    device: str | torch.device = "cpu"
+
+    @classmethod
+    def of_run(cls, negatives: NegativesSchema, runtime: Runtime) -> Mining:
+        """A run's: ``negatives.n_neighbors`` and ``negatives.index``, on the runtime's device."""
+        return cls(negatives.n_neighbors, negatives.index, runtime.device)
 
 
 @dataclass
@@ -63,9 +82,9 @@ def _first_allowed(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Nearest row of the split's table (indexed by ``tree``) per query whose text id is not banned; -1 / inf if none.
 
-    A block of :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its own (the
-    search is row by row) and so is how far its k doubles, so the blocks change no row, and a text shared by many
-    pairs (whose queries need k ~ their count) costs [block, k], never [Q, k]."""
+    A block of :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time: a query's neighbours are its
+    own (the search is row by row) and so is how far its k doubles, so the blocks change no row, and a text shared by
+    many pairs (whose queries need k ~ their count) costs [block, k], never [Q, k]."""
     best = np.full(len(queries), -1)
     dist = np.full(len(queries), np.inf)
     for start in range(0, len(queries), SEARCH_BLOCK):
@@ -97,13 +116,7 @@ def _first_allowed_block(
 
 
 def mine_negatives(
-    sim: np.ndarray,
-    split: PairedSplit,
-    rate: float,
-    rng: np.random.Generator,
-    n_neighbors: int = 10,
-    index: str = "balltree",
-    device="cpu",
+    sim: np.ndarray, split: PairedSplit, rate: float, rng: np.random.Generator, mining: Mining = Mining()
 ) -> MinedNegatives:
     """One negative per pair of ``split``.
 
@@ -111,8 +124,7 @@ def mine_negatives(
         sim: [2Q, D] sim embeddings of the split's table rows (points then counters, see ``PairedSplit``).
         rate: probability of a random instead of a hard negative.
         rng: the only source of randomness (seeded by the caller).
-        n_neighbors: neighbours fetched at first; more are fetched for the rare rows that need them.
-        index: ``balltree`` or ``exact`` (see :mod:`biencoder.engine.retrieval.search`); ``device`` is where ``exact`` runs.
+        mining: how the hard ones are searched for (:class:`Mining`).
     Returns:
         :class:`MinedNegatives`; a negative never has the text of the point or of its counter.
     """
@@ -129,9 +141,8 @@ def mine_negatives(
     row = np.full(len(queries), -1)
     hard = np.flatnonzero(~is_random)
     if len(hard):
-        row[hard], _ = _first_allowed(
-            NeighbourIndex(sim, index, device), sim, queries[hard], banned[hard], text_id, n_neighbors
-        )
+        tree = NeighbourIndex(sim, mining.index, mining.device)
+        row[hard], _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
     todo = np.flatnonzero(is_random)
     while len(todo):  # rejection sampling: eligible arguments are the vast majority
         draw = rng.integers(0, len(text_id), size=len(todo))

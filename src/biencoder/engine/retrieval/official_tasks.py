@@ -5,9 +5,9 @@ to pairs, never the query itself, never a counter whose text equals the true cou
 to the query (see :data:`TYPES`); each task is a union of types. Accuracy@1 counts a query when its true
 counter scores strictly higher than every false candidate (ties count against it); MRR uses the same ranks.
 
-Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features
-tensor, never the whole [Q, 2Q] matrix of a large split): the memory held is a few [B, 2Q] matrices (float64 distances,
-float32 scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`, so it grows linearly
+Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features tensor,
+never the whole [Q, 2Q] matrix of a large split): the memory held is a few [B, 2Q] matrices (float64 distances, float32
+scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`, so it grows linearly
 with the split (the time, every query against every row, quadratically). The ``rerank`` score is
 :mod:`biencoder.engine.retrieval.rerank`'s retrieve-then-rerank over each task's pool.
 
@@ -17,7 +17,7 @@ Command line: ``python -m biencoder.tasks <root> --split test [--json]`` prints 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
@@ -27,8 +27,9 @@ from ..data.corpus import PairedSplit
 from ..modeling.model import BiModel, Embeddings
 from .rerank import (
     BLOCK_CELLS,
+    POOL_RERANK,
     PoolMasks,
-    distances,
+    Rerank,
     pool_mask,
     pool_ranks,
     query_blocks,
@@ -36,6 +37,7 @@ from .rerank import (
     rank_summary,
     shortlist_margins,
 )
+from .search import distances
 
 TYPES = (
     "debate-same-counter",
@@ -173,15 +175,18 @@ def baseline_ranks(
     split: PairedSplit, pooled: torch.Tensor, pairs: np.ndarray | None = None, cells: int = BLOCK_CELLS
 ) -> dict[str, np.ndarray]:
     """Per query of ``pairs`` (indices of pairs; default all), the rank of its true counter in the per-epoch top-1's
-    pool (:func:`~biencoder.engine.retrieval.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each of
-    :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1 (ties count against). Needs no theme,
+    pool (:func:`~biencoder.engine.retrieval.rerank.pool_mask`; ArguAna's epa pool with ``data.pool=all``) under each
+    of :data:`BASELINES`: ``{"encoder_cosine": [P], "tfidf": [P]}``, ranks from 1 (ties count against). Needs no theme,
     debate or stance: pair files get their baselines too.
 
     ``pooled``: [2Q, H] pooled vectors of the split's rows from the untrained encoder (zero-shot cosine); TF-IDF is
     fit on the split's texts. On ArguAna the mean of ``rank == 1`` is what ``evaluate_tasks(split, score)["epa"]``
     reports. Scored ``cells`` query × row cells at a time.
     """
-    pools = lambda block: {"pool": pool_mask(split, block)}
+
+    def pools(block: np.ndarray) -> dict[str, np.ndarray]:
+        return {"pool": pool_mask(split, block)}
+
     return {
         name: block_ranks(split, scorer, pools, pairs, cells)["pool"]
         for name, scorer in (("encoder_cosine", cosine_scorer(split, pooled)), ("tfidf", tfidf_scorer(split)))
@@ -193,27 +198,24 @@ def evaluate_tasks(
     score: str,
     model: BiModel | None = None,
     emb: Embeddings | None = None,
-    k: int = 10,
-    device="cpu",
-    batch_size: int = 4096,
+    rerank: Rerank = POOL_RERANK,
     groups: dict[str, np.ndarray] | None = None,
-    retrieve: str = "sim",
-    cells: int = BLOCK_CELLS,
 ) -> dict[str, dict]:
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.
 
     Args:
-        score: ``rerank`` (per task pool: k nearest in the ``retrieve`` space, reordered by the classifier's logit
-            margin, the rest after them by distance; :func:`biencoder.engine.retrieval.rerank.pool_ranks`), ``classifier`` (logit
-            margin for every candidate), ``sim`` (negative sim distance), ``encoder_cosine`` (cosine of pooled
-            embeddings), ``tfidf``.
+        score: ``rerank`` (per task pool: k nearest in the ``rerank.space`` space, reordered by the classifier's
+            logit margin, the rest after them by distance; :func:`biencoder.engine.retrieval.rerank.pool_ranks`),
+            ``classifier`` (logit margin for every candidate), ``sim`` (negative sim distance), ``encoder_cosine``
+            (cosine of pooled embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;
             ``encoder_cosine`` needs only ``emb``).
-        retrieve: where ``rerank`` takes the k from: ``sim`` distance or ``encoder`` cosine (the rest of the pool
-            follows in that order).
+        rerank: ``k``; ``space``, where ``rerank`` takes the k from: ``sim`` distance or ``encoder`` cosine (the rest
+            of the pool follows in that order); the classifier's ``batch_size`` and ``device``; ``cells``, the
+            query × row cells scored at once (:data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`), which changes
+            no number but the float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits in the
+            matrix).
         groups: optional ``{name: [Q] bool}`` query groups (e.g. unseen / seen test queries), reported apart.
-        cells: query × row cells scored at once (:data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`); changes no number but
-            the float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits in the matrix).
     Returns:
         ``{task: {"accuracy_at_1", "mrr", "queries", "candidates"}}``; candidates = false candidates summed
         over queries; with ``groups`` also ``"groups": {name: {"accuracy_at_1", "mrr", "queries"}}`` (None
@@ -221,13 +223,13 @@ def evaluate_tasks(
     """
     pools = TaskPools(split)
     if score == "rerank":
-        ranks = pool_ranks(model, emb, split, pools, k, retrieve, batch_size, device, cells)
+        ranks = pool_ranks(model, emb, split, pools, rerank)
     else:
         # the classifier scores B·2Q pairs a block: a multiple of batch_size keeps its batches those of one whole pass
-        multiple = batch_size // math.gcd(batch_size, len(split.table)) if score == "classifier" else 1
-        ranks = block_ranks(
-            split, _scorer(split, score, model, emb, device, batch_size), pools, cells=cells, multiple=multiple
-        )
+        size = rerank.batch_size
+        multiple = size // math.gcd(size, len(split.table)) if score == "classifier" else 1
+        scorer = _scorer(split, score, model, emb, rerank.device, size)
+        ranks = block_ranks(split, scorer, pools, cells=rerank.cells, multiple=multiple)
     results = {}
     for task in TASKS:
         results[task] = {**rank_summary(ranks[task]), "queries": split.n_pairs, "candidates": pools.candidates[task]}

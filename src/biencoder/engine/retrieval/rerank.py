@@ -12,21 +12,26 @@ distances keep the lower row first; a candidate that ties the true counter ranks
 * No [Q, 2Q] matrix is held: whatever scores a query against every row does so for a block of queries at a time
   (:func:`query_blocks`, at most :data:`BLOCK_CELLS` cells), so memory grows linearly with the split.
 * :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them.
-* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``);
-  :func:`pool_ranks` the 8 tasks' ``rerank`` score (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever
-  (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`.
+* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``); :func:`pool_ranks`
+  the 8 tasks' ``rerank`` score (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever
+  (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`. How they run (k, retrieval
+  space, index, classifier batches, device) is a :class:`Rerank`, made once per run from ``eval`` and the runtime.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..config.schema import EvalSchema
 from ..data.corpus import PairedSplit
-from ..modeling.model import BiModel, Embeddings, pair_margins
-from .search import SEARCH_BLOCK, NeighbourIndex
+from ..machine.runtime import Runtime
+from ..modeling.encoding import pair_margins
+from ..modeling.model import BiModel, Embeddings
+from .search import SEARCH_BLOCK, NeighbourIndex, distances
 
 #: the false candidates of a block of queries: (indices of pairs [B]) -> name -> [B, 2Q] bool (:func:`pool_ranks`)
 PoolMasks = Callable[[np.ndarray], dict[str, np.ndarray]]
@@ -38,11 +43,39 @@ NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
 BLOCK_CELLS = 1 << 22
 
 
+@dataclass(frozen=True)
+class Rerank:
+    """How a retrieve-then-rerank runs: the ``k`` nearest in the ``space`` (``sim``, or ``encoder``: the encoder's own
+    cosine; :meth:`Embeddings.retrieval`) are shortlisted, by the ``index`` of :func:`retrieve` (``balltree`` or
+    ``exact``), then rescored by the classifier in batches of ``batch_size`` pairs on ``device``. Where a pool is
+    scored against every row (the 8 tasks) ``cells`` query × row cells are scored at once (:func:`query_blocks`): it
+    changes no number but the float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits)."""
+
+    k: int = 10
+    batch_size: int = 1024
+    device: str | torch.device = "cpu"
+    index: str = "balltree"
+    space: str = "sim"
+    cells: int = BLOCK_CELLS
+
+    @classmethod
+    def of_run(cls, eval_cfg: EvalSchema, runtime: Runtime) -> Rerank:
+        """A run's ``eval.k``, ``eval.pair_batch_size`` (null: the device's, :meth:`Runtime.pair_batch_size`),
+        ``eval.index`` and ``eval.retrieve``, on the runtime's device."""
+        batch_size = runtime.pair_batch_size(eval_cfg.pair_batch_size)
+        return cls(eval_cfg.k, batch_size, runtime.device, eval_cfg.index, eval_cfg.retrieve)
+
+
+#: :func:`pool_ranks`' and the 8 tasks' settings unless told: classifier batches of 4096 pairs
+POOL_RERANK = Rerank(batch_size=4096)
+
+
 def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1) -> list[np.ndarray]:
     """``range(n)`` in consecutive blocks of B indices (the last one shorter) for scoring B queries against ``width``
     rows at once: B·width ≤ ``cells``, B at least 1 and a multiple of ``multiple`` (a block then starts at a multiple
-    of ``multiple · width`` cells: :func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks` keeps the classifier's batches where
-    one [Q, 2Q] pass had them). One block when n·width ≤ cells; one empty block when n = 0."""
+    of ``multiple · width`` cells: :func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks` keeps the
+    classifier's batches where one [Q, 2Q] pass had them). One block when n·width ≤ cells; one empty block when
+    n = 0."""
     size = max(1, cells // max(width, 1))
     size = max(multiple, size - size % multiple)
     return [np.arange(start, min(start + size, n)) for start in range(0, n, size)] or [np.arange(0)]
@@ -146,23 +179,6 @@ def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> 
     )
 
 
-def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -> np.ndarray:
-    """[P, N] float64 Euclidean distances from the rows ``query_rows`` of ``vectors`` [N, D] to every row, computed
-    from the differences (not ||a||² + ||b||² − 2ab), so equal vectors are at exactly equal distances."""
-    x = vectors.double()
-    q = x[torch.as_tensor(np.asarray(query_rows), dtype=torch.long)]
-    return (
-        np.concatenate(
-            [
-                torch.cdist(q[i : i + block], x, compute_mode="donot_use_mm_for_euclid_dist").numpy()
-                for i in range(0, len(q), block)
-            ]
-        )
-        if len(q)
-        else np.zeros((0, len(x)))
-    )
-
-
 def pool_shortlists(dist: np.ndarray, pools: dict[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
     """Per pool, the rows [P, min(k, N)] of its k nearest members (distances ``dist`` [P, N]), nearest first, equal
     distances lower row first; :data:`NONE` fills the places of a pool with fewer than k members.
@@ -202,8 +218,8 @@ def shortlist_margins(
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values)`` of a 1-D int array by one sort: numpy 2's hashing ``unique`` took 2.0 ms against 0.5 ms for
-    the 14 010 keys of the test split's shortlists, three times an epoch."""
+    """``np.unique(values)`` of a 1-D int array by one sort: numpy 2's hashing ``unique`` took 2.0 ms against 0.5 ms
+    for the 14 010 keys of the test split's shortlists, three times an epoch."""
     ordered = np.sort(values)
     return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
@@ -232,20 +248,17 @@ def retrieve_rerank(
     model: BiModel,
     emb: Embeddings,
     split: PairedSplit,
-    k: int = 10,
-    batch_size: int = 1024,
-    device="cpu",
-    index: str = "balltree",
+    rerank: Rerank = Rerank(),
     pairs: np.ndarray | None = None,
-    space: str = "sim",
     rows: np.ndarray | None = None,
 ) -> tuple[dict[str, float], np.ndarray]:
     """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``, indices of pairs).
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
-    of every query is always the whole split. ``space``: where the k come from, ``sim`` (the sim head) or
-    ``encoder`` (the encoder's own cosine; see :meth:`Embeddings.retrieval`). ``rows``: the shortlists [P, k'] when
-    they are known already (:func:`retrieve` of the same vectors: a frozen encoder's own space is the same every epoch).
+    of every query is always the whole split. ``rerank``: k, where the k come from (``rerank.space``: ``sim``, the sim
+    head, or ``encoder``, the encoder's own cosine; see :meth:`Embeddings.retrieval`), the index, the classifier's
+    batches and device. ``rows``: the shortlists [P, k'] when they are known already (:func:`retrieve` of the same
+    vectors: a frozen encoder's own space is the same every epoch).
     Returns (metrics, hits): ``top1`` (reranked; ties count against the true counter), ``retrieval_top1``
     (nearest neighbour), ``recall_at_k`` (true counter among the k), ``mrr`` (reciprocal rank of the true
     counter after reranking the k; 0 when it is not among them), ``queries``, ``k``; ``hits`` [Q] bool is the
@@ -253,8 +266,8 @@ def retrieve_rerank(
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     if rows is None:
-        rows, _ = retrieve(emb.retrieval(space).numpy(), split, k, index, device, pairs)
-    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], batch_size, device)
+        rows, _ = retrieve(emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs)
+    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
     rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
     hits = rank == 1
     metrics = {
@@ -269,36 +282,29 @@ def retrieve_rerank(
 
 
 def pool_ranks(
-    model: BiModel,
-    emb: Embeddings,
-    split: PairedSplit,
-    pools: PoolMasks,
-    k: int = 10,
-    space: str = "sim",
-    batch_size: int = 4096,
-    device="cpu",
-    cells: int = BLOCK_CELLS,
+    model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolMasks, rerank: Rerank = POOL_RERANK
 ) -> dict[str, np.ndarray]:
     """Per pool, [Q] the rank of each query's true counter when its pool is retrieved, then reranked: the k
     nearest (true counter included) by their margins, the rest after them by distance (ties count against).
 
     ``pools(pairs)``: for the queries ``pairs`` [B] (indices of pairs), name → [B, 2Q] bool, the false candidates of
-    each (the 8 tasks': :class:`biencoder.engine.retrieval.official_tasks.TaskPools`; :func:`fixed_pools` wraps whole [Q, 2Q] masks).
-    It is called once per block of queries (:func:`query_blocks`, at most ``cells`` cells): the distances, masks and
-    the count of pool members ahead of the true counter live for one block; only the [Q, k] shortlists outlive it, and
-    they are reranked in one classifier pass, as one [Q, 2Q] pass would.
+    each (the 8 tasks': :class:`biencoder.engine.retrieval.official_tasks.TaskPools`; :func:`fixed_pools` wraps whole
+    [Q, 2Q] masks). ``rerank``: k, the retrieval space, the classifier's batches and device, and ``cells``. ``pools``
+    is called once per block of queries (:func:`query_blocks`, at most ``rerank.cells`` cells): the distances, masks
+    and the count of pool members ahead of the true counter live for one block; only the [Q, k] shortlists outlive it,
+    and they are reranked in one classifier pass, as one [Q, 2Q] pass would.
     """
-    vectors = emb.retrieval(space).double()  # distances() reads it as it is, once for every block
+    vectors = emb.retrieval(rerank.space).double()  # distances() reads it as it is, once for every block
     shortlists: dict[str, list[np.ndarray]] = {}
     behind: dict[str, list[np.ndarray]] = {}
-    for pairs in query_blocks(split.n_pairs, len(split.table), cells):
+    for pairs in query_blocks(split.n_pairs, len(split.table), rerank.cells):
         masks, true, at = pools(pairs), split.counter[pairs], np.arange(len(pairs))
         dist = distances(vectors, split.query[pairs])
         true_dist = dist[at, true][:, None]
         for name, mask in masks.items():
             with_true = mask.copy()
             with_true[at, true] = True
-            [rows] = pool_shortlists(dist, {name: with_true}, k).values()
+            [rows] = pool_shortlists(dist, {name: with_true}, rerank.k).values()
             listed = np.zeros_like(mask)
             np.put_along_axis(listed, np.where(rows == NONE, true[:, None], rows), True, axis=1)
             shortlists.setdefault(name, []).append(rows)
@@ -307,9 +313,9 @@ def pool_ranks(
                 (rows != NONE).sum(axis=1) + 1 + (mask & ~listed & (dist <= true_dist)).sum(axis=1)
             )
     rows_of = {name: np.concatenate(parts) for name, parts in shortlists.items()}
-    margins = shortlist_margins(model, emb, split.query, list(rows_of.values()), batch_size, device)
+    margins = shortlist_margins(model, emb, split.query, list(rows_of.values()), rerank.batch_size, rerank.device)
     ranks = {}
-    for (name, rows), m in zip(rows_of.items(), margins):
+    for (name, rows), m in zip(rows_of.items(), margins, strict=False):
         rank, in_k = shortlist_ranks(rows, m, split.counter, split.name)
         ranks[name] = np.where(in_k, rank, np.concatenate(behind[name]))
     return ranks

@@ -4,7 +4,8 @@
 memory at one [block, N] matrix), keeps a shortlist of the nearest ``k + SHORTLIST_EXTRA`` and orders it by the
 float64 distance recomputed for those few: the float32 pass only has to put the true k inside the shortlist, so
 the result is the float64 ranking at float32 speed. The two indexes agree on every neighbour up to exact ties
-(tests check a planted neighbour and random data); ``scripts/bench.py`` shows when each is faster.
+(tests check a planted neighbour and random data); ``scripts/bench.py`` shows when each is faster. Where a query
+needs its distance to every row (a pool of the 8 tasks), :func:`distances` computes them exactly in float64.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ class NeighbourIndex:
             distances stays in cache (1.8x faster than 2048 for N = 5592, the same neighbours; scripts/bench.py), and
             2048 on a GPU (fewer launches).
         refine: queries per float64 re-ranking of the shortlists, default 32 on a CPU (their [32, k + 16, D] float64
-            rows stay in cache: a mining-shaped search of 2796 queries took 88 ms against 105 ms re-ranking 256 at once,
-            medians), the whole block on a GPU.
+            rows stay in cache: a mining-shaped search of 2796 queries took 88 ms against 105 ms re-ranking 256 at
+            once, medians), the whole block on a GPU.
     """
 
     def __init__(
@@ -72,7 +73,7 @@ class NeighbourIndex:
             d2 = torch.addmm(self.norms[None, :], q, self.data.T, alpha=-2.0)  # ||x||² − 2 q·x (+ ||q||², constant)
             cand = torch.topk(d2, short, dim=1, largest=False, sorted=False).indices  # [B, short]
             cand = torch.sort(cand, dim=1).values  # equal distances (duplicate texts) keep the lower row first
-            for part, q_part in zip(cand.split(self.refine), q64.split(self.refine)):
+            for part, q_part in zip(cand.split(self.refine), q64.split(self.refine), strict=False):
                 d, r = self._refine(part, q_part, k)
                 dists.append(d)
                 rows.append(r)
@@ -81,10 +82,27 @@ class NeighbourIndex:
         return torch.cat(dists).double().numpy(), torch.cat(rows).numpy()
 
     def _refine(self, cand: torch.Tensor, q64: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k nearest of each query's float32 shortlist ``cand`` [B, short] by float64 distance, nearest first (ties:
-        lower row first): (distances [B, k], rows [B, k]) on the CPU. Row by row, so any split of the queries gives the
-        same values."""
+        """The k nearest of each query's float32 shortlist ``cand`` [B, short] by float64 distance, nearest first
+        (ties: lower row first): (distances [B, k], rows [B, k]) on the CPU. Row by row, so any split of the queries
+        gives the same values."""
         rows_of = torch.index_select(self.exact, 0, cand.reshape(-1)).view(*cand.shape, -1)  # [B, short, D]
         exact = (rows_of - q64[:, None, :]).pow_(2).sum(-1)  # [B, short] float64
         order = torch.sort(exact, dim=1, stable=True)
         return order.values[:, :k].sqrt().cpu(), cand.gather(1, order.indices[:, :k]).cpu()
+
+
+def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -> np.ndarray:
+    """[P, N] float64 Euclidean distances from the rows ``query_rows`` of ``vectors`` [N, D] to every row, computed
+    from the differences (not ||a||² + ||b||² − 2ab), so equal vectors are at exactly equal distances."""
+    x = vectors.double()
+    q = x[torch.as_tensor(np.asarray(query_rows), dtype=torch.long)]
+    return (
+        np.concatenate(
+            [
+                torch.cdist(q[i : i + block], x, compute_mode="donot_use_mm_for_euclid_dist").numpy()
+                for i in range(0, len(q), block)
+            ]
+        )
+        if len(q)
+        else np.zeros((0, len(x)))
+    )

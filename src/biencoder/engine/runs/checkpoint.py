@@ -9,12 +9,15 @@ Contents (``torch.load(..., weights_only=True)``-safe: tensors, numbers, strings
 ``tokenizer_files`` ({file name: bytes} as ``save_pretrained`` writes them), and ``run``: ``retrieve``, ``k``
 (the retrieve-then-rerank settings it was selected with), ``data``, ``dedup``, ``variant``, ``seed``.
 
-``last.pt`` (:func:`training_state`, written by :meth:`biencoder.engine.runs.folder.RunFolder.save_state`): the full training
-state after an epoch; resuming from it (:func:`restore_last`) continues bit for bit.
+``last.pt`` (:func:`training_state`, written by :meth:`biencoder.engine.runs.folder.RunFolder.save_state`): the full
+training state after an epoch; resuming from it (:func:`restore_last`, then :func:`selected_by_rule`) continues bit for
+bit.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 import tempfile
 from pathlib import Path
 
@@ -25,6 +28,8 @@ from ..machine import distributed
 from ..machine.rng import set_rng_states
 from ..modeling.model import BiModel, bimodel, build_model, is_encoder_weight
 from .records import RunFolderError
+
+log = logging.getLogger("biencoder")
 
 
 def checkpoint_payload(model: BiModel, tokenizer, state_dict: dict, epoch: int, model_cfg: dict, run: dict) -> dict:
@@ -88,24 +93,18 @@ def _weights(state_dict: dict, frozen: bool) -> dict:
 
 
 def training_state(
-    epoch: int,
-    model: BiModel,
-    trainer_state: dict,
-    best: dict,
-    train_sim: torch.Tensor,
-    rngs: list[dict],
-    fingerprint: str | None,
+    epoch: int, trainer, best: dict, train_sim: torch.Tensor, rngs: list[dict], fingerprint: str | None
 ) -> dict:
-    """What ``last.pt`` holds after ``epoch``: the weights, ``trainer_state`` (optimiser, LR schedule, mining and
-    loader RNGs: :meth:`biencoder.engine.training.epoch.EpochTrainer.state_dict`), ``rngs`` (every rank's global RNG states, index =
-    rank, so each rank resumes its own dropout stream), ``train_sim`` (the embeddings the next epoch mines with), the
-    best epoch so far (its weights and test hits; not its embeddings) and the frozen encoder's ``fingerprint`` (None:
-    the encoder trains, and its weights are saved too)."""
+    """What ``last.pt`` holds after ``epoch``: the weights of ``trainer``'s model, its state (optimiser, LR schedule,
+    mining and loader RNGs: ``trainer`` is the :class:`~biencoder.engine.training.epoch.EpochTrainer`), ``rngs``
+    (every rank's global RNG states, index = rank, so each rank resumes its own dropout stream), ``train_sim`` (the
+    embeddings the next epoch mines with), the best epoch so far (its weights and test hits; not its embeddings) and
+    the frozen encoder's ``fingerprint`` (None: the encoder trains, and its weights are saved too)."""
     frozen = fingerprint is not None
     return {
         "epoch": epoch,
-        "model": _weights(model.state_dict(), frozen),
-        **trainer_state,
+        "model": _weights(trainer.model.state_dict(), frozen),
+        **trainer.state_dict(),
         "rng": rngs,
         "train_sim": train_sim,
         "best": {
@@ -117,14 +116,14 @@ def training_state(
     }
 
 
-def restore_last(
-    state: dict, path: Path, model: BiModel, trainer, fingerprint: str | None
-) -> tuple[int, dict, torch.Tensor]:
-    """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``model``, ``trainer`` (an
-    :class:`~biencoder.engine.training.epoch.EpochTrainer`) and this rank's RNGs; returns (next epoch, best so far, train embeddings
-    to mine with). Raises :class:`RunFolderError` for another encoder or another number of processes."""
+def restore_last(state: dict, path: Path, trainer, fingerprint: str | None) -> tuple[int, dict, torch.Tensor]:
+    """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``trainer`` (the
+    :class:`~biencoder.engine.training.epoch.EpochTrainer`: its model, optimiser, LR schedule and RNGs) and this rank's
+    RNGs; returns (next epoch, best so far, train embeddings to mine with). Raises :class:`RunFolderError` for another
+    encoder or another number of processes."""
     if state["encoder_fingerprint"] != fingerprint:
         raise RunFolderError(f"{path} was trained on another encoder than model.encoder.name_or_path loads now")
+    model = trainer.model
     model.load_state_dict(state["model"], strict=fingerprint is None)
     trainer.load_state_dict(state)
     rngs = state["rng"]
@@ -144,3 +143,29 @@ def restore_last(
         best["state"] = {**frozen, **best["state"]}
     best["hits"] = None if best["hits"] is None else best["hits"].numpy()
     return state["epoch"] + 1, best, state["train_sim"]
+
+
+def selected_by_rule(best: dict, metric: str, path: Path) -> dict:
+    """``best`` from the ``last.pt`` at ``path`` as a run that selects by val ``metric`` selects: a ``last.pt`` written
+    before the selection metric was recorded holds ``val_top1`` (it selected by the reranked top-1). When that is not
+    this run's metric, the best so far is kept and valued by this run's metric, and one line says so (the earlier
+    epochs' weights are gone, so they cannot be compared again)."""
+    if "metric" not in best:
+        best = {
+            **{k: v for k, v in best.items() if k != "val_top1"},
+            "metric": "top1",
+            "value": best.get("val_top1", -math.inf),
+        }
+    if best["metric"] != metric:
+        log.warning(
+            "%s: the epochs before the resume were selected by val %s, this run selects by val %s: the "
+            "best so far (epoch %d) is kept and compared by its val %s",
+            path,
+            best["metric"],
+            metric,
+            best["epoch"],
+            metric,
+        )
+        value = best["metrics"]["val"][metric] if best.get("metrics") else -math.inf
+        best = {**best, "metric": metric, "value": value}
+    return best

@@ -1,15 +1,16 @@
 """One training epoch: mine this epoch's negatives, then one pass of optimisation steps over the triplets.
 
 :class:`EpochTrainer` owns what changes from step to step (the loss, the optimiser, the LR schedule, the mining and
-shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.training.runner.Runner` drives it. A step
-sums its loss parts (and, one step in ``trainer.stats_every``, the head statistics and gradient norms) on the device
-(:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device.
+shuffling RNGs) and nothing about evaluation or the run folder; :class:`biencoder.engine.training.runner.Runner` drives
+it. A step sums its loss parts (and, one step in ``trainer.stats_every``, the head statistics and gradient norms) on
+the device (:class:`EpochSums`): the host reads them once per epoch, so no step waits for the device. What a step
+consumes is :mod:`biencoder.engine.training.triplets`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -18,12 +19,14 @@ from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
 
-from ..data.corpus import PairedSplit
 from ..machine import distributed
-from ..modeling.loss import LossOutput, build_loss
-from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, TokenizedTexts, head_statistics_vector, to_device
-from ..retrieval.negatives import MinedNegatives, mine_negatives, random_rate
+from ..machine.runtime import Runtime
+from ..modeling.encoding import to_device
+from ..modeling.loss import build_loss
+from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, head_statistics_vector
+from ..retrieval.negatives import MinedNegatives, Mining, mine_negatives, random_rate
 from .flat_params import FlatParameters, flat_state, per_parameter_state
+from .triplets import TrainingInputs, TripletCollate, TripletStep, triplet_rows
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
 STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
@@ -42,33 +45,8 @@ class Diverged(RuntimeError):
         )
 
 
-class TripletCollate:
-    """Rows [B, 3] of (point, counter, negative) → one padded encoder batch of 3B texts, plus the rows.
-
-    Without ``tokens`` (frozen encoder: the pooled vectors are cached) the batch holds the rows only.
-    """
-
-    def __init__(self, tokens: TokenizedTexts | None):
-        self.tokens = tokens
-
-    def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
-        rows = np.stack(rows)
-        # all points, then all counters, then all negatives
-        batch = self.tokens.batch(rows.T.ravel()) if self.tokens is not None else {}
-        batch["rows"] = torch.from_numpy(rows)
-        return batch
-
-
-def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
-    """[Q + G, 3] training rows (point, counter, negative) for this epoch: one per pair with its freshly mined negative,
-    then one per given negative of pair files (:attr:`PairedSplit.given_triplets`, rows ``2Q + j``; G = 0 without)."""
-    mined = np.stack([split.query, split.counter, negatives.row], axis=1)
-    given = split.given_triplets
-    return np.concatenate([mined, given]) if len(given) else mined
-
-
 def _grad_norm(grads: list[torch.Tensor], device) -> torch.Tensor:
-    """L2 norm (0-d tensor, on ``device``) over ``grads``: the norm of the per-tensor norms, one foreach call for those."""
+    """L2 norm (0-d tensor, on ``device``) over ``grads``: the norm of the per-tensor norms (one foreach call)."""
     return (
         torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros((), device=device)
     )
@@ -107,38 +85,12 @@ class EpochSums:
         if self.parts is None:
             return {}
         return {
-            **{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist())},
-            **{name: value / self.sampled for name, value in zip(STEP_STATISTICS, self.statistics.tolist())},
+            **{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist(), strict=False)},
+            **{
+                name: value / self.sampled
+                for name, value in zip(STEP_STATISTICS, self.statistics.tolist(), strict=False)
+            },
         }
-
-
-class TripletStep(nn.Module):
-    """The whole training forward (triplet batch → :class:`LossOutput`) as one module, so DDP wraps all of it.
-
-    Takes token ids (encoder trained) or the cached pooled vectors [3B, hidden] (encoder frozen), ordered
-    points, counters, negatives, and their text ids [3B] in the same order (``PairedSplit.text_id``: the loss
-    masks duplicate texts with them).
-    """
-
-    def __init__(self, model: BiModel, loss_fn: nn.Module):
-        super().__init__()
-        self.model, self.loss_fn = model, loss_fn
-
-    def forward(
-        self,
-        pooled: torch.Tensor | None = None,
-        input_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        text_id: torch.Tensor | None = None,
-        padded: bool | None = None,
-    ) -> LossOutput:
-        emb = (
-            self.model.from_pooled(pooled)
-            if pooled is not None
-            else self.model.embed(input_ids, attention_mask, padded)
-        )
-        point, counter, negative = emb.chunk(3)
-        return self.loss_fn(self.model, point, counter, negative, None if text_id is None else text_id.view(3, -1))
 
 
 def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
@@ -159,44 +111,35 @@ class EpochTrainer:
 
     Args:
         cfg: the run's config (``trainer``, ``negatives``, ``loss``, ``seed``).
-        model: the :class:`BiModel`, already on ``device``.
-        split: the training split; ``pooled`` its cached pooled vectors [2Q + E, hidden] on the device (frozen
-            encoder), else ``tokens`` its tokenised texts: the table's rows, then its given negatives'
-            (:attr:`PairedSplit.extra_texts`, E = 0 without).
-        amp_dtype: the autocast dtype (None: fp32). ``progress``: show the step bar.
+        model: the :class:`BiModel`, already on the runtime's device.
+        inputs: the training split and its cached pooled vectors (frozen encoder) or its token ids
+            (:class:`TrainingInputs`).
+        runtime: the device and the autocast dtype (None: fp32). ``progress``: show the step bar.
     """
 
-    def __init__(
-        self,
-        cfg: DictConfig,
-        model: BiModel,
-        split: PairedSplit,
-        pooled: torch.Tensor | None,
-        tokens: TokenizedTexts | None,
-        device: torch.device,
-        amp_dtype: torch.dtype | None,
-        progress: bool,
-    ):
-        self.cfg, self.model, self.split, self.pooled, self.tokens = cfg, model, split, pooled, tokens
-        self.device, self.amp_dtype, self.progress = device, amp_dtype, progress
-        self.frozen = pooled is not None
+    def __init__(self, cfg: DictConfig, model: BiModel, inputs: TrainingInputs, runtime: Runtime, progress: bool):
+        self.cfg, self.model, self.split = cfg, model, inputs.split
+        self.pooled, self.tokens = inputs.pooled, inputs.tokens
+        self.device, self.amp_dtype, self.progress = runtime.device, runtime.autocast_dtype, progress
+        self.mining = Mining.of_run(cfg.negatives, runtime)
+        self.frozen = self.pooled is not None
         groups = [(model.head_parameters(), cfg.trainer.head_lr)]
         if not self.frozen:
             groups.insert(0, (list(model.encoder.parameters()), cfg.trainer.lr))
-        # each group's parameters as views of one flat tensor (engine/training/flat_params.py): the optimiser steps 1-2 tensors a group
-        # (before DDP wraps the model, which keeps its own references to the parameters)
+        # each group's parameters as views of one flat tensor (engine/training/flat_params.py): the optimiser steps
+        # 1-2 tensors a group (before DDP wraps the model, which keeps its own references to the parameters)
         self.flat = [FlatParameters(params, model.unused_parameters()) for params, _ in groups]
         self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
         # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
         # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor)
         self.optimizer = torch.optim.AdamW(
-            [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups)],
+            [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups, strict=False)],
             weight_decay=cfg.trainer.weight_decay,
             fused=True,
         )
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
-        self.n_triplets = split.n_pairs + len(split.given_triplets)  # mined, then given (triplet_rows)
+        self.n_triplets = self.split.n_pairs + len(self.split.given_triplets)  # mined, then given (triplet_rows)
         self.steps_per_epoch = math.ceil(
             math.ceil(self.n_triplets / distributed.world_size()) / cfg.trainer.batch_size
         )
@@ -241,15 +184,7 @@ class EpochTrainer:
         rate = random_rate(epoch, self.cfg.negatives.random_rate.start, self.cfg.negatives.random_rate.decay)
         negatives = None
         if distributed.is_main():
-            negatives = mine_negatives(
-                train_sim.numpy(),
-                self.split,
-                rate,
-                self.rng,
-                self.cfg.negatives.n_neighbors,
-                index=self.cfg.negatives.index,
-                device=self.device,
-            )
+            negatives = mine_negatives(train_sim.numpy(), self.split, rate, self.rng, self.mining)
         if distributed.world_size() > 1:
             n = self.split.n_pairs
             rows = distributed.broadcast_rows(None if negatives is None else negatives.row, n)
@@ -365,7 +300,8 @@ class EpochTrainer:
         self.scheduler.step()
 
     def grad_norms(self) -> torch.Tensor:
-        """[2] float32 on the device: the L2 norms of this step's gradients of the encoder (0 when frozen) and heads."""
+        """[2] float32 on the device: the L2 norms of this step's gradients of the encoder (0 when frozen) and the
+        heads."""
         return torch.stack(
             [_grad_norm([p.grad for p in params if p.grad is not None], self.device) for params in self.grad_groups]
         ).float()

@@ -1,0 +1,227 @@
+"""Running texts through a :class:`~biencoder.engine.modeling.model.BiModel`: texts tokenised once
+(:class:`TokenizedTexts`), pooled vectors and embeddings of every row in eval mode (:func:`encode_pooled`,
+:func:`embed_pooled`, :func:`encode`), the one way to get the pooled vectors of some texts, from the embedding cache
+or encoded (:func:`pooled_vectors`), and the classifier's margins of pairs of precomputed embeddings
+(:func:`pair_margins`). How texts are run (batch size, device, precision, progress bar) is an :class:`Encoding`, made
+once per run from its config and :class:`~biencoder.engine.machine.runtime.Runtime`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from ..config.schema import TrainerSchema
+from ..machine.runtime import Runtime
+from .cache import NonFiniteVectors, encoder_fingerprint, model_cache
+from .model import BiModel, Embeddings
+
+log = logging.getLogger("biencoder")
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How texts run through the encoder: ``batch_size`` texts a forward on ``device``, under autocast to
+    ``autocast_dtype`` (None: fp32), with a texts/s progress bar when ``progress``."""
+
+    batch_size: int = 64
+    device: str | torch.device = "cpu"
+    autocast_dtype: torch.dtype | None = None
+    progress: bool = False
+
+    @classmethod
+    def of_run(cls, trainer: TrainerSchema, runtime: Runtime, progress: bool) -> Encoding:
+        """A run's encoding: ``trainer.eval_batch_size`` texts a forward, on the runtime's device and precision."""
+        return cls(trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, progress)
+
+
+@dataclass(frozen=True)
+class TextEncoder:
+    """What turns texts into pooled vectors (:func:`pooled_vectors`): ``model`` and its ``tokenizer``, texts truncated
+    to ``max_length`` tokens, run as ``encoding`` says. ``cache_dir``: the embedding cache (a frozen encoder's, whose
+    outputs depend only on its weights; None: every text is encoded). ``fingerprint``: :func:`encoder_fingerprint` of
+    ``model.encoder``, hashed per call when None (give it to hash the encoder once for several calls)."""
+
+    model: BiModel
+    tokenizer: object
+    max_length: int
+    encoding: Encoding = Encoding()
+    cache_dir: str | Path | None = None
+    fingerprint: str | None = None
+
+
+class TokenizedTexts:
+    """Texts tokenised once (truncated to ``max_length``); batches are padded on demand.
+
+    ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L], "padded": bool}`` (L = longest row in the
+    batch; ``padded``: some row is shorter, known here on the host: :func:`~.model.encoder_mask`).
+    """
+
+    #: texts per tokenizer call: a fast tokenizer's output for a call (encodings, offsets, Python lists) is ~20 kB a
+    #: text until the call returns, and the allocator keeps it: 200 000 texts at once raised the resident memory by
+    #: 3.9 GB for good, blocks of 4096 by 0.2 GB, with the same ids (docs/scaling-data.md)
+    CHUNK = 4096
+
+    def __init__(self, texts: list[str], tokenizer, max_length: int):
+        texts, self.ids = list(texts), []
+        for start in range(0, len(texts), self.CHUNK):
+            encoded = tokenizer(texts[start : start + self.CHUNK], truncation=True, max_length=max_length)["input_ids"]
+            self.ids += [np.asarray(ids, dtype=np.int64) for ids in encoded]
+        self.lengths = np.array([len(ids) for ids in self.ids])
+        self.pad_id = tokenizer.pad_token_id or 0
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def batch(self, rows) -> dict[str, Tensor | bool]:
+        rows = np.asarray(rows)
+        width = int(self.lengths[rows].max())
+        input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.int64)
+        for i, row in enumerate(rows):
+            n = self.lengths[row]
+            input_ids[i, :n] = self.ids[row]
+            mask[i, :n] = 1
+        return {
+            "input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(mask),
+            "padded": bool(self.lengths[rows].min() < width),
+        }
+
+
+def to_device(batch: dict, device: torch.device, pin: bool = False) -> dict:
+    """``batch``'s tensors copied to ``device`` (non-blocking; pinned first with ``pin``), its other values (the
+    host's ``padded``) as they are."""
+    return {
+        k: (v.pin_memory() if pin else v).to(device, non_blocking=True) if isinstance(v, Tensor) else v
+        for k, v in batch.items()
+    }
+
+
+@contextmanager
+def eval_mode(model: nn.Module):
+    """Eval mode (no dropout) and no gradients inside; the model's previous mode is restored after. A model already in
+    eval mode throughout is left alone (switching MiniLM's 125 modules takes about 0.5 ms each way)."""
+    was_training = model.training
+    switch = any(module.training for module in model.modules())
+    if switch:
+        model.eval()
+    try:
+        with torch.no_grad():
+            yield model
+    finally:
+        if switch:
+            model.train(was_training)
+
+
+def encode_pooled(
+    model: BiModel, texts: TokenizedTexts, encoding: Encoding = Encoding(), desc: str = "encode"
+) -> Tensor:
+    """Pooled encoder output [N, hidden] (float32, CPU, row order) of every row of ``texts``, in eval mode.
+
+    Rows are processed longest-first so each batch pads little; the order is restored afterwards. The
+    progress bar (``encoding.progress``, labelled ``desc``) counts texts, so it shows texts/s.
+    """
+    order = np.argsort(-texts.lengths, kind="stable")
+    device, batch_size, dtype = torch.device(encoding.device), encoding.batch_size, encoding.autocast_dtype
+    pooled = []
+    bar = tqdm(total=len(order), desc=desc, unit="text", disable=not encoding.progress, leave=False)
+    with eval_mode(model), bar:
+        for start in range(0, len(order), batch_size):
+            batch = to_device(texts.batch(order[start : start + batch_size]), device, pin=device.type == "cuda")
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                pooled.append(model.pool(**batch).float().cpu())
+            bar.update(len(batch["input_ids"]))
+    if not pooled:
+        return torch.zeros(0, model.encoder.config.hidden_size)
+    return torch.cat(pooled)[torch.from_numpy(np.argsort(order))]
+
+
+def embed_pooled(
+    model: BiModel, pooled: Tensor, batch_size: int = 4096, device: str | torch.device = "cpu"
+) -> Embeddings:
+    """:class:`Embeddings` (float32, CPU) from pooled vectors [N, hidden]: the sim head in eval mode, in blocks."""
+    sims = []
+    with eval_mode(model):
+        for block in pooled.split(batch_size):
+            sims.append(model.sim_head(block.to(device)).float().cpu())
+    sim = torch.cat(sims) if sims else torch.zeros(0, model.sim_head.out_features)
+    return Embeddings(sim, pooled.float().cpu())
+
+
+def encode(model: BiModel, texts: TokenizedTexts, encoding: Encoding = Encoding(), desc: str = "encode") -> Embeddings:
+    """Embed every row of ``texts`` in eval mode → float32 :class:`Embeddings` on the CPU, in row order."""
+    pooled = encode_pooled(model, texts, encoding, desc)
+    return embed_pooled(model, pooled, device=encoding.device)
+
+
+def pooled_vectors(encoder: TextEncoder, texts: list[str], desc: str = "encode") -> Tensor:
+    """Pooled encoder vectors [N, hidden] (float32, CPU, row order) of ``texts`` by ``encoder``.
+
+    With ``encoder.cache_dir`` they come from the embedding cache there
+    (:class:`biencoder.engine.modeling.cache.EmbeddingCache`); the missing texts are encoded (with a texts/s progress
+    bar labelled ``desc``) and added to it. Without it every text is encoded. Either way the vectors returned are
+    finite, or :class:`~biencoder.engine.modeling.cache.NonFiniteVectors` is raised.
+    """
+    model, encoding = encoder.model, encoder.encoding
+
+    def encode_rows(rows) -> Tensor:
+        tokens = TokenizedTexts([texts[i] for i in rows], encoder.tokenizer, encoder.max_length)
+        return encode_pooled(model, tokens, encoding, desc)
+
+    if encoder.cache_dir is None:
+        vectors = encode_rows(range(len(texts)))
+        if not torch.isfinite(vectors).all():  # as the cache checks what it stores: the vectors returned are finite
+            raise NonFiniteVectors()
+        return vectors
+
+    def compute(rows: np.ndarray) -> np.ndarray:
+        start = time.time()
+        pooled = encode_rows(rows).numpy()
+        seconds = time.time() - start
+        log.info(
+            "%s: encoded %d texts in %.1f s (%.1f texts/s)", desc, len(rows), seconds, len(rows) / max(seconds, 1e-9)
+        )
+        return pooled
+
+    fingerprint = encoder.fingerprint or encoder_fingerprint(model.encoder)
+    cache = model_cache(
+        model, encoder.tokenizer, encoder.max_length, encoder.cache_dir, fingerprint, encoding.autocast_dtype
+    )
+    vectors = cache.get(texts, compute)
+    log.info("%s: %d of %d texts from the embedding cache %s", desc, cache.hits, len(texts), cache.folder)
+    return torch.from_numpy(vectors)
+
+
+def pair_margins(
+    model: BiModel, emb: Embeddings, rows_a, rows_b, batch_size: int = 1024, device: str | torch.device = "cpu"
+) -> np.ndarray:
+    """Classifier logit margins l1 − l0 [P] (float32) for the pairs (emb[rows_a[i]], emb[rows_b[i]]), in blocks.
+
+    The margin orders pairs exactly as P(positive) = sigmoid(l1 − l0) does, without float32 P's ties: two
+    probabilities within 6e-8 of each other, or both saturated at 1.0 (a margin above ~17), become equal and a tie
+    counts against the true counter, while their margins still differ. Rankings therefore use margins.
+
+    ``emb`` is precomputed (see :func:`encode`), so the encoder never runs here: one head call per block of
+    ``batch_size`` pairs, never one per pair, and never more than a block of features in memory.
+    """
+    rows_a = torch.as_tensor(np.asarray(rows_a), dtype=torch.long, device=device)
+    rows_b = torch.as_tensor(np.asarray(rows_b), dtype=torch.long, device=device)
+    emb = emb.to(device)
+    out = torch.empty(len(rows_a), dtype=torch.float32, device=device)
+    with eval_mode(model), torch.inference_mode():
+        features = torch.empty(min(batch_size, len(rows_a)), model.out.in_features, dtype=emb.sim.dtype, device=device)
+        for start in range(0, len(rows_a), batch_size):
+            stop = start + batch_size
+            _, logits = model.head(model.gather_pair_features(emb, rows_a[start:stop], rows_b[start:stop], features))
+            logits = logits.float()
+            torch.sub(logits[:, 1], logits[:, 0], out=out[start:stop])
+    return out.cpu().numpy()

@@ -1,0 +1,181 @@
+"""What a run is scored by: each epoch the retrieve-k-then-rerank top-1 of every split
+(:meth:`Evaluation.evaluate_split`, over :mod:`biencoder.engine.retrieval.rerank`; the within-group top-1 of pair
+files with groups), and at the end the 8 official tasks with the best-by-val weights (:meth:`Evaluation.tasks`) and
+the zero-shot and TF-IDF baselines on the same queries (:meth:`Evaluation.baselines`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from ..config.schema import selection
+from ..machine import distributed
+from ..modeling.encoding import Encoding, embed_pooled, encode, encode_pooled
+from ..modeling.model import BiModel, Embeddings
+from ..retrieval.groups import group_rerank
+from ..retrieval.official_tasks import baseline_ranks, evaluate_tasks
+from ..retrieval.rerank import (
+    NonFiniteMargins,
+    Rerank,
+    query_groups,
+    query_sample,
+    retrieve,
+    retrieve_rerank,
+    seen_unseen,
+)
+from .epoch import Diverged
+from .inputs import EncoderInputs, RunData
+
+SPLITS = ("train", "val", "test")
+#: final.json's ``tasks_skipped`` and the summary's line when the data cannot have the 8 official tasks
+NO_TASKS = (
+    "no 8-task table: the official tasks type candidates by ArguAna's debates, sides and themes, which pair "
+    "files do not have; the per-epoch top-1 (and top1_group where the files have groups) is this data's result"
+)
+
+
+class Evaluation:
+    """Scores one run's ``model`` on its splits, per epoch and at the end.
+
+    Args:
+        cfg: the run's config (``eval``, ``loss.ce_weight``: what the hits are of).
+        data: the run's pairs; ``inputs``: what the encoder takes of each split.
+        encoding: how a trained encoder's texts are encoded; ``rerank``: how a split is retrieved and reranked
+            (``eval.*``), its batches also the sim head's.
+    """
+
+    def __init__(
+        self, cfg: DictConfig, model: BiModel, data: RunData, inputs: EncoderInputs, encoding: Encoding, rerank: Rerank
+    ):
+        self.cfg, self.model, self.data, self.inputs = cfg, model, data, inputs
+        self.encoding, self.rerank = encoding, rerank
+        self.metric = selection(cfg.loss.ce_weight)["metric"]  # the hits are this metric's
+        self.pairs = self._pairs()
+        self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
+        self.zero_shot = self._zero_shot()
+
+    def _pairs(self) -> dict[str, np.ndarray | None]:
+        """The queries evaluated per epoch, per split: all (None), or a fixed sample of ``eval.<split>_queries``
+        (:func:`rerank.query_sample`: the same for every seed and cell, so curves stay comparable). Mining always uses
+        every training pair, the pools stay whole splits, and the 8 tasks at the end score every query."""
+        splits, cfg = self.data.splits, self.cfg.eval
+        return {name: query_sample(splits[name].n_pairs, cfg.get(f"{name}_queries")) for name in SPLITS}
+
+    @property
+    def seen(self) -> np.ndarray:
+        """[P] bool: :attr:`RunData.test_seen` of the test queries evaluated per epoch (all, or ``eval.test_queries``):
+        what the per-epoch test numbers, ``test_hits.npy`` and the baselines are split into unseen and seen by."""
+        pairs = self.pairs["test"]
+        return self.data.test_seen if pairs is None else self.data.test_seen[pairs]
+
+    def _zero_shot(self) -> dict[str, torch.Tensor] | None:
+        """The untrained encoder's pooled val/test vectors, for the zero-shot baseline in the summary (rank 0, when
+        ``eval.baselines`` asks for it: ``auto`` = when cheap)."""
+        want, splits = self.cfg.eval.baselines, self.data.splits
+        cheap = self.inputs.frozen or sum(len(splits[n].texts) for n in ("val", "test")) <= 2000
+        if not distributed.is_main() or not (want is True or (want == "auto" and cheap)):
+            return None
+        quiet = replace(self.encoding, progress=False)
+        return {
+            n: self.inputs.pooled[n].cpu()
+            if self.inputs.frozen
+            else encode_pooled(self.model, self.inputs.tokens[n], quiet, f"encode {n} (zero-shot)")
+            for n in ("val", "test")
+        }
+
+    # -- per epoch ----------------------------------------------------------------------------------------------
+    def embed(self, name: str) -> Embeddings:
+        """The :class:`Embeddings` of split ``name``'s rows with the model's current weights."""
+        if self.inputs.frozen:
+            return embed_pooled(self.model, self.inputs.pooled[name], self.rerank.batch_size, self.rerank.device)
+        return encode(self.model, self.inputs.tokens[name], self.encoding, f"encode {name}")
+
+    def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
+        """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``;
+        the hits [Q] bool are those of the selection metric (:attr:`metric`): reranked, or the nearest neighbour."""
+        # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
+        if not (torch.isfinite(emb.sim).all() and (self.inputs.frozen or torch.isfinite(emb.pooled).all())):
+            raise Diverged(epoch, f"{name} embeddings")
+        split, pairs, rerank = self.data.splits[name], self.pairs[name], self.rerank
+        rows = self.fixed_shortlists(name, emb)
+        if rows is None:  # searched here rather than inside retrieve_rerank: the nearest neighbours are a hit too
+            rows, _ = retrieve(
+                emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs
+            )
+        seen = self.seen if name == "test" else None
+        try:
+            metrics, hits = retrieve_rerank(self.model, emb, split, rerank, pairs, rows)
+            if split.groups is not None:  # pair files with a group column: the within-group top-1 too
+                metrics.update(group_rerank(self.model, emb, split, rerank, pairs, seen)[0])
+        except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
+            raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
+        if seen is not None:
+            metrics.update(seen_unseen(hits, seen))
+        if self.metric == "retrieval_top1":
+            hits = rows[:, 0] == split.counter[np.arange(split.n_pairs) if pairs is None else pairs]
+        return metrics, hits
+
+    def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
+        """The per-epoch shortlists of split ``name`` when they cannot change: a frozen encoder's own space
+        (``eval.retrieve=encoder``) is the same every epoch, so it is searched once per run; else None."""
+        if not (self.inputs.frozen and self.rerank.space == "encoder"):
+            return None
+        if name not in self.shortlists:
+            rerank = self.rerank
+            self.shortlists[name], _ = retrieve(
+                emb.retrieval("encoder").numpy(),
+                self.data.splits[name],
+                rerank.k,
+                rerank.index,
+                rerank.device,
+                self.pairs[name],
+            )
+        return self.shortlists[name]
+
+    # -- at the end -------------------------------------------------------------------------------------------
+    def final_scores(self, best: dict) -> dict:
+        """What ``final.json`` holds of the end's scores, with the (loaded) best-by-val weights: ``tasks`` (or
+        ``tasks_skipped`` when the data cannot have them) when ``eval.tasks``, ``baselines`` when computed."""
+        scores = {}
+        if self.cfg.eval.tasks and self.data.splits["val"].supports_tasks:
+            scores["tasks"] = self.tasks(best)
+        elif self.cfg.eval.tasks:
+            scores["tasks_skipped"] = NO_TASKS
+        if self.zero_shot is not None:
+            scores["baselines"] = self.baselines()
+        return scores
+
+    def tasks(self, best: dict) -> dict:
+        """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""
+        score, embs = self.cfg.eval.score, best.get("embs", {})
+        tasks = {"score": score}
+        for name in ("val", "test"):
+            emb = embs[name] if name in embs else self.embed(name)
+            groups = query_groups(self.data.test_seen) if name == "test" else None
+            tasks[name] = evaluate_tasks(self.data.splits[name], score, self.model, emb, self.rerank, groups)
+        return tasks
+
+    def baselines(self) -> dict:
+        """Top-1 of the zero-shot encoder's cosine and of TF-IDF on val and test (:func:`tasks.baseline_ranks`): the
+        same queries (``eval.val_queries`` / ``eval.test_queries``) and pools as the per-epoch top-1 (the epa task),
+        with the unseen/seen split on test."""
+        out = {}
+        for name in ("val", "test"):
+            groups = query_groups(self.seen) if name == "test" else {}
+            out[name] = {}
+            ranks = baseline_ranks(self.data.splits[name], self.zero_shot[name], self.pairs[name])
+            for score, rank in ranks.items():
+                hits = rank == 1
+                out[name][score] = {
+                    "top1": float(hits.mean()),
+                    "queries": len(hits),
+                    **{
+                        f"top1_{group}": float(hits[mask].mean()) if mask.any() else None
+                        for group, mask in groups.items()
+                    },
+                }
+        return out
