@@ -206,7 +206,7 @@ def global_determinism(monkeypatch):
 
 #: a process that holds the run folder named by its argument (engine/runs/folder.claim) until it is killed
 HOLD = (
-    "import sys, time\nfrom biencoder.engine.runs.folder import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
+    "import sys, time\nfrom biencoder.engine.runs.lock import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
     "time.sleep(600)\n"
 )
 

@@ -25,13 +25,14 @@ from .engine.config import schema
 from .engine.config.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
 from .engine.config.validation import unknown_key_message
 from .engine.data.arguana import arguana_root
-from .engine.runs.folder import claim, discard_if_ours, new_dir_resolver, run_dir_resolver, writes_run_folders
+from .engine.runs.folder import discard_if_ours, new_dir_resolver, run_dir_resolver
+from .engine.runs.lock import claim, writes_run_folders
 from .errors import BiencoderError, report
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:
-    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.config.schema.variant_name`) as the folder names
-    it, with the ``+variant=`` choice of the config being composed."""
+    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.config.schema.variant_name`) as the folder
+    names it, with the ``+variant=`` choice of the config being composed."""
     return schema.variant_name(_root_, OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None))
 
 
