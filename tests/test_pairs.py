@@ -10,7 +10,8 @@ import pytest
 from biencoder.engine.config.schema import pairs_demo
 from biencoder.engine.config.validation import validate
 from biencoder.engine.data.corpus import run_splits
-from biencoder.engine.data.pair_files import PairsError, data_files, export_pairs, read_pairs
+from biencoder.engine.data.pair_files import export_pairs, read_pairs
+from biencoder.engine.data.pair_records import PairsError, data_files
 from biencoder.engine.retrieval.groups import group_shortlists
 from biencoder.engine.retrieval.rerank import NONE, retrieve
 from biencoder.errors import ConfigError

@@ -22,7 +22,8 @@ from pathlib import Path
 from .engine.config.schema import demo_root
 from .engine.data.arguana import EXTRACTED, CorpusError, resolve_root
 from .engine.data.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
-from .engine.data.pair_files import EXPORTED, SUFFIXES, PairFiles, export_pairs, read_pairs
+from .engine.data.pair_files import EXPORTED, PairFiles, export_pairs, read_pairs
+from .engine.data.pair_records import SUFFIXES
 from .engine.files import strict_json
 from .errors import command
 

@@ -35,7 +35,7 @@ INDEXES = ("balltree", "exact")
 LAYOUTS = ("arguana", "pairs")
 #: data.pool: the per-epoch top-1's candidates (engine/data/paired.py, PairedSplit)
 POOLS = ("all", "positives")
-#: data.format: how a pair file is read (null: from its suffix, engine/data/pair_files.py)
+#: data.format: how a pair file is read (null: from its suffix, engine/data/pair_records.py)
 PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
 
 
@@ -51,7 +51,7 @@ PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
 #: ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
 #: ``trainer.head_stats_every`` is its retired name (2026-11-24): runs that recorded it resume and share cells too.
 #: The pair files' paths (``data.train`` ...) are where the data lies, like ``data.root``; what they hold is the
-#: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.data.pair_files.data_files`), a result key
+#: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.data.pair_records.data_files`), a result key
 #: (runs on different contents never share a cell); ``data_files.<split>.path`` and ``.bytes`` follow from them.
 NON_RESULT_KEYS = (
     "paths.",

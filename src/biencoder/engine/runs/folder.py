@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from ...errors import ConfigError
 from ..config.schema import is_non_result_key, resume_folder, resume_requested, run_settings
-from ..data.pair_files import data_files
+from ..data.pair_records import data_files
 from ..files import save_atomic, save_npy_atomic, write_json_atomic
 from ..machine.runtime import Runtime
 from .lock import announce_lock, claim, created_lock, own_lock_file, release, writes_run_folders
@@ -111,7 +111,7 @@ def recorded_config(cfg: DictConfig, runtime: Runtime | None) -> dict:
     ``eval.pair_batch_size`` as used (null: the device's), and
     ``runtime``: the record of the process (device name, precision, determinism, processes). The precision is thus
     a setting summaries group by; ``runtime.`` is a non-result prefix. Pair files add ``data_files``: path, bytes
-    and sha256 of each (:func:`biencoder.engine.data.pair_files.data_files`), so a run resumed, or a cell
+    and sha256 of each (:func:`biencoder.engine.data.pair_records.data_files`), so a run resumed, or a cell
     summarised, on other contents of a file is refused or kept apart (the sha256 is a result key; the path is
     not)."""
     config = OmegaConf.to_container(cfg, resolve=True)
