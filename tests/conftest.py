@@ -164,7 +164,7 @@ def tiny_model_and_tokenizer():
 
 @pytest.fixture(scope="session")
 def demo_corpus():
-    from biencoder.engine.config.schema import demo_root
+    from biencoder.engine.config.packaged import demo_root
     from biencoder.engine.data.corpus import read_corpus
 
     return read_corpus(demo_root())

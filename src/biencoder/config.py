@@ -6,13 +6,12 @@ Kept for code outside the package that imports the old names (``packaged_minilm_
 Hydra (through :mod:`biencoder.hydra_glue`).
 """
 
-from .engine.config.schema import (
+from .engine.config.packaged import packaged_minilm_path
+from .engine.config.schema import Schema, flags_name
+from .engine.config.settings import (
     NON_RESULT_KEYS,
-    Schema,
-    flags_name,
     flatten,
     is_non_result_key,
-    packaged_minilm_path,
     resume_folder,
     resume_requested,
     run_settings,

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .engine.config.schema import demo_root
+from .engine.config.packaged import demo_root
 from .engine.data.arguana import EXTRACTED, CorpusError, resolve_root
 from .engine.data.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
 from .engine.data.pair_files import EXPORTED, PairFiles, export_pairs, read_pairs

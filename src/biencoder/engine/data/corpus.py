@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config.schema import demo_root
+from ..config.packaged import demo_root
 from .arguana import SPLITS, CorpusError, read_split, resolve_root
 from .pair_files import PairFiles, read_pairs
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name

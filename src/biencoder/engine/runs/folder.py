@@ -15,7 +15,7 @@ Rules this module enforces (each has a test in ``tests/test_rundir.py``):
   newer). (Two commands started at once into the same new folder are not told apart.)
 * **``trainer.resume=<path>`` names a run folder of this tool** (it holds ``config_resolved.yaml``, ``last.pt`` or
   ``final.json``). Anything else is refused by the resolver, before Hydra writes into it.
-* **A resumed run is the same run**: every setting but :data:`~biencoder.engine.config.schema.NON_RESULT_KEYS` must
+* **A resumed run is the same run**: every setting but :data:`~biencoder.engine.config.settings.NON_RESULT_KEYS` must
   equal the saved one, checked before anything else (a finished run with other settings is refused, not skipped), and
   it continues on the same device type with the same precision (``config_resolved.yaml`` records both resolved).
 * **One process writes a run folder at a time**: :mod:`.lock` (:func:`~.lock.claim`, :func:`~.lock.release`); the
@@ -36,7 +36,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from ...errors import ConfigError
-from ..config.schema import is_non_result_key, resume_folder, resume_requested, run_settings
+from ..config.settings import is_non_result_key, resume_folder, resume_requested, run_settings
 from ..data.pair_records import data_files
 from ..files import save_atomic, save_npy_atomic, write_json_atomic
 from ..machine.runtime import Runtime
