@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
+from biencoder.engine.inference.evaluation import run_evaluation
 from biencoder.engine.modeling.cache import EmbeddingCache, encoder_fingerprint
 from biencoder.engine.modeling.model import TokenizedTexts, build_model, encode_pooled, pooled_vectors
 from biencoder.engine.training.runner import Runner
-from biencoder.evaluate import run_evaluation
 from conftest import FAST, compose_cfg
 
 TEXTS = ["a point about schools", "a counter about schools", "a point about taxes", "a counter about taxes"]
