@@ -261,22 +261,10 @@ def hydra_cli(app) -> None:
         print(f"error: {_into_null(sys.argv[1:])}", file=sys.stderr)
         sys.exit(2)
     except ValueError as err:
-        unwritable = _in_chain(err, OSError) if "Unable to configure handler" in str(err) else None
-        if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
-            reason = unwritable.strerror or unwritable
-            print(
-                f"error: cannot write the log file {unwritable.filename or ''} ({reason}): hydra.run.dir (or "
-                "paths.log_dir, or the trainer.resume folder) must be a writable folder",
-                file=sys.stderr,
-            )
-            sys.exit(2)
-        if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
+        line = _value_error_line(err)
+        if line is None:
             raise
-        print(
-            f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "
-            "(e.g. +variant=ln seed=0 --cfg job)",
-            file=sys.stderr,
-        )
+        print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
     except BrokenPipeError:  # `... --help | head`: the reader left; nothing went wrong here
         sys.stderr.close()
@@ -288,3 +276,20 @@ def hydra_cli(app) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+
+
+def _value_error_line(err: ValueError) -> str | None:
+    """The one line for a ValueError Hydra lets through: an unwritable log file, or a flag that cannot go with -m;
+    None for any other (a bug: it propagates)."""
+    unwritable = _in_chain(err, OSError) if "Unable to configure handler" in str(err) else None
+    if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
+        reason = unwritable.strerror or unwritable
+        return (
+            f"cannot write the log file {unwritable.filename or ''} ({reason}): hydra.run.dir (or "
+            "paths.log_dir, or the trainer.resume folder) must be a writable folder"
+        )
+    if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
+        return None
+    return (
+        f"{err}: to see a sweep job's config, drop -m and pass that job's values (e.g. +variant=ln seed=0 --cfg job)"
+    )
