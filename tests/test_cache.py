@@ -227,13 +227,13 @@ def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypa
 
 
 def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls):
-    from biencoder import train as train_module
+    from biencoder.engine.training.runner import run
 
     overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]
-    first = train_module.run(compose_cfg(overrides), tmp_path / "first")
+    first = run(compose_cfg(overrides), tmp_path / "first")
     calls = encoder_calls
     calls.clear()  # the first run encoded; from here on nothing may
-    second = train_module.run(compose_cfg(overrides), tmp_path / "second")
+    second = run(compose_cfg(overrides), tmp_path / "second")
     assert calls == [] and second["best"] == first["best"]
     evaluated = run_evaluation(
         compose_cfg(

@@ -153,8 +153,8 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
 def test_a_missing_tracker_package_is_one_line(tmp_path, monkeypatch):
     import importlib.util
 
+    from biencoder.engine.training.runner import run
     from biencoder.errors import ConfigError
-    from biencoder.train import run
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))

@@ -8,8 +8,8 @@
   ``val.jsonl`` and ``test.jsonl`` (anchor = point, positive = counter, group = theme/debate), then read back to show
   that both readers give the same paired splits.
 
-The readers are :mod:`biencoder.engine.data.corpus` and :mod:`biencoder.engine.data.pair_files`; the public names stay importable
-from here (``from biencoder.corpus import read_corpus``).
+The readers are :mod:`biencoder.engine.data.corpus` and :mod:`biencoder.engine.data.pair_files` (``read_corpus`` and
+``read_pairs`` are also :mod:`biencoder`'s).
 """
 
 from __future__ import annotations
@@ -19,26 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from .engine.config.packaged import demo_root
-from .engine.data.arguana import EXTRACTED, CorpusError, resolve_root
-from .engine.data.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
+from .engine.data.arguana import EXTRACTED, CorpusError
+from .engine.data.corpus import Corpus, read_corpus
 from .engine.data.pair_files import EXPORTED, PairFiles, export_pairs, read_pairs
 from .engine.data.pair_records import SUFFIXES
 from .engine.files import strict_json
 from .errors import command
-
-__all__ = [
-    "Corpus",
-    "CorpusError",
-    "PairedSplit",
-    "demo_root",
-    "main",
-    "read_corpus",
-    "resolve_root",
-    "run_splits",
-    "seen_queries",
-    "split_name",
-]  # the Python names, from the engine
 
 
 def format_stats(counts: dict[str, dict[str, int]]) -> str:

@@ -22,12 +22,10 @@ from .engine.machine.runtime import nondeterministic_op
 from .engine.runs.folder import discard_if_ours
 from .engine.runs.lock import RunFolderBusy, claim, release, writes_run_folders
 from .engine.training.epoch import Diverged
-from .engine.training.runner import Runner, decide_runtime, run
+from .engine.training.runner import decide_runtime, run
 from .errors import BiencoderError
 from .hydra_glue import clean_up_if_stopped, conf_dir, fail, hydra_cli, register, variant_name
 from .report.run import summary_text
-
-__all__ = ["Diverged", "Runner", "main", "run"]  # Runner, run and Diverged: importable from here as before
 
 log = logging.getLogger("biencoder")
 

@@ -10,7 +10,7 @@ with ``config.json``; :func:`load_pair_classifier` returns it as a module whose 
 pooled embeddings of both texts; :func:`embed` gives both from the exported folder::
 
     from sentence_transformers import SentenceTransformer
-    from biencoder.export import embed, load_pair_classifier
+    from biencoder.engine.inference.export import embed, load_pair_classifier
     model = SentenceTransformer(out_dir)
     classifier = load_pair_classifier(out_dir)
     logits = classifier.classify_pair(embed(model, points), embed(model, candidates))  # class 1 = counter
