@@ -34,7 +34,7 @@ MIN_PAIRS = 2
 EXPORTED = {name: f"{name}.jsonl" for name in SPLIT_NAMES}
 
 
-def read_pairs(data) -> "PairFiles":
+def read_pairs(data) -> PairFiles:
     """Read the pair files a ``data`` config names (``train``/``val``/``test`` or ``file``, ``format``, ``columns``;
     a DictConfig or a dict) into a :class:`PairFiles` with the official splits (``data.dedup`` is
     :meth:`PairFiles.used`'s). Raises :class:`PairsError` on anything listed in the module docstring."""
@@ -120,7 +120,7 @@ class PairFiles:
             }
         return out
 
-    def deduplicated(self, check: bool = True) -> "PairFiles":
+    def deduplicated(self, check: bool = True) -> PairFiles:
         """The splits without their text-level overlap, in the order test → val → train, as for ArguAna
         (:meth:`.corpus.Corpus.deduplicated`): val drops every pair whose anchor or positive text occurs in test;
         train drops every pair whose anchor or positive text occurs in val or test. With ``check``, raises
@@ -140,14 +140,17 @@ class PairFiles:
             )
         return out
 
-    def used(self, dedup: bool) -> "PairFiles":
+    def used(self, dedup: bool) -> PairFiles:
         """The pairs a run uses: :meth:`deduplicated` when ``dedup`` (``data.dedup``), else the files' splits."""
         return self.deduplicated() if dedup else self
 
     def overlap(self) -> dict[str, dict[str, int]]:
         """Cross-split overlap per ordered pair of splits ``a->b`` (and ``test->train+val``): the pairs of a whose
         anchor and positive occur together as a pair of b, and the distinct texts of a found in b."""
-        pair_set = {s: set(zip(self.split_pairs(s)["anchor"], self.split_pairs(s)["positive"])) for s in SPLIT_NAMES}
+        pair_set = {
+            s: set(zip(self.split_pairs(s)["anchor"], self.split_pairs(s)["positive"], strict=False))
+            for s in SPLIT_NAMES
+        }
         targets = [(a, (b,)) for a in SPLIT_NAMES for b in SPLIT_NAMES if a != b] + [("test", ("train", "val"))]
         out = {}
         for a, bs in targets:
@@ -155,7 +158,7 @@ class PairFiles:
             texts_b = set().union(*(self.texts(b) for b in bs))
             pairs_a = self.split_pairs(a)
             out[f"{a}->{'+'.join(bs)}"] = {
-                "pairs": sum(pair in pairs_b for pair in zip(pairs_a["anchor"], pairs_a["positive"])),
+                "pairs": sum(pair in pairs_b for pair in zip(pairs_a["anchor"], pairs_a["positive"], strict=False)),
                 "of_pairs": len(pairs_a),
                 "texts": len(self.texts(a) & texts_b),
                 "of_texts": len(self.texts(a)),
@@ -201,7 +204,9 @@ def export_pairs(corpus, folder: str | Path) -> dict[str, Path]:
         pairs = corpus.split_pairs(split)
         lines = [
             strict_json({"anchor": a, "positive": p, "group": f"{t}/{d}"}, ensure_ascii=False) + "\n"
-            for a, p, t, d in zip(pairs["point_text"], pairs["counter_text"], pairs["theme"], pairs["debate"])
+            for a, p, t, d in zip(
+                pairs["point_text"], pairs["counter_text"], pairs["theme"], pairs["debate"], strict=False
+            )
         ]
         out[split] = _write_atomic(folder / name, "".join(lines))
     return out
