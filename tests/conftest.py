@@ -164,7 +164,7 @@ def tiny_model_and_tokenizer():
 
 @pytest.fixture(scope="session")
 def demo_corpus():
-    from biencoder.engine.config.schema import demo_root
+    from biencoder.engine.config.packaged import demo_root
     from biencoder.engine.data.corpus import read_corpus
 
     return read_corpus(demo_root())
@@ -206,7 +206,7 @@ def global_determinism(monkeypatch):
 
 #: a process that holds the run folder named by its argument (engine/runs/folder.claim) until it is killed
 HOLD = (
-    "import sys, time\nfrom biencoder.engine.runs.folder import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
+    "import sys, time\nfrom biencoder.engine.runs.lock import claim\nclaim(sys.argv[1])\nprint('held', flush=True)\n"
     "time.sleep(600)\n"
 )
 

@@ -8,8 +8,8 @@
   ``val.jsonl`` and ``test.jsonl`` (anchor = point, positive = counter, group = theme/debate), then read back to show
   that both readers give the same paired splits.
 
-The readers are :mod:`biencoder.engine.data.corpus` and :mod:`biencoder.engine.data.pair_files`; the public names stay importable
-from here (``from biencoder.corpus import read_corpus``).
+The readers are :mod:`biencoder.engine.data.corpus` and :mod:`biencoder.engine.data.pair_files` (``read_corpus`` and
+``read_pairs`` are also :mod:`biencoder`'s).
 """
 
 from __future__ import annotations
@@ -19,25 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from .engine.config.schema import demo_root
-from .engine.data.arguana import EXTRACTED, CorpusError, resolve_root
-from .engine.data.corpus import Corpus, PairedSplit, read_corpus, run_splits, seen_queries, split_name
-from .engine.data.pair_files import EXPORTED, SUFFIXES, PairFiles, export_pairs, read_pairs
+from .engine.data.arguana import EXTRACTED, CorpusError
+from .engine.data.corpus import Corpus, read_corpus
+from .engine.data.pair_files import EXPORTED, PairFiles, export_pairs, read_pairs
+from .engine.data.pair_records import SUFFIXES
 from .engine.files import strict_json
 from .errors import command
-
-__all__ = [
-    "Corpus",
-    "CorpusError",
-    "PairedSplit",
-    "demo_root",
-    "main",
-    "read_corpus",
-    "resolve_root",
-    "run_splits",
-    "seen_queries",
-    "split_name",
-]  # the Python names, from the engine
 
 
 def format_stats(counts: dict[str, dict[str, int]]) -> str:
@@ -54,7 +41,7 @@ def pair_sources(paths: list[str], fmt: str | None = None, columns: dict | None 
     column; or a folder holding ``train.*``, ``val.*`` and ``test.*``), or None when ``paths`` is one ArguAna root."""
     base = {"layout": "pairs", "format": fmt, "columns": columns or {}}
     if len(paths) == 3:
-        return {**base, **dict(zip(("train", "val", "test"), paths))}
+        return {**base, **dict(zip(("train", "val", "test"), paths, strict=False))}
     if len(paths) != 1:
         raise CorpusError(
             f"{len(paths)} paths: pass one corpus root, one folder or file of pairs, or three pair "

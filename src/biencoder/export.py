@@ -1,6 +1,6 @@
-"""``python -m biencoder.export <run> <out_dir>`` (``biencoder-export``): a trained run as a sentence-transformers model
-plus its pair classifier (:mod:`biencoder.engine.inference.export` says what the folder holds and how to use it); the Python
-names stay importable from here: ``from biencoder.export import embed, export, load_pair_classifier``.
+"""``python -m biencoder.export <run> <out_dir>`` (``biencoder-export``): a trained run as a sentence-transformers
+model plus its pair classifier (:mod:`biencoder.engine.inference.export` says what the folder holds and how to use it,
+and holds the Python names: ``export``, ``load_pair_classifier``, ``embed``).
 """
 
 from __future__ import annotations
@@ -8,10 +8,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .engine.inference.export import CLASSIFIER, PairClassifier, embed, export, load_pair_classifier
+from .engine.inference.export import CLASSIFIER, export
 from .errors import command
-
-__all__ = ["PairClassifier", "embed", "export", "load_pair_classifier", "main"]  # the Python names, from the engine
 
 
 @command
@@ -26,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     out = export(args.run, args.out_dir, progress=sys.stderr.isatty())
     print(
         f"sentence-transformers model: {out}  (SentenceTransformer('{out}').encode(texts) = the sim embeddings)\n"
-        f"pair classifier: {out / CLASSIFIER}  (biencoder.export.load_pair_classifier('{out}'))"
+        f"pair classifier: {out / CLASSIFIER}  (biencoder.load_pair_classifier('{out}'))"
     )
     return 0
 

@@ -22,16 +22,19 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .engine.config import schema
-from .engine.config.schema import LOSS_OPTIONS, Schema, flatten, register_resolvers
+from .engine.config.packaged import register_resolvers
+from .engine.config.schema import LOSS_OPTIONS, Schema
+from .engine.config.settings import flatten
 from .engine.config.validation import unknown_key_message
 from .engine.data.arguana import arguana_root
-from .engine.runs.folder import claim, discard_if_ours, new_dir_resolver, run_dir_resolver, writes_run_folders
+from .engine.runs.folder import discard_if_ours, new_dir_resolver, run_dir_resolver
+from .engine.runs.lock import claim, writes_run_folders
 from .errors import BiencoderError, report
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:
-    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.config.schema.variant_name`) as the folder names
-    it, with the ``+variant=`` choice of the config being composed."""
+    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.config.schema.variant_name`) as the folder
+    names it, with the ``+variant=`` choice of the config being composed."""
     return schema.variant_name(_root_, OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None))
 
 
@@ -258,22 +261,10 @@ def hydra_cli(app) -> None:
         print(f"error: {_into_null(sys.argv[1:])}", file=sys.stderr)
         sys.exit(2)
     except ValueError as err:
-        unwritable = _in_chain(err, OSError) if "Unable to configure handler" in str(err) else None
-        if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
-            reason = unwritable.strerror or unwritable
-            print(
-                f"error: cannot write the log file {unwritable.filename or ''} ({reason}): hydra.run.dir (or "
-                "paths.log_dir, or the trainer.resume folder) must be a writable folder",
-                file=sys.stderr,
-            )
-            sys.exit(2)
-        if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
+        line = _value_error_line(err)
+        if line is None:
             raise
-        print(
-            f"error: {err}: to see a sweep job's config, drop -m and pass that job's values "
-            "(e.g. +variant=ln seed=0 --cfg job)",
-            file=sys.stderr,
-        )
+        print(f"error: {line}", file=sys.stderr)
         sys.exit(2)
     except BrokenPipeError:  # `... --help | head`: the reader left; nothing went wrong here
         sys.stderr.close()
@@ -285,3 +276,20 @@ def hydra_cli(app) -> None:
             file=sys.stderr,
         )
         sys.exit(2)
+
+
+def _value_error_line(err: ValueError) -> str | None:
+    """The one line for a ValueError Hydra lets through: an unwritable log file, or a flag that cannot go with -m;
+    None for any other (a bug: it propagates)."""
+    unwritable = _in_chain(err, OSError) if "Unable to configure handler" in str(err) else None
+    if unwritable is not None:  # logging's file handler in the job's folder: a read-only or missing folder
+        reason = unwritable.strerror or unwritable
+        return (
+            f"cannot write the log file {unwritable.filename or ''} ({reason}): hydra.run.dir (or "
+            "paths.log_dir, or the trainer.resume folder) must be a writable folder"
+        )
+    if "can be specified" not in str(err):  # Hydra's "Only one of --run, --multirun, --cfg ..." and nothing else
+        return None
+    return (
+        f"{err}: to see a sweep job's config, drop -m and pass that job's values (e.g. +variant=ln seed=0 --cfg job)"
+    )

@@ -8,12 +8,8 @@ scores. A candidate whose text equals the query is never returned for it.
 
 Candidate embeddings are computed once per collection and kept in the embedding cache (``--cache-dir``, default
 ``trainer.cache_dir``'s ``~/.cache/biencoder``), keyed on the encoder's weights, tokenizer, pooling and length:
-the second search against the same collection reads them back. In Python::
-
-    from biencoder.retrieve import Retriever
-    retriever = Retriever("logs/runs/<run>", candidates=["text", ...], ids=["a", ...])
-    for hit in retriever.search(["my argument"], k=5)[0]:
-        print(hit.rank, hit.id, hit.rerank_score, hit.text)
+the second search against the same collection reads them back. This module is the command: it reads the inputs and
+prints the hits of :class:`biencoder.engine.inference.retriever.Retriever`, which is the Python interface.
 """
 
 from __future__ import annotations
@@ -23,114 +19,13 @@ import csv
 import json
 import sys
 import time
-from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-import torch
-
-from .engine.config.schema import default_cache_dir
 from .engine.data.corpus import read_corpus, split_name
 from .engine.files import strict_json
-from .engine.modeling.encoding import Encoding, TextEncoder, embed_pooled, pooled_vectors
-from .engine.modeling.model import Embeddings
-from .engine.retrieval.rerank import NONE, first_kept, shortlist_margins
-from .engine.retrieval.search import NeighbourIndex
-from .engine.runs.checkpoint import load_checkpoint
-from .errors import BiencoderError, command
-
-DEFAULT_CACHE = default_cache_dir()  # the one definition, trainer.cache_dir's default too
-
-
-class InputError(BiencoderError, ValueError):
-    """A query or candidate input that cannot be used; the message names it and the fix."""
-
-
-@dataclass
-class Hit:
-    rank: int
-    id: str
-    text: str
-    retrieval_distance: float  # in the retrieve space (smaller = nearer)
-    rerank_score: float  # classifier logit margin l1 - l0 (higher = more likely the counter)
-
-
-class Retriever:
-    """A trained run, loaded once, over a fixed candidate collection whose embeddings are computed once.
-
-    Args:
-        run: a run folder of ``biencoder.train`` or its ``best.pt``.
-        candidates: the candidate texts; ``ids`` (default "0", "1", ...) name them in the results.
-        device: ``cpu`` or ``cuda``; ``cache_dir``: the embedding cache (None: no cache).
-    """
-
-    def __init__(
-        self,
-        run: str | Path,
-        candidates: list[str],
-        ids: list[str] | None = None,
-        device: str = "cpu",
-        cache_dir: str | Path | None = DEFAULT_CACHE,
-        batch_size: int = 64,
-        progress: bool = False,
-    ):
-        if not candidates:
-            raise InputError("no candidate texts: pass a non-empty collection")
-        self.model, self.tokenizer, self.model_cfg, self.settings = load_checkpoint(run, progress, what="run")
-        self.device = torch.device(device)
-        self.model.to(self.device)
-        self.texts = list(candidates)
-        self.copies = Counter(self.texts)  # text -> how many candidates have it (0 for any other text)
-        self.ids = [str(i) for i in (ids if ids is not None else range(len(self.texts)))]
-        self.space = self.settings["retrieve"]
-        self.batch_size = batch_size
-        start = time.time()
-        pooled = self._pool(self.texts, cache_dir, progress, "encode candidates")
-        self.candidates = embed_pooled(self.model, pooled, device=self.device)
-        self.index = NeighbourIndex(
-            self.candidates.retrieval(self.space).numpy().astype(np.float64), "exact", self.device
-        )
-        self.embed_seconds = time.time() - start
-
-    def _pool(self, texts: list[str], cache_dir=None, progress: bool = False, desc: str = "encode") -> torch.Tensor:
-        encoding = Encoding(self.batch_size, self.device, progress=progress)
-        encoder = TextEncoder(self.model, self.tokenizer, self.model_cfg["max_length"], encoding, cache_dir)
-        return pooled_vectors(encoder, texts, desc)
-
-    def search(self, queries: list[str], k: int = 5) -> list[list[Hit]]:
-        """Top ``k`` candidates per query, best first (see the module docstring): k hits whenever k candidates have a
-        text other than the query's, however many copies of the query's text the collection holds."""
-        if any(not q.strip() for q in queries):
-            raise InputError("an empty query: every query needs some text")
-        k = min(k, len(self.texts))
-        shortlist = max(k, int(self.settings["k"]))
-        q = embed_pooled(self.model, self._pool(queries), device=self.device)
-        # as many neighbours more than the shortlist as the collection holds copies of a query's text: those are
-        # never returned for it, so at most that many are dropped and the shortlist stays full whenever it can be
-        copies = max((self.copies[query] for query in queries), default=0)
-        dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist + copies)
-        keep = np.array([[self.texts[r] != query for r in row] for row, query in zip(rows, queries)])
-        rows, dist = first_kept(rows, dist, keep, shortlist)
-        # the queries are rows 0..n-1 of the pairs' embeddings, the candidates follow them
-        both = Embeddings(torch.cat([q.sim, self.candidates.sim]), torch.cat([q.pooled, self.candidates.pooled]))
-        n = len(queries)
-        [margins] = shortlist_margins(
-            self.model, both, np.arange(n), [np.where(rows == NONE, NONE, n + rows)], device=self.device
-        )
-        results = []
-        for i in range(n):
-            listed = np.flatnonzero(rows[i] != NONE)
-            order = sorted(listed, key=lambda j: (-margins[i, j], dist[i, j]))[:k]
-            results.append(
-                [
-                    Hit(
-                        rank + 1, self.ids[rows[i, j]], self.texts[rows[i, j]], float(dist[i, j]), float(margins[i, j])
-                    )
-                    for rank, j in enumerate(order)
-                ]
-            )
-        return results
+from .engine.inference.retriever import DEFAULT_CACHE, Candidates, EncodingSettings, InputError, Retriever
+from .errors import command
 
 
 # -- reading inputs ----------------------------------------------------------------------------------------------
@@ -200,7 +95,7 @@ def read_texts(
 def corpus_candidates(root: str, split: str) -> tuple[list[str], list[str]]:
     """The arguments of a corpus split that belong to pairs (the per-epoch pool), ids ``<pair id>/<point|counter>``."""
     paired = read_corpus(root).paired(split_name(split))
-    return paired.texts, [f"{p}/{k}" for p, k in zip(paired.table["pair_id"], paired.table["kind"])]
+    return paired.texts, [f"{p}/{k}" for p, k in zip(paired.table["pair_id"], paired.table["kind"], strict=False)]
 
 
 def _short(text: str, width: int) -> str:
@@ -262,12 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         texts, ids = read_texts(args.candidates, "--candidates", args.text_column, args.id_column)
     start = time.time()
-    retriever = Retriever(args.run, texts, ids, args.device, None if args.no_cache else args.cache_dir)
+    encoding = EncodingSettings(args.device, None if args.no_cache else args.cache_dir)
+    retriever = Retriever(args.run, Candidates(texts, ids), encoding)
     loaded = time.time() - start
     start = time.time()
     results = retriever.search(queries, args.k)
     searched = time.time() - start
-    records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results)]
+    records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results, strict=False)]
     if args.json:
         print(strict_json(records, indent=2, ensure_ascii=False))
     elif args.jsonl:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .engine.config.schema import METRIC_LABELS, is_non_result_key
+from .engine.config.schema import METRIC_LABELS
+from .engine.config.settings import is_non_result_key
 from .errors import command
 from .report import SummaryError
 from .report.figures import plot, plot_internals

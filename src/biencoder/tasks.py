@@ -1,5 +1,5 @@
 """``python -m biencoder.tasks <root> --split test [--json]`` (``biencoder-tasks``): the pool sizes of the 8 official
-tasks. The tasks and their scores are :mod:`biencoder.engine.retrieval.official_tasks`; its public names stay importable from here.
+tasks. The tasks and their scores are :mod:`biencoder.engine.retrieval.official_tasks`.
 """
 
 from __future__ import annotations
@@ -9,10 +9,8 @@ import sys
 
 from .engine.data.corpus import read_corpus, split_name
 from .engine.files import strict_json
-from .engine.retrieval.official_tasks import TASKS, evaluate_tasks, pool_sizes
+from .engine.retrieval.official_tasks import pool_sizes
 from .errors import command
-
-__all__ = ["TASKS", "evaluate_tasks", "main", "pool_sizes"]  # the Python names, from the engine
 
 
 @command

@@ -1,7 +1,8 @@
-"""Train one ablation cell: ``python -m biencoder.train +variant=ln_relu`` (sweep: ``-m '+variant=glob(*)' seed=0,1,2``).
+"""Train one ablation cell: ``python -m biencoder.train +variant=ln_relu`` (sweep: ``-m '+variant=glob(*)'
+seed=0,1,2``).
 
 The Hydra shell over :func:`biencoder.engine.training.run.run` (what a run does, and what its folder holds, is said
-there): it holds its run folder against other processes (:func:`biencoder.engine.runs.folder.claim`), decides the
+there): it holds its run folder against other processes (:func:`biencoder.engine.runs.lock.claim`), decides the
 runtime once, finds the run folder (rank 0's, under torchrun), and turns errors into one line and an exit code — 2 for
 a config or input a person can fix (a folder another process writes among them), 3 for a diverged run (a sweep goes on
 past one).
@@ -18,15 +19,14 @@ from omegaconf import DictConfig
 from .engine.config.schema import SELECTION_BEFORE_RECORD
 from .engine.machine import distributed
 from .engine.machine.runtime import nondeterministic_op
-from .engine.runs.folder import RunFolderBusy, claim, discard_if_ours, release, writes_run_folders
+from .engine.runs.folder import discard_if_ours
+from .engine.runs.lock import RunFolderBusy, claim, release, writes_run_folders
 from .engine.training.epoch import Diverged
 from .engine.training.run import run
-from .engine.training.runner import Runner, decide_runtime
+from .engine.training.runner import decide_runtime
 from .errors import BiencoderError
 from .hydra_glue import clean_up_if_stopped, conf_dir, fail, hydra_cli, register, variant_name
 from .report.run import summary_text
-
-__all__ = ["Diverged", "Runner", "main", "run"]  # Runner, run and Diverged: importable from here as before
 
 log = logging.getLogger("biencoder")
 

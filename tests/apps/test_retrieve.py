@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from biencoder.engine.inference.retriever import EncodingSettings, InputError, Retriever
 from biencoder.engine.modeling.encoding import TokenizedTexts, encode, pair_margins
 from biencoder.engine.retrieval.rerank import retrieve
 from biencoder.engine.runs.checkpoint import load_checkpoint
 from biencoder.engine.training.run import run
-from biencoder.retrieve import InputError, Retriever, main, read_texts
+from biencoder.retrieve import main, read_texts
 from conftest import FAST, compose_cfg
 
 
@@ -33,7 +34,7 @@ def test_top1_is_the_per_epoch_rerank_choice(trained, demo_corpus, tmp_path):
     # the per-epoch pool also drops twins of the true counter; without twins in the shortlist both pools agree
     margins = pair_margins(model, emb, np.repeat(split.query, rows.shape[1]), rows.ravel()).reshape(rows.shape)
     expected = [split.texts[r[np.argmax(m)]] for r, m in zip(rows, margins, strict=True)]
-    retriever = Retriever(trained, split.texts, cache_dir=tmp_path)
+    retriever = Retriever(trained, split.texts, EncodingSettings(cache_dir=tmp_path))
     hits = retriever.search([split.texts[q] for q in split.query], k=3)
     assert [h[0].text for h in hits] == expected
     for query, h in zip(split.query, hits, strict=True):
@@ -45,7 +46,7 @@ def test_the_rerank_sees_the_runs_k_nearest(trained):
     """A query that is not a candidate: the classifier reranks exactly the run's eval.k nearest candidates (the
     shortlist of the per-epoch top-1), so with k = eval.k the hits are those k, in another order."""
     texts = [f"candidate number {i} says something about schools" for i in range(40)]
-    retriever = Retriever(trained, texts, cache_dir=None)
+    retriever = Retriever(trained, texts, EncodingSettings(cache_dir=None))
     k = int(retriever.settings["k"])
     every = retriever.search(["homework should be banned"], k=len(texts))[0]
     hits = retriever.search(["homework should be banned"], k=k)[0]
@@ -61,7 +62,7 @@ def test_k_hits_however_many_copies_of_the_query_the_collection_holds(trained, c
     query = "homework should be banned"
     others = [f"candidate number {i} says something about schools" for i in range(12)]
     texts = others[:5] + [query] * copies + others[5:]
-    retriever = Retriever(trained, texts, cache_dir=None)
+    retriever = Retriever(trained, texts, EncodingSettings(cache_dir=None))
     assert int(retriever.settings["k"]) == 10
     [hits] = retriever.search([query], k=k)
     assert len(hits) == k
@@ -71,10 +72,10 @@ def test_k_hits_however_many_copies_of_the_query_the_collection_holds(trained, c
 
 def test_candidates_are_embedded_once(trained, tmp_path, encoder_calls):
     texts = [f"candidate number {i} says something about schools" for i in range(40)]
-    first = Retriever(trained, texts, cache_dir=tmp_path / "cache")
+    first = Retriever(trained, texts, EncodingSettings(cache_dir=tmp_path / "cache"))
     assert encoder_calls  # the first time the candidates are encoded
     encoder_calls.clear()
-    second = Retriever(trained, texts, cache_dir=tmp_path / "cache")
+    second = Retriever(trained, texts, EncodingSettings(cache_dir=tmp_path / "cache"))
     assert encoder_calls == []  # the second time they come from the cache
     torch.testing.assert_close(first.candidates.sim, second.candidates.sim)
     second.search(["homework should be banned"], k=2)
@@ -178,7 +179,7 @@ def test_a_moved_run_folder_needs_nothing_else(trained, tmp_path, monkeypatch):
 
 def test_evaluate_follows_the_retrieve_space_the_run_was_selected_with(tmp_path):
     """A run trained with eval.retrieve=encoder is evaluated (and retrieves) in that space unless told otherwise."""
-    from biencoder.evaluate import run_evaluation
+    from biencoder.engine.inference.evaluation import run_evaluation
 
     out = tmp_path / "run"
     final = run(compose_cfg(FAST + ["+variant=relu", "trainer.max_epochs=1", "eval.retrieve=encoder"]), out)
@@ -188,4 +189,4 @@ def test_evaluate_follows_the_retrieve_space_the_run_was_selected_with(tmp_path)
     assert same["tasks"]["epa"]["accuracy_at_1"] == pytest.approx(final["tasks"]["test"]["epa"]["accuracy_at_1"])
     other = run_evaluation(compose_cfg(base + ["eval.retrieve=sim"], config_name="evaluate"), tmp_path / "b")
     assert other["retrieve"] == "sim"
-    assert Retriever(out, ["a text", "another text"], cache_dir=None).space == "encoder"
+    assert Retriever(out, ["a text", "another text"], EncodingSettings(cache_dir=None)).space == "encoder"

@@ -11,7 +11,7 @@ import pytest
 import torch
 import yaml
 
-from biencoder.engine.config.schema import demo_root, packaged_minilm_path
+from biencoder.engine.config.packaged import demo_root, packaged_minilm_path
 from biencoder.engine.data.corpus import read_corpus
 from biencoder.engine.machine.runtime import set_seed_everywhere
 from biencoder.engine.modeling.encoding import Encoding, TokenizedTexts, encode_pooled

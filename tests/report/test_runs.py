@@ -58,7 +58,7 @@ def write_run(
 def test_runs_from_before_a_new_key_share_its_default(tmp_path):
     """A key added later (eval.retrieve) takes its schema default for older runs: no spurious cells, and an old
     run and a new one with the same settings are one cell; a run that sets it otherwise is its own cell."""
-    from biencoder.engine.config.schema import run_settings
+    from biencoder.engine.config.settings import run_settings
 
     assert run_settings({"eval": {"k": 10}})["eval.retrieve"] == "sim"
     assert run_settings({"eval": {"retrieve": "encoder"}})["eval.retrieve"] == "encoder"

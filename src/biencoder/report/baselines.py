@@ -33,7 +33,7 @@ from .statistics import ALPHA, MC_Z, MIN_SEEDS_FOR_SEED_LEVEL, N_BOOT, p_text, p
 
 def _group(run: Run, prefix: str) -> dict:
     """The run's settings under ``prefix`` (``model.``) as a nested dict, schema defaults filled in for keys the run
-    predates (:func:`biencoder.engine.config.schema.run_settings`)."""
+    predates (:func:`biencoder.engine.config.settings.run_settings`)."""
     out: dict = {}
     for key, value in run.flat.items():
         if key.startswith(prefix):

@@ -4,7 +4,7 @@ A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml``
 and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Every best epoch here is the one the run
 picked, by the metric its record names (:attr:`Run.selection`), never by the metric a table shows. Runs whose
 settings differ in anything but the seed, the head flags (what the variant says) and the settings that change no
-result (:data:`biencoder.engine.config.schema.NON_RESULT_KEYS`) never share a cell: runs on pair files whose contents
+result (:data:`biencoder.engine.config.settings.NON_RESULT_KEYS`) never share a cell: runs on pair files whose contents
 differ (``data_files.<split>.sha256`` in their config) are never averaged together, whatever the files' paths.
 """
 
@@ -18,7 +18,8 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ..engine.config.schema import SELECTION_BEFORE_RECORD, is_non_result_key, run_settings, selection
+from ..engine.config.schema import SELECTION_BEFORE_RECORD, selection
+from ..engine.config.settings import is_non_result_key, run_settings
 from ..engine.runs.records import read_final, read_metrics
 from . import SummaryError
 
@@ -124,7 +125,7 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
 
 def one_run_per_seed(runs: list[Run]) -> list[Run]:
     """``runs`` with one finished run per setting and seed: a run repeated with the same variant, settings and seed
-    (differing at most in :data:`~biencoder.engine.config.schema.NON_RESULT_KEYS`, e.g. its log folder) is one draw,
+    (differing at most in :data:`~biencoder.engine.config.settings.NON_RESULT_KEYS`, e.g. its log folder) is one draw,
     not two seeds. The first finished one by path is kept, so the choice is the same on every copy of the folders; the
     other runs of that seed, finished or not, are left out and logged. A seed with no finished run keeps all its
     runs (each outcome, failed or diverged, counts as before)."""

@@ -5,7 +5,7 @@ import yaml
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from biencoder.engine.config.schema import packaged_minilm_path
+from biencoder.engine.config.packaged import packaged_minilm_path
 from biencoder.engine.config.validation import validate
 from biencoder.errors import ConfigError
 from conftest import CONF, compose_cfg
@@ -114,7 +114,7 @@ def test_defaults_resolve_to_packaged_minilm():
     path = Path(cfg.model.encoder.name_or_path)
     assert path == Path(packaged_minilm_path()) and (path / "config.json").is_file()
     assert "site-packages" not in (CONF / "model" / "minilm.yaml").read_text()
-    from biencoder.engine.config.schema import demo_root
+    from biencoder.engine.config.packaged import demo_root
 
     assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root
 
@@ -237,7 +237,7 @@ def test_a_run_saved_with_every_losss_keys_has_the_settings_of_one_saved_with_it
     """A saved config may hold both losses' keys (the other loss's at their defaults) or its own loss's alone, as
     composed now: the settings are the same, so such runs resume and share cells; every loss's keys are there, so
     cells of the two losses differ in loss.name (and what was changed), not in keys one of them lacks."""
-    from biencoder.engine.config.schema import run_settings
+    from biencoder.engine.config.settings import run_settings
 
     both = {"name": "infonce", "margin": 1.0, "triplet_weight": 1.0, "ce_weight": 0.0, "scale": 10.0, "gather": False}
     composed = OmegaConf.to_container(compose_cfg(["loss=infonce", "loss.scale=10", "loss.ce_weight=0"]))

@@ -7,7 +7,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from biencoder.engine.config.schema import LoggerSchema, MlflowSchema, Schema, TensorBoardSchema, flatten
+from biencoder.engine.config.schema import LoggerSchema, MlflowSchema, Schema, TensorBoardSchema
+from biencoder.engine.config.settings import flatten
 from conftest import CONF
 
 #: the config groups that fill schema nodes (their files' keys live under the group's name)

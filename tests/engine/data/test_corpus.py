@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from biencoder.corpus import main
-from biencoder.engine.config.schema import demo_root
+from biencoder.engine.config.packaged import demo_root
 from biencoder.engine.data.arguana import CorpusError, CorpusWarning
 from biencoder.engine.data.corpus import read_corpus
 from conftest import grid_layout

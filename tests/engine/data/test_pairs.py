@@ -8,10 +8,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from biencoder.engine.config.schema import pairs_demo
+from biencoder.engine.config.packaged import pairs_demo
 from biencoder.engine.config.validation import validate
 from biencoder.engine.data.corpus import run_splits
-from biencoder.engine.data.pair_files import PairsError, data_files, export_pairs, read_pairs
+from biencoder.engine.data.pair_files import export_pairs, read_pairs
+from biencoder.engine.data.pair_records import PairsError, data_files
 from biencoder.engine.retrieval.groups import group_shortlists
 from biencoder.engine.retrieval.rerank import NONE, retrieve
 from biencoder.errors import ConfigError
@@ -245,7 +246,7 @@ def test_the_example_config_validates_and_records_its_files():
 def test_runs_on_other_file_contents_are_never_one_cell(tmp_path):
     """The data hash is a result key: the same settings on another version of a file are another cell; the same
     contents at another path are the same cell."""
-    from biencoder.engine.config.schema import run_settings
+    from biencoder.engine.config.settings import run_settings
     from biencoder.report.runs import Run, assign_cells
 
     def run(path, sha):

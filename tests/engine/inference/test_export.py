@@ -11,7 +11,8 @@ from conftest import FAST, compose_cfg
 
 st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
 
-from biencoder.export import embed, export, load_pair_classifier, main  # noqa: E402 - the app's names
+from biencoder.engine.inference.export import embed, export, load_pair_classifier  # noqa: E402
+from biencoder.export import main  # noqa: E402
 
 TEXTS = [
     "Homework teaches discipline.",

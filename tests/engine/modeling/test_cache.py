@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
+from biencoder.engine.inference.evaluation import run_evaluation
 from biencoder.engine.modeling.cache import EmbeddingCache, encoder_fingerprint
 from biencoder.engine.modeling.encoding import TextEncoder, TokenizedTexts, encode_pooled, pooled_vectors
 from biencoder.engine.modeling.model import build_model
 from biencoder.engine.training.runner import Runner
-from biencoder.evaluate import run_evaluation
 from conftest import FAST, compose_cfg
 
 TEXTS = ["a point about schools", "a counter about schools", "a point about taxes", "a counter about taxes"]
@@ -226,13 +226,13 @@ def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypa
 
 
 def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls):
-    from biencoder import train as train_module
+    from biencoder.engine.training.run import run
 
     overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]
-    first = train_module.run(compose_cfg(overrides), tmp_path / "first")
+    first = run(compose_cfg(overrides), tmp_path / "first")
     calls = encoder_calls
     calls.clear()  # the first run encoded; from here on nothing may
-    second = train_module.run(compose_cfg(overrides), tmp_path / "second")
+    second = run(compose_cfg(overrides), tmp_path / "second")
     assert calls == [] and second["best"] == first["best"]
     evaluated = run_evaluation(
         compose_cfg(

@@ -92,7 +92,7 @@ def test_classifier_is_called_in_blocks_not_per_pair(planted, monkeypatch):
 
 
 def test_zero_shot_evaluation_json(tmp_path):
-    from biencoder.evaluate import run_evaluation
+    from biencoder.engine.inference.evaluation import run_evaluation
     from conftest import compose_cfg
 
     cfg = compose_cfg(
@@ -157,8 +157,8 @@ def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_
 def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, monkeypatch):
     """No checkpoint: the encoder as loaded, untrained, so its vectors are the embedding cache's (keyed by its
     weights), shared with the frozen runs; a second evaluation runs the encoder on no text and gives the same tasks."""
+    from biencoder.engine.inference.evaluation import run_evaluation
     from biencoder.engine.modeling import encoding as encoding_module
-    from biencoder.evaluate import run_evaluation
     from conftest import compose_cfg
 
     encoded = []

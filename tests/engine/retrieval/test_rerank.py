@@ -222,10 +222,11 @@ def test_the_two_shortlist_finders_agree_on_demo(tiny_model_and_tokenizer, demo_
 
 
 def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_corpus):
-    """eval.pair_batch_size is one of the keys that change no result (schema.NON_RESULT_KEYS), and its default differs
-    by device (256 on a CPU, 4096 on a GPU): the per-epoch metrics and per-query hits are the same for any block
-    size, a partial last block included. The margins agree to float32 rounding: BLAS may compute a block's leftover
-    rows with another kernel (blocks of 7 rows differed by ~1e-6 here; multiples of 8 were equal to the bit)."""
+    """eval.pair_batch_size is one of the keys that change no result (settings.NON_RESULT_KEYS), and its default
+    differs by device (256 on a CPU, 4096 on a GPU): the per-epoch metrics and per-query hits are the same for any
+    block size, a partial last block included. The margins agree to float32 rounding: BLAS may compute a block's
+    leftover rows with another kernel (blocks of 7 rows differed by ~1e-6 here; multiples of 8 were equal to the
+    bit)."""
     from biencoder.engine.machine.runtime import Runtime
     from biencoder.engine.modeling.encoding import embed_pooled
 

@@ -1,4 +1,4 @@
-"""One process writes a run folder at a time (``engine/runs/folder.claim``): a second process that finds the folder in
+"""One process writes a run folder at a time (``engine/runs/lock.claim``): a second process that finds the folder in
 use ends with one line naming the folder and the holder (pid, host, since when), exit 2, having changed nothing; a
 holder killed with SIGKILL leaves no lock behind, and the next resume says it took over a stale one."""
 
@@ -16,16 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from biencoder.engine.runs.folder import (
-    LOCK_NAME,
-    RunFolderBusy,
-    announce_lock,
-    claim,
-    discard_if_ours,
-    new_dir_resolver,
-    release,
-    run_dir_resolver,
-)
+from biencoder.engine.runs.folder import discard_if_ours, new_dir_resolver, run_dir_resolver
+from biencoder.engine.runs.lock import LOCK_NAME, RunFolderBusy, announce_lock, claim, release
 from biencoder.engine.runs.records import read_metrics
 from biencoder.engine.training.run import run
 from conftest import FAST, REPO, compose_cfg, hold

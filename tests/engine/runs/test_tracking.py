@@ -108,7 +108,7 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
     conversion, but the fused optimiser turns it into a divergence, which is recorded and does not end the sweep."""
     crashing = tmp_path / "crash_at_head_lr_2.py"
     crashing.write_text(
-        "from biencoder.engine import epoch\n"
+        "from biencoder.engine.training import epoch\n"
         "train_epoch = epoch.EpochTrainer.train_epoch\n"
         "def crash(self, *args):\n"
         "    if self.cfg.trainer.head_lr == 2:\n"
@@ -154,8 +154,8 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
 def test_a_missing_tracker_package_is_one_line(tmp_path, monkeypatch):
     import importlib.util
 
+    from biencoder.engine.training.run import run
     from biencoder.errors import ConfigError
-    from biencoder.train import run
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "mlflow" else real(name, *a))

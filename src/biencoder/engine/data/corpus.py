@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config.schema import demo_root
+from ..config.packaged import demo_root
 from .arguana import SPLITS, CorpusError, read_split, resolve_root
 from .pair_files import PairFiles, read_pairs
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name
@@ -66,7 +66,7 @@ class Corpus:
         """Every argument text of ``split`` (points without a counter too)."""
         return set(self.arguments.loc[self.arguments["split"] == SPLIT_NAMES[split_name(split)], "text"])
 
-    def deduplicated(self) -> "Corpus":
+    def deduplicated(self) -> Corpus:
         """The splits without their text-level overlap (protocol.md), in the order test → val → train:
 
         test is untouched (its pools stay the official ones); val drops every pair whose point or counter text
@@ -88,7 +88,8 @@ class Corpus:
         point and counter texts occur together as a pair of b, the distinct texts of a found in b, and the
         debates of a whose URL (metadata.txt) is also a debate of b."""
         pair_set = {
-            s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"])) for s in SPLIT_NAMES
+            s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"], strict=False))
+            for s in SPLIT_NAMES
         }
         urls = {s: set(self.debates.loc[self.debates["split"] == SPLIT_NAMES[s], "url"].dropna()) for s in SPLIT_NAMES}
         out = {}
@@ -100,7 +101,9 @@ class Corpus:
             out[f"{a}->{'+'.join(bs)}"] = {
                 "pairs": sum(
                     pair in pairs_b
-                    for pair in zip(self.split_pairs(a)["point_text"], self.split_pairs(a)["counter_text"])
+                    for pair in zip(
+                        self.split_pairs(a)["point_text"], self.split_pairs(a)["counter_text"], strict=False
+                    )
                 ),
                 "of_pairs": len(self.split_pairs(a)),
                 "texts": len(self.texts(a) & texts_b),
@@ -110,7 +113,7 @@ class Corpus:
             }
         return out
 
-    def used(self, dedup: bool) -> "Corpus":
+    def used(self, dedup: bool) -> Corpus:
         """The corpus a run uses: :meth:`deduplicated` when ``dedup`` (``data.dedup``), else the official splits."""
         return self.deduplicated() if dedup else self
 

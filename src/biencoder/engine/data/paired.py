@@ -174,4 +174,6 @@ def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:
     and validation pairs a run actually used). False everywhere after deduplication."""
     texts = set().union(*(set(u.texts) for u in used)) if used else set()
     t = split.table["text"].to_numpy()
-    return np.array([(t[p] in texts) or (t[c] in texts) for p, c in zip(split.query, split.counter)], dtype=bool)
+    return np.array(
+        [(t[p] in texts) or (t[c] in texts) for p, c in zip(split.query, split.counter, strict=False)], dtype=bool
+    )

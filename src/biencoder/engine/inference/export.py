@@ -10,7 +10,7 @@ with ``config.json``; :func:`load_pair_classifier` returns it as a module whose 
 pooled embeddings of both texts; :func:`embed` gives both from the exported folder::
 
     from sentence_transformers import SentenceTransformer
-    from biencoder.export import embed, load_pair_classifier
+    from biencoder.engine.inference.export import embed, load_pair_classifier
     model = SentenceTransformer(out_dir)
     classifier = load_pair_classifier(out_dir)
     logits = classifier.classify_pair(embed(model, points), embed(model, candidates))  # class 1 = counter
@@ -34,7 +34,8 @@ CLASSIFIER = "pair_classifier"
 
 
 class PairClassifier(PairHead):
-    """The exported pair classifier (the same module code as the trained :class:`~biencoder.engine.modeling.model.BiModel`'s)."""
+    """The exported pair classifier (the same module code as the trained
+    :class:`~biencoder.engine.modeling.model.BiModel`'s)."""
 
     def __init__(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool):
         super().__init__()
@@ -73,9 +74,8 @@ def export(run: str | Path, out_dir: str | Path, progress: bool = False) -> Path
 
 
 def _export(run: str | Path, out: Path) -> Path:
-    SentenceTransformer, Transformer, Pooling, Dense = _st_modules()
+    SentenceTransformer = _st_modules()[0]  # first: without sentence-transformers nothing is read or made
     model, tokenizer, model_cfg, settings = load_checkpoint(run, progress=False, what="run")
-    hidden, sim_dim = model.encoder.config.hidden_size, model.sim_head.out_features
     # built next to the target and renamed at the end: an interrupted export never looks finished
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -83,49 +83,8 @@ def _export(run: str | Path, out: Path) -> Path:
         with tempfile.TemporaryDirectory() as hf:
             model.encoder.save_pretrained(hf)
             tokenizer.save_pretrained(hf)
-            modules = [Transformer(hf, max_seq_length=model_cfg["max_length"])]
-            if model_cfg["pooling"] == "mean":
-                modules.append(Pooling(hidden, pooling_mode="mean"))
-            else:
-                modules.append(Pooling(hidden, pooling_mode="cls"))
-                if model_cfg["pooling"] == "pooler":  # BERT's pooler_output = tanh(W · h_cls + b)
-                    dense = model.encoder.pooler.dense
-                    modules.append(
-                        Dense(
-                            hidden,
-                            hidden,
-                            activation_function=nn.Tanh(),
-                            init_weight=dense.weight.detach().clone(),
-                            init_bias=dense.bias.detach().clone(),
-                        )
-                    )
-            modules.append(
-                Dense(
-                    hidden,
-                    sim_dim,
-                    activation_function=nn.Identity(),
-                    init_weight=model.sim_head.weight.detach().clone(),
-                    init_bias=model.sim_head.bias.detach().clone(),
-                )
-            )
-            SentenceTransformer(modules=modules, device="cpu").save(str(partial))
-        head_dir = partial / CLASSIFIER
-        head_dir.mkdir()
-        from safetensors.torch import save_file
-
-        state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(("norm.", "out."))}
-        save_file(state, str(head_dir / "model.safetensors"))
-        config = {
-            "fusion": model.fusion,
-            "sim_dim": sim_dim,
-            "hidden": hidden,
-            "use_layernorm": model_cfg["head"]["use_layernorm"],
-            "use_relu": model_cfg["head"]["use_relu"],
-            "pooling": model_cfg["pooling"],
-            "max_length": model_cfg["max_length"],
-            "run": settings,
-        }
-        (head_dir / "config.json").write_text(strict_json(config, indent=2) + "\n")
+            SentenceTransformer(modules=_st_model_modules(model, model_cfg, hf), device="cpu").save(str(partial))
+        _save_classifier(model, model_cfg, settings, partial / CLASSIFIER)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(partial, out)
@@ -133,6 +92,59 @@ def _export(run: str | Path, out: Path) -> Path:
         shutil.rmtree(partial, ignore_errors=True)  # only the folder this call made
         raise
     return out
+
+
+def _st_model_modules(model, model_cfg: dict, hf: str) -> list:
+    """The sentence-transformers modules of ``model`` (its encoder and tokenizer saved in ``hf``): ``Transformer``, the
+    run's pooling (BERT's pooler as CLS pooling plus its dense + tanh), then the sim head as a ``Dense``."""
+    _, Transformer, Pooling, Dense = _st_modules()
+    hidden, sim_dim = model.encoder.config.hidden_size, model.sim_head.out_features
+    modules = [Transformer(hf, max_seq_length=model_cfg["max_length"])]
+    if model_cfg["pooling"] == "mean":
+        modules.append(Pooling(hidden, pooling_mode="mean"))
+    else:
+        modules.append(Pooling(hidden, pooling_mode="cls"))
+        if model_cfg["pooling"] == "pooler":  # BERT's pooler_output = tanh(W · h_cls + b)
+            dense = model.encoder.pooler.dense
+            modules.append(
+                Dense(
+                    hidden,
+                    hidden,
+                    activation_function=nn.Tanh(),
+                    init_weight=dense.weight.detach().clone(),
+                    init_bias=dense.bias.detach().clone(),
+                )
+            )
+    modules.append(
+        Dense(
+            hidden,
+            sim_dim,
+            activation_function=nn.Identity(),
+            init_weight=model.sim_head.weight.detach().clone(),
+            init_bias=model.sim_head.bias.detach().clone(),
+        )
+    )
+    return modules
+
+
+def _save_classifier(model, model_cfg: dict, settings: dict, head_dir: Path) -> None:
+    """The pair classifier's weights (``model.safetensors``) and ``config.json`` into the new folder ``head_dir``."""
+    from safetensors.torch import save_file
+
+    head_dir.mkdir()
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(("norm.", "out."))}
+    save_file(state, str(head_dir / "model.safetensors"))
+    config = {
+        "fusion": model.fusion,
+        "sim_dim": model.sim_head.out_features,
+        "hidden": model.encoder.config.hidden_size,
+        "use_layernorm": model_cfg["head"]["use_layernorm"],
+        "use_relu": model_cfg["head"]["use_relu"],
+        "pooling": model_cfg["pooling"],
+        "max_length": model_cfg["max_length"],
+        "run": settings,
+    }
+    (head_dir / "config.json").write_text(strict_json(config, indent=2) + "\n")
 
 
 def load_pair_classifier(folder: str | Path) -> PairClassifier:

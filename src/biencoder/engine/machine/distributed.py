@@ -1,8 +1,8 @@
 """DistributedDataParallel plumbing for ``torchrun --nproc_per_node=N -m biencoder.train ...``.
 
 torchrun sets ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``; with more than one process the group is started with the
-backend :func:`biencoder.engine.machine.runtime.decide` chose (NCCL on CUDA, gloo on the CPU). Rank 0 mines, evaluates and writes
-every file; the others train on their shard of the triplets and receive each epoch's negatives by broadcast.
+backend :func:`biencoder.engine.machine.runtime.decide` chose (NCCL on CUDA, gloo on the CPU). Rank 0 mines,
+evaluates and writes every file; the others train on their shard of the triplets and receive each epoch's negatives by broadcast.
 Without torchrun every helper is a no-op.
 """
 
@@ -28,8 +28,8 @@ def is_main() -> bool:
 
 
 def setup(runtime: Runtime) -> None:
-    """Start the process group that :func:`biencoder.engine.machine.runtime.decide` chose (``runtime.backend``; None: one process,
-    nothing to start). On CUDA each process first takes the GPU of its ``LOCAL_RANK`` (``runtime.device``)."""
+    """Start the process group that :func:`biencoder.engine.machine.runtime.decide` chose (``runtime.backend``; None:
+    one process, nothing to start). On CUDA each process first takes the GPU of its ``LOCAL_RANK`` (``runtime.device``)."""
     if runtime.backend is None or dist.is_initialized():
         return
     if runtime.device.type == "cuda":
@@ -84,4 +84,4 @@ def mean_over_ranks(values: dict[str, float]) -> dict[str, float]:
     backend_device = "cuda" if dist.get_backend() == "nccl" else "cpu"
     tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=backend_device)
     dist.all_reduce(tensor)
-    return dict(zip(keys, (tensor / world_size()).tolist()))
+    return dict(zip(keys, (tensor / world_size()).tolist(), strict=True))

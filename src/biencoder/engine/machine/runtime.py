@@ -13,8 +13,8 @@ import os
 import random
 import re
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 import torch

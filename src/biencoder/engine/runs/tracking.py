@@ -24,7 +24,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from ...errors import ConfigError
-from ..config.schema import flatten
+from ..config.settings import flatten
 from ..files import read_json, strict_json, write_text_atomic
 
 #: logger → (module it needs, pip extra)
