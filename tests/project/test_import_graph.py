@@ -141,8 +141,8 @@ def test_the_architecture_map_names_every_module(graph):
 
 def test_the_schema_and_validation_import_what_the_map_says(graph):
     """The schema imports nothing of biencoder but the packaged paths (which import errors only), and, by contract,
-    neither Hydra nor torch (a fresh Python that imports it has neither); no engine module imports another inside a function (validation reads each loss's
-    keys from the schema, not from the loss module)."""
+    neither Hydra nor torch (a fresh Python that imports it has neither); no engine module imports another inside a
+    function (validation reads each loss's keys from the schema, not from the loss module)."""
     assert graph["biencoder.engine.config.schema"].top == ["biencoder.engine.config.packaged"]
     assert graph["biencoder.engine.config.packaged"].top == ["biencoder.errors"]
     assert {n: m.local for n, m in graph.items() if n.startswith("biencoder.engine") and m.local} == {}

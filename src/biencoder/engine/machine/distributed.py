@@ -2,7 +2,8 @@
 
 torchrun sets ``WORLD_SIZE``/``RANK``/``LOCAL_RANK``; with more than one process the group is started with the
 backend :func:`biencoder.engine.machine.runtime.decide` chose (NCCL on CUDA, gloo on the CPU). Rank 0 mines,
-evaluates and writes every file; the others train on their shard of the triplets and receive each epoch's negatives by broadcast.
+evaluates and writes every file; the others train on their shard of the triplets and receive each epoch's
+negatives by broadcast.
 Without torchrun every helper is a no-op.
 """
 
@@ -29,7 +30,8 @@ def is_main() -> bool:
 
 def setup(runtime: Runtime) -> None:
     """Start the process group that :func:`biencoder.engine.machine.runtime.decide` chose (``runtime.backend``; None:
-    one process, nothing to start). On CUDA each process first takes the GPU of its ``LOCAL_RANK`` (``runtime.device``)."""
+    one process, nothing to start). On CUDA each process first takes the GPU of its ``LOCAL_RANK``
+    (``runtime.device``)."""
     if runtime.backend is None or dist.is_initialized():
         return
     if runtime.device.type == "cuda":
