@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from .engine.inference.evaluation import evaluation_output, run_evaluation
 from .errors import BiencoderError
 from .hydra_glue import conf_dir, fail, hydra_cli, register
-from .report.run import format_tasks
+from .report.run_summary import format_tasks
 
 log = logging.getLogger("biencoder")
 

@@ -26,7 +26,7 @@ from .engine.training.run import run
 from .engine.training.runner import decide_runtime
 from .errors import BiencoderError
 from .hydra_glue import clean_up_if_stopped, conf_dir, fail, hydra_cli, register, variant_name
-from .report.run import summary_text
+from .report.run_summary import summary_text
 
 log = logging.getLogger("biencoder")
 

@@ -12,7 +12,7 @@ from biencoder.engine.config.schema import selection
 from biencoder.engine.runs.checkpoint import selected_by_rule
 from biencoder.engine.training.evaluation import Evaluation
 from biencoder.engine.training.run import run
-from biencoder.report.run import summary_text
+from biencoder.report.run_summary import summary_text
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.stability import run_outcomes
 from biencoder.report.tables import summary_table, to_markdown

@@ -188,7 +188,7 @@ def test_the_task_table_gives_each_splits_own_pool_size():
     """A run's summary table shows val and test side by side; their pools differ, so each split's average number of
     false candidates is shown (it once showed val's under both)."""
     from biencoder.engine.retrieval.official_tasks import TASKS
-    from biencoder.report.run import format_tasks
+    from biencoder.report.run_summary import format_tasks
 
     def results(per_query, queries):
         return {

@@ -12,7 +12,7 @@ from biencoder.engine.retrieval.rerank import query_sample
 from biencoder.engine.training.run import run
 from biencoder.errors import ConfigError
 from biencoder.report.baselines import baseline_hits
-from biencoder.report.run import summary_text
+from biencoder.report.run_summary import summary_text
 from biencoder.report.runs import find_runs
 from conftest import FAST, compose_cfg
 

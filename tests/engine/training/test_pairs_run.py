@@ -145,7 +145,7 @@ def test_the_positives_pool_runs_and_is_named(tmp_path):
         ),
         tmp_path / "run",
     )
-    from biencoder.report.run import summary_text
+    from biencoder.report.run_summary import summary_text
 
     assert final["pool"] == "positives" and final["best"]["test"]["queries"] == 3
     assert "pool: the counters/positives of the split only, data.pool=positives" in summary_text(final, tmp_path)

@@ -260,7 +260,7 @@ def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
     interval with the query count, a legend, and the best epoch counted from 0 (as in metrics.jsonl)."""
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    from biencoder.report.run import summary_text
+    from biencoder.report.run_summary import summary_text
     from biencoder.report.statistics import wilson
 
     out, final = demo_run
