@@ -12,8 +12,8 @@ the classifier reranks.
   the query's negatives, in one softmax over cosine similarities (sentence-transformers'
   MultipleNegativesRankingLoss with hard negatives).
 
-"The same text" is :attr:`biencoder.corpus.PairedSplit.text_id` equality: the identity the evaluation uses for
-its "duplicates of the true counter are that counter" rule.
+"The same text" is :attr:`biencoder.engine.data.paired.PairedSplit.text_id` equality: the identity the evaluation
+uses for its "duplicates of the true counter are that counter" rule.
 """
 
 from __future__ import annotations

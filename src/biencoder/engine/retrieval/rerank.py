@@ -336,7 +336,7 @@ def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
     """Top-1 on the unseen and the seen queries (None for an empty group) and their counts.
 
     Args: ``hits`` [Q] bool (:func:`retrieve_rerank`'s per-query outcome), ``seen`` [Q] bool (the query's point or
-    counter text occurs in a training or validation pair: :func:`biencoder.corpus.seen_queries`).
+    counter text occurs in a training or validation pair: :func:`biencoder.engine.data.paired.seen_queries`).
     """
     out = {}
     for group, mask in query_groups(seen).items():

@@ -13,7 +13,8 @@ from omegaconf import DictConfig
 from ..config.validation import validate
 from ..machine import distributed
 from ..machine.runtime import Runtime
-from ..runs.folder import RunFolder, claim, release
+from ..runs.folder import RunFolder
+from ..runs.lock import claim, release
 from ..runs.tracking import check_packages
 from .epoch import Diverged
 from .runner import Runner, start_up
