@@ -10,7 +10,7 @@ import biencoder
 
 #: every public name and the one module that defines it
 HOMES = {
-    "run": "biencoder.engine.training.runner",
+    "run": "biencoder.engine.training.run",
     "Schema": "biencoder.engine.config.schema",
     "read_corpus": "biencoder.engine.data.corpus",
     "read_pairs": "biencoder.engine.data.pair_files",

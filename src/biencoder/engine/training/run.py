@@ -67,27 +67,15 @@ def _run_held(
     try:
         return runner.fit(state)
     except Diverged as err:
-        if runner.main:
-            folder.record(
-                "diverged",
-                variant=runner.variant,
-                seed=int(cfg.seed),
-                selection=runner.selection,
-                epoch=err.epoch,
-                what=err.what,
-                loss_parts=err.parts,
-                error=str(err),
-            )
-            runner.tracker.finish({}, "diverged")
+        _record_end(folder, runner, "diverged", epoch=err.epoch, what=err.what, loss_parts=err.parts, error=str(err))
         raise
     except BaseException as err:
-        if runner.main:
-            folder.record(
-                "failed",
-                variant=runner.variant,
-                seed=int(cfg.seed),
-                selection=runner.selection,
-                error=f"{type(err).__name__}: {err}",
-            )
-            runner.tracker.finish({}, "failed")
+        _record_end(folder, runner, "failed", error=f"{type(err).__name__}: {err}")
         raise
+
+
+def _record_end(folder: RunFolder, runner: Runner, status: str, **fields) -> None:
+    """On rank 0: ``final.json`` says how the run ended (``status`` with ``fields``), and the trackers are told."""
+    if runner.main:
+        folder.record(status, variant=runner.variant, seed=int(runner.cfg.seed), selection=runner.selection, **fields)
+        runner.tracker.finish({}, status)
