@@ -7,7 +7,7 @@ naming the folder and the holder) having changed nothing; one that finds a recor
 that died holding it, and says so in the run's log (:func:`announce_lock`). The claim comes before anything is written
 into the folder: in the resolver of ``trainer.resume=<folder>`` and of a sweep job whose folder exists (before Hydra
 makes the folder, opens its log or writes ``.hydra/``), else first thing in the app and in
-:func:`~biencoder.engine.training.runner.run`. ``run.lock`` is removed only by the process that created it, only on
+:func:`~biencoder.engine.training.run.run`. ``run.lock`` is removed only by the process that created it, only on
 the bad-input clean-up (:func:`~biencoder.engine.runs.folder.discard_if_ours`, through :func:`own_lock_file`), and a
 claim checks that the file it locked is still the one at the path, so a removal never lets two processes hold the
 folder. The tests are ``tests/test_lock.py``.
