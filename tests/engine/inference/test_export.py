@@ -21,6 +21,7 @@ TEXTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra", [["model.pooling=pooler"], ["model.pooling=mean"], ["model.pooling=mean", "model.encoder.freeze=true"]]
 )

@@ -46,6 +46,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_test_numbers_on_a_sample_are_the_whole_runs_on_those_queries(runs):
     (whole, final_whole), (sampled, final) = runs["whole"], runs["sample"]
     sample = query_sample(32, TEST_SAMPLE)
