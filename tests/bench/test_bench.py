@@ -246,6 +246,7 @@ def _printed(capsys, argv) -> tuple[int, list[str]]:
     return code, capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.slow
 def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, monkeypatch, capsys):
     """Item 4 end to end, on a small corpus in the real corpus's layout: it says the cache is cold, warms it and prints
     the one line `frozen_epoch_s: <seconds>`; with no corpus it says it skipped and why."""

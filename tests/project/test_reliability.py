@@ -114,6 +114,7 @@ def test_a_sweep_rerun_with_resume_skips_finished_jobs(tmp_path):
     assert json.loads((jobs[1] / "final.json").read_text())["status"] == "done"  # redone
 
 
+@pytest.mark.slow
 def test_resume_with_other_settings_is_refused(tmp_path):
     out = tmp_path / "run"
     run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)

@@ -364,6 +364,7 @@ def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
     assert run(compose_cfg(cfg + ["trainer.resume=true"]), out) == json.loads((out / "final.json").read_text())
 
 
+@pytest.mark.slow
 def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
     """A resumed folder without last.pt (killed after logging epoch 0 but before its checkpoint, or last.pt
     deleted) starts over: metrics.jsonl is emptied first, and the log says so with the count of rows dropped."""
