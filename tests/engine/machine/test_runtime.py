@@ -156,7 +156,7 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
     wrapper = tmp_path / "unpool_step.py"
     wrapper.write_text(
         "import torch\n"
-        "from biencoder import train\nfrom biencoder.engine import epoch\n"
+        "from biencoder import train\nfrom biencoder.engine.training import epoch\n"
         "forward = epoch.TripletStep.forward\n"
         "def with_unpool(self, *args, **kwargs):\n"
         "    torch.nn.functional.max_unpool1d(torch.ones(1, 1, 2), torch.tensor([[[0, 1]]]), 2)\n"

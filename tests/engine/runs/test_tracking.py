@@ -110,7 +110,7 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
     conversion, but the fused optimiser turns it into a divergence, which is recorded and does not end the sweep."""
     crashing = tmp_path / "crash_at_head_lr_2.py"
     crashing.write_text(
-        "from biencoder.engine import epoch\n"
+        "from biencoder.engine.training import epoch\n"
         "train_epoch = epoch.EpochTrainer.train_epoch\n"
         "def crash(self, *args):\n"
         "    if self.cfg.trainer.head_lr == 2:\n"
