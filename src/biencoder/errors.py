@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 #: exit code of a command stopped by bad input (a diverged run exits with 3, see biencoder.train)
 BAD_INPUT = 2
@@ -23,8 +23,8 @@ class BiencoderError(Exception):
 
 class ConfigError(BiencoderError, ValueError):
     """A config value that cannot work; the message names the key and a fix. Defined here, not in
-    :mod:`biencoder.engine.config.schema`, so that the engine's modules (model, runtime, checkpoint) can raise it without
-    importing the config layer."""
+    :mod:`biencoder.engine.config.schema`, so that the engine's modules (model, runtime, checkpoint) can raise it
+    without importing the config layer."""
 
 
 def report(err: BaseException, code: int = BAD_INPUT) -> int:
