@@ -198,6 +198,7 @@ def finished_folders(root: Path) -> list[Path]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, env, expect", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect):
     logs = tmp_path / "logs"
@@ -220,6 +221,7 @@ def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect):
     assert all((p / "metrics.jsonl").exists() for p in leftovers), f"empty run folders left: {leftovers}"
 
 
+@pytest.mark.slow
 def test_full_error_still_shows_the_traceback(tmp_path):
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
     proc = subprocess.run(
@@ -232,6 +234,7 @@ def test_full_error_still_shows_the_traceback(tmp_path):
     assert proc.returncode != 0 and "Traceback" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_corrupt_cache_entry_is_recomputed_not_fatal(tmp_path):
     """Not an error: the damaged shard is named in a warning, deleted, recomputed; the numbers do not change."""
     cache = tmp_path / "cache"
@@ -278,6 +281,7 @@ def test_a_log_file_that_cannot_be_written_is_one_line(capsys, monkeypatch):
     assert len(err) == 1 and "/proc/no-such-folder/train.log" in err[0] and "writable folder" in err[0]
 
 
+@pytest.mark.slow
 def test_an_eval_output_that_is_a_folder_is_refused_before_the_evaluation(tmp_path):
     """eval.output names the JSON file; a folder is one line before any work, and the evaluation's own folder
     (made by this process) is not left behind. The folder named stays as it was."""

@@ -14,6 +14,7 @@ import pytest
 from conftest import REPO, compose_cfg
 
 
+@pytest.mark.slow
 def test_joblib_sweep_runs_two_jobs(tmp_path):
     pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
     sweep = tmp_path / "sweep"
@@ -133,6 +134,7 @@ def test_submitit_local_sweep_pickles_jobs_and_resumes_a_killed_one(tmp_path):
     assert final["best"] == alone["best"]
 
 
+@pytest.mark.slow
 def test_optuna_preset_maximises_best_val_top1(tmp_path):
     """+hparams_search=head_lr: Optuna's TPE over trainer.head_lr, direction maximize, objective = each run's best val
     top-1; the reported best is the best of the trials' final.json."""
@@ -169,6 +171,7 @@ def test_optuna_preset_maximises_best_val_top1(tmp_path):
     assert 1e-4 <= result["best_params"]["trainer.head_lr"] <= 3e-2
 
 
+@pytest.mark.slow
 def test_a_sweep_ends_with_its_folder_and_table(tmp_path):
     sweep = tmp_path / "sweep"
     proc = subprocess.run(

@@ -177,6 +177,7 @@ def test_a_moved_run_folder_needs_nothing_else(trained, tmp_path, monkeypatch):
     assert tokenizer("a test sentence")["input_ids"] == load_checkpoint(trained)[1]("a test sentence")["input_ids"]
 
 
+@pytest.mark.slow
 def test_evaluate_follows_the_retrieve_space_the_run_was_selected_with(tmp_path):
     """A run trained with eval.retrieve=encoder is evaluated (and retrieves) in that space unless told otherwise."""
     from biencoder.engine.inference.evaluation import run_evaluation

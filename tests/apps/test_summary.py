@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from biencoder.summary import main
 from conftest import FAST, REPO, compose_cfg
@@ -42,6 +43,7 @@ def test_cli_outputs_and_errors(tmp_path, capsys):
     ]
 
 
+@pytest.mark.slow
 def test_script_on_real_runner_output(tmp_path):
     for variant in ("plain", "ln"):
         from biencoder.engine.training.run import run

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 BENCH = Path(biencoder.bench.__file__).parent
 
 
+@pytest.mark.slow
 def test_importing_the_bench_imports_no_hydra():
     """Every module of the package, the command line included: the items that compose a run import Hydra then."""
     modules = [f"biencoder.bench.{m.name}" for m in pkgutil.iter_modules([str(BENCH)]) if m.name != "__main__"]
@@ -27,6 +28,7 @@ def test_importing_the_bench_imports_no_hydra():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
 
+@pytest.mark.slow
 def test_the_script_is_the_packages_command_line():
     """scripts/bench.py runs biencoder.bench's command line: the same options, no path set-up of its own."""
     out = subprocess.run(
@@ -78,6 +80,7 @@ def test_which_items_run():
     assert chosen("--skip-frozen") == set(cli.ITEMS) - {"sweep", "frozen"}
 
 
+@pytest.mark.slow
 def test_finetune_epoch_by_phase_on_cpu():
     overrides = finetune_epoch.finetune_overrides(cuda=False) + ["trainer.batch_size=8"]
     result = epoch_phases.bench_epoch_phases(overrides, epochs=1)
@@ -99,6 +102,7 @@ def test_finetune_epoch_by_phase_on_cpu():
     assert phases["rest"] < 0.5 * phases["epoch"]
 
 
+@pytest.mark.slow
 def test_the_bench_times_the_runners_own_epoch(monkeypatch):
     """The phases come from Runner.run_epoch itself, not from a copy of its loop in the bench: the epoch's rows are
     logged, the best weights copied when val improves and last.pt written, each inside its phase."""
@@ -130,6 +134,7 @@ def test_the_bench_times_the_runners_own_epoch(monkeypatch):
     assert ("_weights_on_cpu", ["epoch", "keep best"]) in seen  # epoch 0 is always the best so far
 
 
+@pytest.mark.slow
 def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
     """EpochTrainer.train_step leaves every value on the device: no .item()/tolist()/bool() of a tensor per step (only
     fused AdamW's kernel reads its CPU step counters), and the count would see one if it were added."""
@@ -160,6 +165,7 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
     assert listed["syncs"] == 1 and listed["sync_names"] == {"Tensor.tolist": 1}
 
 
+@pytest.mark.slow
 def test_a_trained_encoder_step_reads_nothing_back():
     """The same for a step that trains the encoder (the tiny BERT here; the bench's row is MiniLM-sized): the encoder's
     attention mask is decided on the host before the step, so transformers' own padding check reads nothing back."""
@@ -168,6 +174,7 @@ def test_a_trained_encoder_step_reads_nothing_back():
     assert result["exempt"] == 3  # the step counters of the flat encoder, the flat head and its 2-value bias
 
 
+@pytest.mark.slow
 def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
     """The bench's cold-cache check and the runner agree on a run's texts: after the runner has filled the cache,
     nothing is missing (the old check also asked for texts of pairs that data.dedup drops)."""
@@ -183,6 +190,7 @@ def test_cache_check_counts_the_texts_the_run_encodes(tmp_path):
     assert epoch_phases.cache_report(cfg) is None
 
 
+@pytest.mark.slow
 def test_a_cold_cache_is_warmed_and_said_not_skipped(tmp_path):
     """bench_epoch_phases on a frozen run with an empty embedding cache says so, warms it and times the epoch; the
     second time the cache is warm and nothing is said."""
@@ -194,6 +202,7 @@ def test_a_cold_cache_is_warmed_and_said_not_skipped(tmp_path):
         assert result["phases"]["epoch"] > 0 and result["steps"] == 1  # 32 demo pairs, 32 triplets a step
 
 
+@pytest.mark.slow
 def test_a_step_computes_its_statistics_only_on_sampled_steps(monkeypatch):
     """The head statistics and gradient norms cost ops on a CPU, so train_step computes them only on the steps that
     EpochSums samples: 18 steps (2 warm-up, 8 profiled, 8 timed) at trainer.stats_every 8 compute them 3 times."""
@@ -237,6 +246,7 @@ def _printed(capsys, argv) -> tuple[int, list[str]]:
     return code, capsys.readouterr().out.splitlines()
 
 
+@pytest.mark.slow
 def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, monkeypatch, capsys):
     """Item 4 end to end, on a small corpus in the real corpus's layout: it says the cache is cold, warms it and prints
     the one line `frozen_epoch_s: <seconds>`; with no corpus it says it skipped and why."""
@@ -256,6 +266,7 @@ def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, mon
     assert f"   skipped (no ArguAna corpus at {tmp_path / 'nowhere'}; set ARGUANA_ROOT or pass --corpus)" in out
 
 
+@pytest.mark.slow
 def test_the_step_and_epoch_items_print_their_lines(monkeypatch, capsys):
     """Items 5 and 6 as the command prints them (item 5 on the tiny encoder here: the MiniLM-sized row takes ~30 s):
     the per-step counts with no host sync, and `finetune_epoch_s: <seconds>`."""

@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 SKIPPED_DIRS = {".git", ".venv", "logs", "outputs", "multirun", "node_modules", "build", "dist"}
 NOT_SHELL = {"python", "py", "yaml", "yml", "json", "toml", "bibtex", "diff"}
@@ -378,6 +380,7 @@ def test_commands_are_found_and_turned_into_one_job():
     ]
 
 
+@pytest.mark.slow
 def test_every_command_in_a_code_block_composes_or_prints_its_help(tmp_path):
     """One subprocess runs them all (composing needs no corpus: ARGUANA_ROOT is an empty folder), in tmp_path."""
     calls = planned_calls(markdown_files())

@@ -126,6 +126,7 @@ def loaded(modules: list[str], watched: tuple[str, ...]) -> list[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
 
 
+@pytest.mark.slow
 def test_reporting_does_not_import_hydra_or_draw_unasked():
     """Importing the plot app and every report module loads neither Hydra nor Matplotlib (figures import it when
     they draw); the statistics need numpy only."""
@@ -167,6 +168,7 @@ def test_the_engine_reads_no_node_of_hydras():
     assert named == []
 
 
+@pytest.mark.slow
 def test_importing_the_engine_loads_no_hydra(graph):
     """A fresh Python that imports every module of biencoder.engine has no Hydra module in sys.modules: the engine
     runs from Python with a plain config object (the contract says no engine module imports Hydra; this says that

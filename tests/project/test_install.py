@@ -101,6 +101,7 @@ def test_the_wheel_runs_from_another_folder(tmp_path):
     assert plot.returncode == 2 and "no run folders" in plot.stderr, plot.stderr
 
 
+@pytest.mark.slow
 def test_console_script_tab_completion(tmp_path):
     """Hydra's completion answers for the installed command (it cannot for python -m)."""
     script = Path(sys.executable).parent / "biencoder-train"

@@ -37,6 +37,7 @@ def rows_of(folder: Path):
     return rows
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     epochs = "trainer.max_epochs=40"
     cmd, env = train_cli(*RUN, epochs, f"hydra.run.dir={tmp_path / 'whole'}")
@@ -71,6 +72,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert "resuming" in (killed / "train.log").read_text()
 
 
+@pytest.mark.slow
 def test_resume_drops_the_rows_of_an_unfinished_epoch(tmp_path):
     out = tmp_path / "run"
     run(compose_cfg(FAST + ["trainer.max_epochs=2", "trainer.keep_last=true", "eval.tasks=false"]), out)
@@ -93,6 +95,7 @@ def test_resume_drops_the_rows_of_an_unfinished_epoch(tmp_path):
     assert [(r["epoch"], r["split"]) for r in rows] == [(r["epoch"], r["split"]) for r in reference]
 
 
+@pytest.mark.slow
 def test_a_sweep_rerun_with_resume_skips_finished_jobs(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", *FAST, "trainer.max_epochs=1", "eval.tasks=false", "+variant=ln,plain", f"hydra.sweep.dir={sweep}"]
@@ -111,6 +114,7 @@ def test_a_sweep_rerun_with_resume_skips_finished_jobs(tmp_path):
     assert json.loads((jobs[1] / "final.json").read_text())["status"] == "done"  # redone
 
 
+@pytest.mark.slow
 def test_resume_with_other_settings_is_refused(tmp_path):
     out = tmp_path / "run"
     run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
@@ -122,6 +126,7 @@ def test_resume_with_other_settings_is_refused(tmp_path):
         )
 
 
+@pytest.mark.slow
 def test_a_used_folder_is_not_overwritten_without_resume(tmp_path):
     out = tmp_path / "run"
     run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
@@ -144,6 +149,7 @@ def test_metrics_survive_a_torn_last_line_but_not_a_corrupt_middle(tmp_path, cap
         read_metrics(path)
 
 
+@pytest.mark.slow
 def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
     from biencoder.engine.training.runner import Runner
 
@@ -229,6 +235,7 @@ def test_no_remote_code_anywhere(monkeypatch):
     assert len(calls) >= 5 and not any(kwargs.get("trust_remote_code") for kwargs in calls), calls
 
 
+@pytest.mark.slow
 def test_local_model_runs_with_the_hub_offline(tmp_path):
     cmd, env = train_cli(
         *FAST,

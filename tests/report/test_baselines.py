@@ -119,6 +119,7 @@ def run_script(*args):
     return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_no_finished_run_with_hits_is_one_line_not_an_index_error(tmp_path, capsys):
     """Finished runs without test_hits.npy: compare_baselines.py used to end in IndexError (runs[0] of nothing)."""
     write_run(tmp_path / "a", "plain", 0, [0.1], [0.1])
@@ -131,6 +132,7 @@ def test_no_finished_run_with_hits_is_one_line_not_an_index_error(tmp_path, caps
     assert main([str(tmp_path), "--baselines", "seen", "--x", "trainer.lr"]) == 2  # one table or the other
 
 
+@pytest.mark.slow
 def test_the_plot_option_writes_the_table_beside_the_figure(tmp_path, capsys):
     seen = np.zeros(32, bool)
     seen[:10] = True

@@ -119,6 +119,7 @@ def test_defaults_resolve_to_packaged_minilm():
     assert Path(cfg.data.root) == demo_root() and compose_cfg(["data=arguana"]).data.root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "module, says",
     [

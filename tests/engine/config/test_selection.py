@@ -29,6 +29,7 @@ def test_the_rule():
     assert selection(0.0) == {"split": "val", "metric": "retrieval_top1"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "ce_weight, metric, best, label",
     [

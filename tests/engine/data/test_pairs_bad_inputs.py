@@ -146,6 +146,7 @@ def one_error_line(proc) -> str:
     return errors[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("files, expect", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_stats_refuses_a_bad_pair_file_in_one_line(tmp_path, files, expect):
     given = files(tmp_path)
@@ -178,6 +179,7 @@ def test_train_refuses_a_bad_pair_file_in_one_line_and_leaves_no_run_folder(tmp_
     assert not (logs / "runs").exists() or list((logs / "runs").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_train_without_files_names_the_keys(tmp_path):
     line = one_error_line(
         run(["biencoder.train", *FAST, "data=pairs", f"paths.log_dir={tmp_path / 'logs'}"], tmp_path)
@@ -186,6 +188,7 @@ def test_train_without_files_names_the_keys(tmp_path):
     assert not (tmp_path / "logs" / "runs").exists() or list((tmp_path / "logs" / "runs").iterdir()) == []
 
 
+@pytest.mark.slow
 def test_duplicated_pairs_are_counted_not_refused(tmp_path):
     files = pair_files(tmp_path, train=good("train") + good("train")[:2])
     proc = run(["biencoder.corpus", "stats", "--json", files["train"], files["val"], files["test"]], tmp_path)
@@ -195,6 +198,7 @@ def test_duplicated_pairs_are_counted_not_refused(tmp_path):
     assert counts["val"]["duplicated_pairs"] == 0
 
 
+@pytest.mark.slow
 def test_evaluate_says_the_8_tasks_need_arguana(tmp_path):
     line = one_error_line(
         run(
@@ -205,6 +209,7 @@ def test_evaluate_says_the_8_tasks_need_arguana(tmp_path):
     assert "biencoder-evaluate runs the 8 official tasks, which need ArguAna's debates" in line
 
 
+@pytest.mark.slow
 def test_help_names_the_pair_files(tmp_path):
     proc = run(["biencoder.train", "--help"], tmp_path)
     assert proc.returncode == 0

@@ -22,6 +22,7 @@ TEXTS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "extra", [["model.pooling=pooler"], ["model.pooling=mean"], ["model.pooling=mean", "model.encoder.freeze=true"]]
 )
@@ -74,6 +75,7 @@ def test_export_refuses_a_used_folder_and_leaves_it(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
 
 
+@pytest.mark.slow
 def test_the_command_shows_no_progress_bars_off_a_terminal(tmp_path, capfd):
     """Output to a file or a pipe (here: pytest's capture, not a terminal) gets the two result lines and no
     transformers bars ("Writing model shards", "Loading weights"); the bars' setting is left as it was."""

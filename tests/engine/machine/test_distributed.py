@@ -61,6 +61,7 @@ def check_one_run(logs, processes: int = 2):
     return final
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_write_one_run(tmp_path):
     """One node, two processes, the c10d rendezvous of the multi-node recipe (README)."""
     logs = tmp_path / "logs"
@@ -117,6 +118,7 @@ def test_two_nodes_meet_at_a_c10d_rendezvous(tmp_path):
     check_one_run(logs)
 
 
+@pytest.mark.slow
 def test_more_processes_than_gpus_is_one_line_and_no_folder(tmp_path):
     """``torchrun --nproc_per_node=2`` on a machine whose torch reports one CUDA device: every rank stops with the
     same line naming both counts and the fixes, exit code 2, and no run folder is left."""
@@ -159,6 +161,7 @@ def test_more_processes_than_gpus_is_one_line_and_no_folder(tmp_path):
     assert not (logs / "runs").exists() or not any((logs / "runs").iterdir())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("existing", [False, True])
 def test_a_rank_stopped_by_torchrun_during_start_up_leaves_nothing_of_its_own(tmp_path, existing):
     """torchrun stops (SIGTERM) the other ranks as soon as one fails; a rank still in start-up then removes what it
@@ -209,6 +212,7 @@ def accepts_connections(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_a_rank_waiting_in_the_rendezvous_ends_at_once_on_sigterm(tmp_path):
     """From the process group's rendezvous on, SIGTERM ends the rank at once, as it always did: a Python handler
     cannot run while the main thread waits in C++, and torchrun would wait 30 s, then SIGKILL it. Rank 0 of 2 here,

@@ -149,6 +149,7 @@ def test_torchs_error_for_an_operation_without_a_deterministic_kernel_is_named(g
     assert nondeterministic_op(RuntimeError("CUDA out of memory"), "cuda") is None
 
 
+@pytest.mark.slow
 def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_path):
     """A training step that meets such an operation under trainer.deterministic=true: one error line naming it,
     exit 2, no traceback, no run folder (it trained nothing)."""

@@ -250,6 +250,7 @@ def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls
     assert evaluated["tasks"] == first["tasks"]["test"]
 
 
+@pytest.mark.slow
 def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """last.pt leaves out a frozen encoder's weights; on resume the best state's encoder part comes from the model
     (checkpoint.restore_last), so a run stopped after 2 of 3 epochs and resumed writes the same best.pt and final
@@ -303,6 +304,7 @@ def test_frozen_batches_carry_the_mined_negatives(tmp_path):
     assert (split.text_id[mined.row] != split.text_id[split.counter]).all()  # never the positive
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frozen", [True, False])
 def test_a_fresh_run_starts_its_sim_head_from_pca(tmp_path, frozen):
     """model.sim_init=pca reaches the runner: at the start of a fresh run (frozen or not) the sim distances of the

@@ -332,6 +332,7 @@ def big_split(n_pairs: int, seed: int = 0):
     return PairedSplit("test", table), Embeddings(sim, torch.from_numpy(rng.normal(size=(2 * n_pairs, 32))).float())
 
 
+@pytest.mark.slow
 def test_the_evaluation_never_holds_the_whole_matrix(tiny_model_and_tokenizer):
     """6000 pairs: a [Q, 2Q] float32 matrix is 288 MB (float64 distances 576 MB). Mining, the per-epoch retrieve +
     rerank, both baselines and the 8 tasks' pool sizes stay under half of the float32 one (numpy's allocations, which

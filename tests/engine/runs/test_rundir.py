@@ -53,6 +53,7 @@ def finished_sweep(tmp_path_factory):
     return sweep
 
 
+@pytest.mark.slow
 def test_resume_at_a_sweep_folder_with_a_bad_value_touches_nothing(finished_sweep):
     before = snapshot(finished_sweep)
     error = one_error_line(train("+variant=ln", *TINY, f"trainer.resume={finished_sweep}", "trainer.lr=-1"))
@@ -60,6 +61,7 @@ def test_resume_at_a_sweep_folder_with_a_bad_value_touches_nothing(finished_swee
     assert snapshot(finished_sweep) == before  # every file still there, byte for byte; nothing added
 
 
+@pytest.mark.slow
 def test_resume_at_a_finished_run_with_a_bad_value_touches_nothing(finished_sweep):
     job = next(p for p in finished_sweep.iterdir() if p.name.endswith("_ln_s0"))
     before = snapshot(job)
@@ -68,6 +70,7 @@ def test_resume_at_a_finished_run_with_a_bad_value_touches_nothing(finished_swee
     assert snapshot(job) == before  # not even Hydra's .hydra/ is rewritten
 
 
+@pytest.mark.slow
 def test_resume_dot_in_a_folder_of_files_removes_nothing(tmp_path):
     (tmp_path / "notes.txt").write_text("my notes\n")
     (tmp_path / "src").mkdir()
@@ -78,6 +81,7 @@ def test_resume_dot_in_a_folder_of_files_removes_nothing(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_fresh_run_with_a_bad_value_leaves_no_folder(tmp_path):
     error = one_error_line(train(*TINY, "trainer.lr=-1", f"paths.log_dir={tmp_path / 'logs'}"))
     assert "trainer.lr=-1" in error
@@ -85,6 +89,7 @@ def test_a_fresh_run_with_a_bad_value_leaves_no_folder(tmp_path):
     assert not runs.exists() or list(runs.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_an_existing_output_folder_is_never_removed(tmp_path):
     """hydra.run.dir pointing at a folder the user made: an error found before (a bad value) or after Hydra wrote
     into it (a corpus that does not exist) leaves the folder as it was: the user's file, and nothing added (Hydra's
@@ -100,6 +105,7 @@ def test_an_existing_output_folder_is_never_removed(tmp_path):
     assert snapshot(folder) == before
 
 
+@pytest.mark.slow
 def test_a_new_output_folder_named_on_the_command_line_is_removed_after_an_error(tmp_path):
     """The folder and the parents made for it go; the parent that was there stays."""
     folder = tmp_path / "new" / "deeper" / "run"
@@ -166,6 +172,7 @@ def test_a_log_handler_in_a_removed_folder_is_detached(tmp_path):
         logger.removeHandler(handler)
 
 
+@pytest.mark.slow
 def test_a_quoted_run_dir_is_removed_after_an_error_and_a_quoted_resume_path_expands_home(tmp_path):
     """hydra.run.dir='a b' (Hydra's quoting) is the folder a b; trainer.resume='~/r1' is $HOME/r1, not a new
     folder named ~ in the working directory."""
@@ -187,6 +194,7 @@ def test_a_quoted_run_dir_is_removed_after_an_error_and_a_quoted_resume_path_exp
     assert not (tmp_path / "~").exists()
 
 
+@pytest.mark.slow
 def test_resume_with_a_corrupt_last_pt_changes_nothing(tmp_path):
     """The unreadable checkpoint is refused before the folder is touched: no final.json 'failed', the same
     config_resolved.yaml, nothing written to train.log."""
@@ -200,6 +208,7 @@ def test_resume_with_a_corrupt_last_pt_changes_nothing(tmp_path):
     assert snapshot(folder) == before
 
 
+@pytest.mark.slow
 def test_resumed_jobs_stay_in_their_cell(finished_sweep, tmp_path):
     """One job of a 2x2 sweep dies; the sweep is resubmitted with trainer.resume=true (and other settings that
     change no result): the table and the paired test still see 2 cells x 2 seeds."""
@@ -300,6 +309,7 @@ def as_before_the_record(folder: Path) -> None:
     path.write_text(yaml.safe_dump(config, sort_keys=False))
 
 
+@pytest.mark.slow
 def test_the_precision_actually_used_separates_cells_and_older_runs_group_as_before(finished_sweep, tmp_path):
     import shutil
 
@@ -354,6 +364,7 @@ def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
     assert run(compose_cfg(cfg + ["trainer.resume=true"]), out) == json.loads((out / "final.json").read_text())
 
 
+@pytest.mark.slow
 def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
     """A resumed folder without last.pt (killed after logging epoch 0 but before its checkpoint, or last.pt
     deleted) starts over: metrics.jsonl is emptied first, and the log says so with the count of rows dropped."""
@@ -397,6 +408,7 @@ def test_a_run_made_with_balltree_resumes_and_groups_under_the_exact_default(tmp
     assert assign_cells(runs) == [] and {r.cell for r in runs} == {"plain"}
 
 
+@pytest.mark.slow
 def test_a_sweep_whose_glob_matches_nothing_is_an_error_and_leaves_no_folder(tmp_path):
     """`+variant=glob(x*)` matches no variant: Hydra launches 0 jobs and would exit 0 with an empty sweep folder.
     Into a sweep folder that holds earlier jobs it is the same error, and those jobs stay as they were."""
@@ -419,6 +431,7 @@ def test_a_sweep_whose_glob_matches_nothing_is_an_error_and_leaves_no_folder(tmp
     assert not new_default.exists()
 
 
+@pytest.mark.slow
 def test_multirun_flag_after_an_override_is_understood(tmp_path):
     """`python -m biencoder.train model=tiny -m ...` was argparse's usage error ("unrecognized arguments"); the
     sweep starts (here with no job: the glob matches nothing, which is its own one-line error)."""

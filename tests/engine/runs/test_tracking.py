@@ -55,6 +55,7 @@ def scalars(folder, tag):
     return [(e.step, e.value) for e in acc.Scalars(tag)]
 
 
+@pytest.mark.slow
 def test_both_loggers_hold_what_metrics_jsonl_holds(tmp_path):
     out = tmp_path / "run"
     final = run(compose_cfg(BASE + ["logger=many", f"paths.log_dir={tmp_path}"]), out)
@@ -70,6 +71,7 @@ def test_both_loggers_hold_what_metrics_jsonl_holds(tmp_path):
     assert artifacts == ["final.json"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_is_one_run_without_repeated_steps(tmp_path, monkeypatch):
     """Killed in the last epoch's checkpoint (epochs 2 and 3 already logged), then resumed from epoch 1's."""
     out = tmp_path / "run"
@@ -102,6 +104,7 @@ def test_a_resumed_run_is_one_run_without_repeated_steps(tmp_path, monkeypatch):
         assert same(scalars(out, f"{key}/{split}"), want)  # the killed attempt's 2, 3 purged
 
 
+@pytest.mark.slow
 def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
     """Two jobs, one experiment (the sweep's); the second crashes in its first epoch. The crash is the test's own (a
     wrapper makes EpochTrainer.train_epoch raise at head_lr 2): a too-high rate used to crash foreach AdamW's scalar

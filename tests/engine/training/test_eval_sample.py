@@ -46,6 +46,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_test_numbers_on_a_sample_are_the_whole_runs_on_those_queries(runs):
     (whole, final_whole), (sampled, final) = runs["whole"], runs["sample"]
     sample = query_sample(32, TEST_SAMPLE)
@@ -70,6 +71,7 @@ def test_test_numbers_on_a_sample_are_the_whole_runs_on_those_queries(runs):
     assert "fixed sample" not in summary_text(final_whole, whole)
 
 
+@pytest.mark.slow
 def test_the_plot_baselines_take_the_runs_own_sample(runs):
     """biencoder-plot --baselines rebuilds a run's baselines from its config: on its eval.test_queries sample, the
     queries of its test_hits.npy, and the same hits the run recorded."""
@@ -81,6 +83,7 @@ def test_the_plot_baselines_take_the_runs_own_sample(runs):
         assert h.mean() == pytest.approx(final["baselines"]["test"][score]["top1"])
 
 
+@pytest.mark.slow
 def test_a_sample_on_pair_files_with_groups(tmp_path):
     """The pair files' within-group top-1 on test is split into unseen and seen on the same test sample."""
     final = run(

@@ -42,6 +42,7 @@ def demo_run(tmp_path_factory):
     return out, run(compose_cfg(FAST + ["+variant=ln"]), out)
 
 
+@pytest.mark.slow
 def test_the_demo_through_both_readers_gives_the_same_numbers(demo_run, demo_corpus, tmp_path):
     """export-pairs demo, then data=pairs: every metrics.jsonl row as data=demo's (times aside); the group column the
     export writes (group = debate) adds the within-group keys and changes nothing else."""
@@ -65,6 +66,7 @@ def test_the_demo_through_both_readers_gives_the_same_numbers(demo_run, demo_cor
         assert grouped["best"][name]["top1_group"] == pytest.approx(sda["accuracy_at_1"])
 
 
+@pytest.mark.slow
 def test_the_shipped_example_trains_from_the_command_line(demo_run, tmp_path):
     """python -m biencoder.train data=pairs_demo: the demo's numbers, a summary that says what it is, and the files'
     provenance in final.json and config_resolved.yaml."""

@@ -73,6 +73,7 @@ def test_run_folder_contents(demo_run):
     assert resolved["model"]["head"]["use_layernorm"] is True and "${" not in json.dumps(resolved)
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers(demo_run, tmp_path, global_determinism):
     out, _ = demo_run
     run(compose_cfg(FAST + ["+variant=ln"]), tmp_path / "again")
@@ -140,6 +141,7 @@ def cli(*args, cwd=REPO, env_extra=None):
     return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_single_run_and_evaluate_checkpoint(tmp_path):
     proc = cli("biencoder.train", "+variant=relu", *FAST[:-2], "trainer.max_epochs=1", f"paths.log_dir={tmp_path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -165,6 +167,7 @@ def test_cli_single_run_and_evaluate_checkpoint(tmp_path):
     assert result["tasks"] == final["tasks"]["val"]  # the checkpoint reproduces the run's own numbers
 
 
+@pytest.mark.slow
 def test_cli_sweep_four_cells(tmp_path):
     proc = cli(
         "biencoder.train",
@@ -187,6 +190,7 @@ def test_cli_sweep_four_cells(tmp_path):
     assert all((job / "final.json").is_file() for job in jobs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, expect",
     [
@@ -202,11 +206,13 @@ def test_cli_bad_input_one_line_exit_2_no_run_folder(tmp_path, args, expect):
     assert not list((tmp_path / "runs").glob("*"))
 
 
+@pytest.mark.slow
 def test_cli_unknown_variant(tmp_path):
     proc = cli("biencoder.train", "+variant=layernorm", f"paths.log_dir={tmp_path}")
     assert proc.returncode != 0 and "variant/layernorm" in proc.stderr and "ln_relu" in proc.stderr
 
 
+@pytest.mark.slow
 def test_evaluate_needs_weights_for_rerank(tmp_path):
     proc = cli("biencoder.evaluate", "eval.score=rerank", f"paths.log_dir={tmp_path}")
     assert proc.returncode == 2 and "eval.checkpoint" in proc.stderr
@@ -290,6 +296,7 @@ def test_wilson_interval_known_values():
     assert wilson(5, 32) == pytest.approx((0.0686, 0.3175), abs=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frozen", [False, True])
 def test_infonce_trains_end_to_end(tmp_path, frozen):
     overrides = FAST + ["+variant=ln_relu", "loss=infonce"] + (["model.encoder.freeze=true"] if frozen else [])
@@ -337,6 +344,7 @@ def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path,
     assert masked_total >= 2  # the planted twin, once for each of the two queries
 
 
+@pytest.mark.slow
 def test_the_engine_runs_from_python_with_a_plain_config(tmp_path):
     """No Hydra anywhere: the schema's defaults (demo corpus, MiniLM's tokenizer) resolve with OmegaConf alone, the
     engine trains a tiny cell into a folder, and Hydra is never imported."""
