@@ -131,9 +131,9 @@ def _stopped(signum, frame) -> None:
 def clean_up_if_stopped(on: bool) -> None:
     """Under torchrun (``WORLD_SIZE`` > 1): while ``on``, a SIGTERM removes what this process made of its Hydra folder
     before it ends the process. torchrun stops every other rank as soon as one fails (more processes than GPUs: every
-    rank finds it at start-up); a rank stopped before its own error used to leave its Hydra folder behind. On from
-    ``biencoder-train``'s start until its process group starts: a Python handler cannot run while the main thread
-    waits in torch's rendezvous, so from there on SIGTERM ends the process at once, as it always did."""
+    rank finds it at start-up), and a rank stopped before its own error would otherwise leave its Hydra folder behind.
+    On from ``biencoder-train``'s start until its process group starts: a Python handler cannot run while the main
+    thread waits in torch's rendezvous, so from there on SIGTERM ends the process at once."""
     if _torchrun_worker():
         signal.signal(signal.SIGTERM, _stopped if on else signal.SIG_DFL)
 

@@ -141,7 +141,7 @@ def test_a_frozen_training_step_reads_nothing_back(monkeypatch):
     before = step_counts.bench_step_counts(frozen=True, steps=8)  # 8: one sampled step of statistics falls inside
     assert before["syncs"] == 0, before["sync_names"]
     assert before["exempt"] == 2  # the frozen ln_relu head: its flat tensor and the loose 2-value bias, one read each
-    assert before["ops"] <= 445  # issue 24's target: at most half the 891 ops of a9c05a4's step (401 since 19fe8e3)
+    assert before["ops"] <= 445  # the target: at most half the 891 ops of the per-step loop it replaced
 
     from biencoder.engine.training import epoch
 

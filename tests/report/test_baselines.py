@@ -121,7 +121,7 @@ def run_script(*args):
 
 @pytest.mark.slow
 def test_no_finished_run_with_hits_is_one_line_not_an_index_error(tmp_path, capsys):
-    """Finished runs without test_hits.npy: compare_baselines.py used to end in IndexError (runs[0] of nothing)."""
+    """Finished runs without test_hits.npy: one line from compare_baselines.py, never an IndexError."""
     write_run(tmp_path / "a", "plain", 0, [0.1], [0.1])
     proc = run_script(REPO / "scripts" / "compare_baselines.py", tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -107,8 +107,8 @@ def test_a_resumed_run_is_one_run_without_repeated_steps(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
     """Two jobs, one experiment (the sweep's); the second crashes in its first epoch. The crash is the test's own (a
-    wrapper makes EpochTrainer.train_epoch raise at head_lr 2): a too-high rate used to crash foreach AdamW's scalar
-    conversion, but the fused optimiser turns it into a divergence, which is recorded and does not end the sweep."""
+    wrapper makes EpochTrainer.train_epoch raise at head_lr 2), since a too-high rate is a divergence under the fused
+    optimiser, which is recorded and does not end the sweep."""
     crashing = tmp_path / "crash_at_head_lr_2.py"
     crashing.write_text(
         "from biencoder.engine.training import epoch\n"
