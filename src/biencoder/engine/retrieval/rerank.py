@@ -38,8 +38,8 @@ PoolMasks = Callable[[np.ndarray], dict[str, np.ndarray]]
 NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
 #: the most query × row cells scored at once. A block holds a few [B, 2Q] matrices (float64 distances, the 8 tasks'
 #: int8 types and bool masks), whatever the split's size: numpy peaked at 153 MB in the 8 tasks' rerank and 70 MB in
-#: the baselines (tests/test_blocks.py's 3000- and 6000-pair splits). A split of up to 1448 pairs (ArguAna's val and
-#: test, the demo) is one block: the whole [Q, 2Q] matrix at once
+#: the baselines (tests/engine/retrieval/test_blocks.py's 3000- and 6000-pair splits). A split of up to 1448 pairs
+#: (ArguAna's val and test, the demo) is one block: the whole [Q, 2Q] matrix at once
 BLOCK_CELLS = 1 << 22
 
 

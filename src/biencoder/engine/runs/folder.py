@@ -1,6 +1,6 @@
 """The life of a run folder: create or resume it, checkpoint into it, finish it, and clean up after an error.
 
-Rules this module enforces (each has a test in ``tests/test_rundir.py``):
+Rules this module enforces (each has a test in ``tests/engine/runs/test_rundir.py``):
 
 * **Nothing this process did not create is ever deleted.** Hydra makes the output folder before the app runs, so
   the run-dir resolvers (``${run_dir:...}`` for ``hydra.run.dir``, ``${job_dir:...}`` for a sweep job,

@@ -10,7 +10,7 @@ makes the folder, opens its log or writes ``.hydra/``), else first thing in the 
 :func:`~biencoder.engine.training.run.run`. ``run.lock`` is removed only by the process that created it, only on
 the bad-input clean-up (:func:`~biencoder.engine.runs.folder.discard_if_ours`, through :func:`own_lock_file`), and a
 claim checks that the file it locked is still the one at the path, so a removal never lets two processes hold the
-folder. The tests are ``tests/test_lock.py``.
+folder. The tests are ``tests/engine/runs/test_lock.py``.
 """
 
 from __future__ import annotations
