@@ -227,3 +227,11 @@ def test_verdicts_take_the_p_ranges_of_their_own_resamples():
     assert got["p_holm_low"] == pytest.approx([0.028232, 0.150022], abs=2e-6)
     assert got["p_holm_high"] == pytest.approx([0.126376, 0.264250], abs=2e-6)
     assert got["verdict"] == [AT_THE_LINE, "no significant difference"]
+
+
+def test_a_range_that_ends_at_alpha_is_at_the_line():
+    """better / worse need the whole range below α; a high end equal to α is not below it (as a p equal to α is not
+    significant), so the verdict is at the line, whichever the sign of the difference."""
+    assert verdict(0.02, 0.04, p_adjusted_range=(0.03, 0.05)) == AT_THE_LINE
+    assert verdict(-0.02, 0.04, p_adjusted_range=(0.03, 0.05)) == AT_THE_LINE
+    assert verdict(0.02, 0.04, p_adjusted_range=(0.03, 0.0499)) == "better"
