@@ -223,3 +223,30 @@ def test_unpaired_query_counts_are_refused():
 def test_holm_caps_at_one_and_alpha_itself_is_not_significant():
     np.testing.assert_allclose(holm([0.6, 0.9]), [1.0, 1.0])  # 2 · 0.6 = 1.2
     assert verdict(0.1, 0.05) != "better" and verdict(-0.1, 0.05) != "worse"  # p = α: not below it
+
+
+def test_verdicts_take_the_p_ranges_of_their_own_resamples():
+    """A comparison table drawn with --n-boot 1000 prints the Monte Carlo range of 1000 resamples, not of N_BOOT.
+    By hand (z = 3, n = 1000, z² = 9): p = 0.03 is a share of 15: centre (0.015 + 9/2000)/(1 + 9/1000) = 0.0193261,
+    half-width 3·sqrt(0.015·0.985/1000 + 9/4e6)/1.009 = 0.0122680, doubled: [0.014116, 0.063188]; p = 0.2 a share of
+    100: centre 0.1045/1.009 = 0.1035679, half-width 3·sqrt(9e-5 + 2.25e-6)/1.009 = 0.0285571: [0.150022, 0.264250].
+    Holm over the two (0.03 first, x2; 0.2 x1): p_holm (0.06, 0.2), lows (0.028232, 0.150022), highs (0.126376,
+    0.264250). The first range straddles 0.05: at the line; the second is above it. From N_BOOT resamples the first's
+    Holm range would be [0.0556, 0.0648]: no significant difference."""
+    from biencoder.report.statistics import verdicts
+
+    got = verdicts([0.02, -0.01], [0.03, 0.2], n_boot=1000)
+    assert got["p_low"] == pytest.approx([0.014116, 0.150022], abs=2e-6)
+    assert got["p_high"] == pytest.approx([0.063188, 0.264250], abs=2e-6)
+    assert got["p_holm"] == pytest.approx([0.06, 0.2])
+    assert got["p_holm_low"] == pytest.approx([0.028232, 0.150022], abs=2e-6)
+    assert got["p_holm_high"] == pytest.approx([0.126376, 0.264250], abs=2e-6)
+    assert got["verdict"] == [AT_THE_LINE, "no significant difference"]
+
+
+def test_a_range_that_ends_at_alpha_is_at_the_line():
+    """better / worse need the whole range below α; a high end equal to α is not below it (as a p equal to α is not
+    significant), so the verdict is at the line, whichever the sign of the difference."""
+    assert verdict(0.02, 0.04, p_adjusted_range=(0.03, 0.05)) == AT_THE_LINE
+    assert verdict(-0.02, 0.04, p_adjusted_range=(0.03, 0.05)) == AT_THE_LINE
+    assert verdict(0.02, 0.04, p_adjusted_range=(0.03, 0.0499)) == "better"
