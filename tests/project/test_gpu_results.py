@@ -1,12 +1,12 @@
-"""The GPU figures in RESULTS.md, README.md and BENCHMARKS.md are the committed H100 logs' figures.
+"""The GPU figures in RESULTS.md, README.md and BENCHMARKS.md are the committed GPU logs' figures.
 
 ``results/gpu-h100-2026-11-23/`` holds the run folders of the fine-tuning runs on one H100 (2026-11-23) and the
-output of ``scripts/bench.py`` there. These tests re-derive the headline numbers from those folders with the
-project's own code (``biencoder.report``) and check that every table row and sentence of
-the docs that quotes them holds exactly those numbers, so the text cannot drift from the logs. Two kinds of number
-need more than the logs and are read from the tables the scripts wrote from them: the 95 % intervals (10 000
-bootstrap resamples per cell; the slow test recomputes them) and the paired tests against zero-shot and TF-IDF
-(they need the corpus and the encoder: ``scripts/compare_baselines.py``).
+output of ``scripts/bench.py`` there; ``results/gpu-h200-2026-11-27/`` the bench's GPU items on one H200. These
+tests re-derive the headline numbers from those folders with the project's own code (``biencoder.report``) and check
+that every table row and sentence of the docs that quotes them holds exactly those numbers, so the text cannot drift
+from the logs. Two kinds of number need more than the logs and are read from the tables the scripts wrote from them:
+the 95 % intervals (10 000 bootstrap resamples per cell; the slow test recomputes them) and the paired tests against
+zero-shot and TF-IDF (they need the corpus and the encoder: ``scripts/compare_baselines.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from biencoder.report.tables import paired_comparisons, summary_table
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 GPU = RESULTS / "gpu-h100-2026-11-23"
+H200 = RESULTS / "gpu-h200-2026-11-27"
 CELLS = ("plain", "ln", "relu", "ln_relu")  # the row order of the docs' tables
 TASKS = ("sdoc", "sdc", "sdoa", "sda", "stc", "sta", "epc", "epa")
 N_BOOT = statistics.N_BOOT  # the one setting every table uses, with which the committed tables were made
@@ -360,11 +361,13 @@ def expected(dedup, official) -> dict[str, list[str]]:
         f"`relu` {num(mean['relu'])}, `plain` {num(mean['plain'])} and `ln_relu` {num(mean['ln_relu'])} "
         f"against zero-shot MiniLM's {num(zs)} (better)"
     )
-    return {"RESULTS.md": results, "README.md": readme, "BENCHMARKS.md": bench_rows(slower)}
+    h200, h200_readme = h200_rows()
+    return {"RESULTS.md": results, "README.md": readme + h200_readme, "BENCHMARKS.md": bench_rows(slower) + h200}
 
 
 def bench_rows(slower: float) -> list[str]:
-    """BENCHMARKS.md's rows of the H100 machine, from bench.txt, profile_3epochs and deterministic_3epochs."""
+    """BENCHMARKS.md's rows of the H100 machine, from bench.txt, profile_3epochs and deterministic_3epochs (its GPU
+    training rows gave way to the H200's: :func:`h200_rows`)."""
     text = (GPU / "bench.txt").read_text()
 
     def device(d):
@@ -378,22 +381,7 @@ def bench_rows(slower: float) -> list[str]:
         flags=re.M,
     ):
         rows.append(f"| {device(m[1])} | {m[2]} s | {m[3]} s | {m[4]} s | {m[5]}× | {m[6]}× |")
-    models = {
-        "tiny": "tiny (2 layers, 32 hidden)",
-        "minilm": "MiniLM-sized (6 × 384)",
-        "bert-base": "bert-base-sized (12 × 768)",
-    }
-    for m in re.finditer(
-        r"^(CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(tiny|minilm|bert-base) +(\d+) triplets x "
-        r"(\d+) tok +(\w+) +([\d.]+) +(\d+) +([\d.]+) +(\S+)$",
-        text,
-        flags=re.M,
-    ):
-        tokens = f"{int(m[7]):,}".replace(",", " ")  # 1494974 → 1 494 974
-        rows.append(
-            f"| {device(m[1])} | {models[m[2]]} | {m[3]} triplets × {m[4]} tok | {m[5]} | {m[6]} | {tokens} | "
-            f"{m[8]} | {m[9]} |"
-        )
+    rows += throughput_rows(text, r"CPU \(16 threads\)", "CPU, 16 threads (H100 machine)")
     for m in re.finditer(
         r"^(CPU \(scikit-learn\)|CPU \(16 threads\)|NVIDIA H100 80GB HBM3) +(balltree|exact) +N=1k +"
         r"([\d.]+)s +N=4k +([\d.]+)s +N=16k +([\d.]+)s +b=([\d.]+)$",
@@ -406,7 +394,7 @@ def bench_rows(slower: float) -> list[str]:
             else "exact (float32 shortlist, float64 re-rank), " + device(m[1]).replace("CPU, 16", "CPU 16")
         )
         rows.append(f"| {index} | {m[3]} s | {m[4]} s | {m[5]} s | {m[6]} |")
-    assert len(rows) == 2 + 6 + 3, "bench.txt: a row the docs quote is missing"
+    assert len(rows) == 2 + 2 + 3, "bench.txt: a row the docs quote is missing"
     for name in ("exact", "balltree", "compile", "b64"):
         epochs = " / ".join(f"{t:.1f}" for t in metrics(f"profile_3epochs/{name}")["epoch_time_s"].dropna())
         rows.append(f"| {epochs} s | {final(f'profile_3epochs/{name}')['wall_time_s']:.1f} s |")
@@ -415,6 +403,83 @@ def bench_rows(slower: float) -> list[str]:
         rows.append(f"| {epochs} s | {final(f'deterministic_3epochs/{name}')['wall_time_s']:.1f} s |")
     rows.append(f"about {slower:.1f}× per epoch")
     return rows
+
+
+def throughput_rows(text: str, device: str, label: str) -> list[str]:
+    """BENCHMARKS.md's item-2 rows (training throughput) of the bench output ``text`` whose device column matches
+    the pattern ``device``, that column written as ``label``."""
+    models = {
+        "tiny": "tiny (2 layers, 32 hidden)",
+        "minilm": "MiniLM-sized (6 × 384)",
+        "bert-base": "bert-base-sized (12 × 768)",
+    }
+    rows = []
+    for m in re.finditer(
+        rf"^{device} +(tiny|minilm|bert-base) +(\d+) triplets x (\d+) tok +(\w+) +([\d.]+) +(\d+) +([\d.]+) +(\S+)$",
+        text,
+        flags=re.M,
+    ):
+        tokens = f"{int(m[6]):,}".replace(",", " ")  # 1494974 → 1 494 974
+        rows.append(
+            f"| {label} | {models[m[1]]} | {m[2]} triplets × {m[3]} tok | {m[4]} | {m[5]} | {tokens} | {m[7]} | "
+            f"{m[8]} |"
+        )
+    return rows
+
+
+def step_row(text: str, model: str, window: int) -> str:
+    """``ops, host syncs, ms`` of item 5's line for ``model`` in ``text``: the host syncs less the profiler's own
+    ``cudaDeviceSynchronize`` at its exit, which is one per profiled window of ``window`` steps (and no more: the
+    check fails if a step made one)."""
+    line = re.search(rf"^ +{model} +NVIDIA H200 .*$", text, flags=re.M)[0]
+    ops, syncs, ms = re.search(
+        r"ops/step +(\d+) +host syncs/step +[\d.]+ \((.*?)[;)].* ([\d.]+) ms/step", line
+    ).groups()
+    named = dict((k, float(v)) for k, v in re.findall(r"(cuda\w+) ([\d.]+)", syncs))
+    assert named.pop("cudaDeviceSynchronize") * window == 1, line
+    return f"{ops}, {sum(named.values()):g}, {ms} ms"
+
+
+def h200_rows() -> tuple[list[str], list[str]]:
+    """(BENCHMARKS.md's, README.md's) snippets of the H200 session: bench --gpu-only (items 2, 5, 6), the sweep
+    (item 7), and a9c05a4's item 5 on the same GPU (the "before" of the operator counts)."""
+    text = (H200 / "bench_gpu_only.txt").read_text()
+    before = (H200 / "a9c05a4_steps.txt").read_text()
+    rows = throughput_rows(text, "NVIDIA H200", "H200")
+    assert len(rows) == 4, "bench_gpu_only.txt: a training row the docs quote is missing"
+    bert = re.search(r"^NVIDIA H200 +bert-base +32 triplets x 256 tok +bf16 .* ([\d.]+) +(\d+)%$", text, flags=re.M)
+    rows.append(f"| {bert[2]} % on the H200 ({bert[1]} TFLOP/s) | no |")
+    # the windows: 8 (MiniLM-sized) and 32 (frozen) steps at 7af1930, 2 and 20 in a9c05a4's bench
+    for name, model, windows in (
+        ("frozen-encoder head", "MiniLM frozen head", (20, 32)),
+        ("MiniLM-sized encoder", "MiniLM-sized", (2, 8)),
+    ):
+        rows.append(f"| {name}, H200 | {step_row(before, model, windows[0])} | {step_row(text, model, windows[1])} |")
+    phases = dict(re.findall(r"^   (\S.*?) {2,}([\d.]+)(?: +[\d.]+)?$", text, flags=re.M))
+    three = " / ".join
+    rows += [
+        f"| mine the hard negatives | {phases['mine']} |",
+        f"| train (175 steps, {float(phases['train']) / 175:.1f} ms each) | {phases['train']} |",
+        f"| encode train / val / test | {three(phases[f'encode {s}'] for s in ('train', 'val', 'test'))} |",
+        f"| retrieve + rerank train / val / test | "
+        f"{three(phases[f'retrieve+rerank {s}'] for s in ('train', 'val', 'test'))} |",
+        f"| keep the best weights, log, the rest | {three(phases[k] for k in ('keep best', 'log', 'rest'))} |",
+        f"| write `last.pt` | {phases['checkpoint']} |",
+        f"| **epoch** (`finetune_epoch_s`) | **{phases['epoch']}** |",
+    ]
+    epoch = float(re.search(r"^finetune_epoch_s: ([\d.]+)$", text, flags=re.M)[1])
+    sweep = float(
+        re.search(r"^ablation_wall_s: ([\d.]+) \(jobs 8\)$", (H200 / "bench_sweep.txt").read_text(), flags=re.M)[1]
+    )
+    rows += [
+        f"| {epoch:.2f} s on the H200 (the mean of 3) | no |",
+        f"| {sweep // 60:.0f} min {sweep % 60:.1f} s on the H200 with 8 jobs at a time",
+    ]
+    readme = [
+        f"| {epoch:.2f} s | one H200 | 7af1930 |",
+        f"| {sweep:.1f} s | one H200 | 7af1930 |",
+    ]
+    return rows, readme
 
 
 def missing(docs: dict[str, str], wanted: dict[str, list[str]]) -> list[str]:

@@ -159,7 +159,10 @@ def _inside(event, names) -> bool:
 
 
 def _tally(events, device: torch.device) -> tuple[int, dict[str, int], int]:
-    """(aten:: calls, synchronising events by name, reads exempt as fused AdamW's CPU step counters) of ``events``."""
+    """(aten:: calls, synchronising events by name, exempt events) of one profiled window's ``events``. Exempt: on a
+    CPU the reads inside fused AdamW's kernel of its CPU step counters; on CUDA the one ``cudaDeviceSynchronize`` of
+    the profiler's own exit (``torch.autograd.profiler.profile.__exit__`` synchronises the device while it still
+    records: one per window, whatever the number of steps in it)."""
     ops, named, exempt = 0, {}, 0
     for event in events:
         ops += event.name.startswith("aten::")
@@ -168,6 +171,10 @@ def _tally(events, device: torch.device) -> tuple[int, dict[str, int], int]:
                 exempt += 1
             else:
                 named[event.name] = named.get(event.name, 0) + 1
+    if device.type == "cuda" and named.get("cudaDeviceSynchronize", 0) > 0:
+        named["cudaDeviceSynchronize"] -= 1
+        exempt += 1
+        named = {name: count for name, count in named.items() if count}
     return ops, named, exempt
 
 
@@ -177,7 +184,8 @@ def count_step(step, device: torch.device, steps: int) -> dict:
     included (``cudaMemcpy``); on a CPU the host reads of tensor values, :data:`SYNC_OPS` plus Tensor.tolist()/numpy(),
     caught by :class:`HostReads` since a CPU tensor's tolist() dispatches no op) with the names behind them
     (``sync_names``), ``exempt``: the reads inside fused AdamW's kernel (:data:`OPTIMIZER_KERNELS`) on a CPU, of its
-    step counters, which are CPU tensors there: they wait for no device, so they are not counted as syncs; and ``ms``,
+    step counters, which are CPU tensors there: they wait for no device, so they are not counted as syncs (on CUDA:
+    the profiler's own synchronisation at its exit, see :func:`_tally`); and ``ms``,
     the wall milliseconds of a step without the profiler."""
     from torch.profiler import ProfilerActivity, profile
 

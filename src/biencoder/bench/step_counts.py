@@ -77,12 +77,17 @@ def bench_step_counts(frozen: bool, steps: int, size: str = "minilm") -> dict:
 
 def run(args: argparse.Namespace, devices: Devices) -> None:
     print("\n5. one training step (EpochTrainer.train_step, demo corpus): operator calls and host syncs per step")
+    exempt = (
+        "{:g}: the profiler's own cudaDeviceSynchronize at its exit, one per window"
+        if devices.cuda
+        else "{:g} reads of fused AdamW's CPU step counters"
+    )
     for frozen in (False, True):
         # a multiple of trainer.stats_every (8): the step statistics of one step in 8 count at their share
         r = bench_step_counts(frozen, steps=32 if frozen else 8)
         names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
         print(
             f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "
-            f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {r['exempt']:g} "
-            f"reads of fused AdamW's CPU step counters)  {r['ms']:8.1f} ms/step"
+            f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {exempt.format(r['exempt'])})  "
+            f"{r['ms']:8.1f} ms/step"
         )
