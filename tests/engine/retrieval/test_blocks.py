@@ -199,6 +199,32 @@ def test_scores_in_blocks_rank_as_the_whole_matrix(tiny_model_and_tokenizer, tie
     assert all(results[0][t]["candidates"] == int(m.sum()) for t, m in task_masks(whole_types(split)).items())
 
 
+def test_query_blocks_leave_the_classifier_batches_of_one_whole_pass(tiny_model_and_tokenizer, tied, monkeypatch):
+    """evaluate_tasks(score=classifier) scores B queries x 2Q rows a block; B is a multiple of batch / gcd(batch, 2Q),
+    so every head call sees the same pairs, in the same places, as one pass over all pairs would: a margin that a BLAS
+    rounds by its place in the batch cannot differ between block sizes."""
+    model = tiny_model_and_tokenizer[0]
+    split, emb = tied
+    assert len(split.table) % 64  # 2Q not a multiple of the batch: blocks of any size would cut batches apart
+    gather = model.gather_pair_features
+
+    def batches_of(cells: int) -> list[list[tuple[int, int]]]:
+        seen = []
+
+        def recording(emb, rows_a, rows_b, out):
+            seen.append(list(zip(rows_a.tolist(), rows_b.tolist(), strict=True)))
+            return gather(emb, rows_a, rows_b, out)
+
+        monkeypatch.setattr(model, "gather_pair_features", recording)
+        evaluate_tasks(split, "classifier", model, emb, Rerank(batch_size=64, cells=cells))
+        return seen
+
+    whole = batches_of(rerank.BLOCK_CELLS)
+    assert len(whole) > 1 and all(len(b) == 64 for b in whole[:-1])
+    for cells in (1, 3 * len(split.table) + 5):
+        assert batches_of(cells) == whole, cells
+
+
 def test_equal_vectors_tie_in_the_cosine_whatever_the_blocks(tied):
     """A point with its true counter's text ties it (and so ranks it second) under the cosine, in any block."""
     split, emb = tied
