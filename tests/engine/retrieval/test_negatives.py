@@ -193,3 +193,19 @@ def test_mining_statistics_by_hand():
             row=np.array([5, 6]), is_random=np.array([True, True]), distance=np.array([1.0, 2.0]), rate=1.0
         ).stats()
     assert stats["share_hard"] == 0.0 and stats["neg_distance"] == 1.5 and np.isnan(stats["neg_distance_hard"])
+
+
+def test_the_search_says_none_for_a_query_whose_every_text_is_banned():
+    """_first_allowed's contract: -1 and inf for a query with no allowed row (mine_negatives refuses such a split
+    before searching, so this is the search's own answer, not a reachable negative), the nearest allowed row otherwise,
+    past a first k that holds only banned rows (k doubles)."""
+    from biencoder.engine.retrieval.negatives import _first_allowed
+    from biencoder.engine.retrieval.search import NeighbourIndex
+
+    sim = np.array([[0.0], [1.0], [2.0], [3.0]])
+    text_id = np.array([0, 1, 2, 3])
+    banned = np.array([[0, 1, 2, 3], [1, 0, 2, 2]])  # query 0: every text; query 1: all but text 3
+    for index in ("exact", "balltree"):
+        best, dist = _first_allowed(NeighbourIndex(sim, index), sim, np.array([0, 1]), banned, text_id, 1)
+        assert best.tolist() == [-1, 3] and dist.tolist() == [np.inf, 2.0]
+        assert best.dtype.kind == "i" and dist.dtype.kind == "f"
