@@ -250,6 +250,18 @@ def test_the_pair_batch_size_changes_no_number(tiny_model_and_tokenizer, demo_co
     assert (cpu.pair_batch_size(None), gpu.pair_batch_size(None), cpu.pair_batch_size(64)) == (256, 4096, 64)
 
 
+def test_a_runs_rerank_settings_are_its_config():
+    """Rerank.of_run takes eval.k, eval.pair_batch_size (null: the device's), eval.index and eval.retrieve from the
+    config, and the device from the runtime."""
+    from biencoder.engine.config.schema import EvalSchema
+    from biencoder.engine.machine.runtime import Runtime
+
+    cpu = Runtime(torch.device("cpu"), "fp32")
+    settings = EvalSchema(k=7, pair_batch_size=64, index="balltree", retrieve="encoder")
+    assert Rerank.of_run(settings, cpu) == Rerank(7, 64, torch.device("cpu"), "balltree", "encoder")
+    assert Rerank.of_run(EvalSchema(pair_batch_size=None), cpu).batch_size == 256
+
+
 def test_sorted_unique_is_numpys_unique():
     from biencoder.engine.retrieval.rerank import sorted_unique
 
