@@ -70,6 +70,10 @@ def test_k_hits_however_many_copies_of_the_query_the_collection_holds(trained, c
     assert [h.rank for h in hits] == list(range(1, k + 1))
 
 
+def test_no_queries_no_hits(trained):
+    assert Retriever(trained, ["one candidate", "another one"], EncodingSettings(cache_dir=None)).search([]) == []
+
+
 def test_candidates_are_embedded_once(trained, tmp_path, encoder_calls):
     texts = [f"candidate number {i} says something about schools" for i in range(40)]
     first = Retriever(trained, texts, EncodingSettings(cache_dir=tmp_path / "cache"))

@@ -59,3 +59,11 @@ def test_the_float64_refinement_is_the_same_in_any_number_of_parts():
         np.testing.assert_array_equal(d, d_one)
     assert (r_one[:, 1] - r_one[:, 0] == 350).all()  # each twin pair together, the lower row first
     assert NeighbourIndex(data, "exact").refine == 32 and NeighbourIndex(data, "exact", block=64).refine == 32
+
+
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+def test_no_queries_give_empty_answers_of_k_columns(index):
+    """A search of zero queries (the Retriever's search of an empty list) answers [0, k] distances and rows."""
+    data = np.arange(12, dtype=np.float64).reshape(6, 2)
+    dist, rows = NeighbourIndex(data, index).query(np.zeros((0, 2)), 3)
+    assert dist.shape == rows.shape == (0, 3) and rows.dtype.kind == "i" and dist.dtype.kind == "f"

@@ -116,6 +116,8 @@ class Retriever:
         text other than the query's, however many copies of the query's text the collection holds."""
         if any(not q.strip() for q in queries):
             raise InputError("an empty query: every query needs some text")
+        if not queries:
+            return []
         k = min(k, len(self.texts))
         shortlist = max(k, int(self.settings["k"]))
         q = embed_pooled(self.model, self._pool(queries), device=self.device)

@@ -62,6 +62,8 @@ class NeighbourIndex:
 
     def query(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         k = min(k, self.n)
+        if not len(queries):  # neither index takes zero queries (BallTree refuses them, the re-rank cannot reshape)
+            return np.zeros((0, k)), np.zeros((0, k), dtype=np.int64)
         if self.kind == "balltree":
             return self.tree.query(np.asarray(queries, dtype=np.float64), k=k)
         dists, rows = [], []
@@ -77,8 +79,6 @@ class NeighbourIndex:
                 d, r = self._refine(part, q_part, k)
                 dists.append(d)
                 rows.append(r)
-        if not dists:
-            return np.zeros((0, k)), np.zeros((0, k), dtype=np.int64)
         return torch.cat(dists).double().numpy(), torch.cat(rows).numpy()
 
     def _refine(self, cand: torch.Tensor, q64: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
