@@ -62,7 +62,8 @@ class TokenizedTexts:
     """Texts tokenised once (truncated to ``max_length``); batches are padded on demand.
 
     ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L], "padded": bool}`` (L = longest row in the
-    batch; ``padded``: some row is shorter, known here on the host: :func:`~.model.encoder_mask`).
+    batch, or ``width`` when given: a static shape; ``padded``: some row is shorter than L, known here on the host:
+    :func:`~.model.encoder_mask`).
     """
 
     #: texts per tokenizer call: a fast tokenizer's output for a call (encodings, offsets, Python lists) is ~20 kB a
@@ -81,9 +82,15 @@ class TokenizedTexts:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def batch(self, rows) -> dict[str, Tensor | bool]:
+    def batch(self, rows, width: int | None = None) -> dict[str, Tensor | bool]:
+        """The rows ``rows`` padded to ``width`` tokens (None: the longest of them); ValueError when a row is longer
+        than ``width``."""
         rows = np.asarray(rows)
-        width = int(self.lengths[rows].max())
+        longest = int(self.lengths[rows].max())
+        if width is None:
+            width = longest
+        elif longest > width:
+            raise ValueError(f"a row of {longest} tokens does not fit a batch {width} tokens wide")
         input_ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)
         mask = np.zeros((len(rows), width), dtype=np.int64)
         for i, row in enumerate(rows):
