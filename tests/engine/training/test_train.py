@@ -196,6 +196,8 @@ def test_cli_sweep_four_cells(tmp_path):
     [
         (["model.head.use_layernorm=maybe"], "model.head.use_layernorm"),
         (["data.root=/no/such/corpus"], "/no/such/corpus"),
+        (["trainer.device=cpu", "trainer.cuda_graphs=true"], "trainer.cuda_graphs=true cannot run"),
+        (["trainer.cuda_graphs=sometimes"], "trainer.cuda_graphs='sometimes' is not valid"),
     ],
 )
 def test_cli_bad_input_one_line_exit_2_no_run_folder(tmp_path, args, expect):

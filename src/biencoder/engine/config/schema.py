@@ -135,6 +135,9 @@ class TrainerSchema:
     # true: torch's deterministic algorithms (CUDA runs repeat, ~1.8x slower epochs on an H100)
     deterministic: bool = False
     compile: bool = False  # torch.compile the training step (CUDA; pays off on long runs)
+    # the training step captured as CUDA graphs and replayed (engine/training/step_graph.py): auto = on CUDA with one
+    # process and no compile | true (refused where it cannot run) | false = eager
+    cuda_graphs: Any = "auto"
     num_workers: int = 0  # DataLoader workers assembling triplet batches
     # the step statistics in metrics.jsonl (head_pre_* / head_post_*, grad_norm_*) of the first step of every N;
     # 1 = every step

@@ -157,6 +157,9 @@ def _trainer(cfg: DictConfig) -> None:
     warmup = cfg.trainer.warmup_ratio
     if not 0 <= warmup < 1:
         raise ConfigError(f"trainer.warmup_ratio={warmup!r} is not valid: it must be in [0, 1)")
+    graphs = cfg.trainer.cuda_graphs
+    if not (isinstance(graphs, bool) or graphs == "auto"):
+        raise ConfigError(f"trainer.cuda_graphs={graphs!r} is not valid: use auto, true or false")
     if cfg.trainer.progress not in (True, False, "auto"):
         raise ConfigError(f"trainer.progress={cfg.trainer.progress!r} is not valid: use auto, true or false")
     resume = cfg.trainer.resume

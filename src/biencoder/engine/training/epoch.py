@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from ..modeling.loss import build_loss
 from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, head_statistics_vector
 from ..retrieval.negatives import MinedNegatives, Mining, mine_negatives, random_rate
 from .flat_params import FlatParameters, flat_state, per_parameter_state
+from .step_graph import GraphedStep, bucket_width, step_mode
 from .triplets import TrainingInputs, TripletCollate, TripletStep, triplet_rows
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
@@ -149,6 +151,11 @@ class EpochTrainer:
         )
         self.rng = np.random.default_rng(cfg.seed)  # mining's random negatives
         self.loader_generator = torch.Generator().manual_seed(cfg.seed)  # the order of the triplets
+        self.mode = step_mode(cfg.trainer.cuda_graphs, self.device, distributed.world_size(), cfg.trainer.compile)
+        self.graphed, self.width = None, None  # eager: each batch padded to its longest text
+        if self.mode.graphs:
+            self.graphed = GraphedStep(self.step, self.optimizer, self.device, self.amp_dtype)
+            self.width = partial(bucket_width, max_length=cfg.model.max_length)  # a few static token widths
 
     def _step_module(self, step: TripletStep) -> nn.Module:
         """The training forward as run: wrapped in DDP under several processes, compiled with ``trainer.compile``."""
@@ -173,7 +180,7 @@ class EpochTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(flat_state(state["optimizer"], self.flat))
         for group in self.optimizer.param_groups:  # a last.pt from before fused AdamW on a CPU saved foreach
-            group.update(fused=True, foreach=None)
+            group.update(fused=True, foreach=None, capturable=False)
         self.scheduler.load_state_dict(state["scheduler"])
         self.rng.bit_generator.state = state["mining_rng"]
         self.loader_generator.set_state(state["loader_rng"])
@@ -215,7 +222,7 @@ class EpochTrainer:
             sampler=sampler,
             generator=generator,
             num_workers=cfg.num_workers,
-            collate_fn=TripletCollate(self.tokens),
+            collate_fn=TripletCollate(self.tokens, self.width),
             pin_memory=self.device.type == "cuda",
         )
 
@@ -288,15 +295,20 @@ class EpochTrainer:
     def train_step(self, inputs: dict[str, torch.Tensor], sums: EpochSums) -> None:
         """One optimisation step on one batch (:class:`TripletStep` inputs); its loss parts (and its head statistics
         and gradient norms, when ``sums`` samples this step) are added to ``sums`` on the device. Nothing here waits
-        for the device."""
-        with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
-            out = self.step(**inputs)
-        self.optimizer.zero_grad(set_to_none=False)  # the flat gradient is zeroed in place: backward adds into it
-        out.total.backward()
+        for the device. With CUDA graphs (:attr:`mode`) the forward, backward and optimiser step are one replay, and
+        the statistics are read after it: the optimiser changes neither the gradients nor the head's features."""
+        if self.graphed is not None:
+            out = self.graphed(inputs)
+        else:
+            with torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype is not None):
+                out = self.step(**inputs)
+            self.optimizer.zero_grad(set_to_none=False)  # the flat gradient is zeroed in place: backward adds into it
+            out.total.backward()
         sums.add(
             out.parts, lambda: torch.cat([head_statistics_vector(out.features, out.head_input), self.grad_norms()])
         )
-        self.optimizer.step()
+        if self.graphed is None:
+            self.optimizer.step()
         self.scheduler.step()
 
     def grad_norms(self) -> torch.Tensor:

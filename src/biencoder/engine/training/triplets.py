@@ -5,6 +5,7 @@ padded token batches (:class:`TripletCollate`) and the whole training forward as
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,16 +33,21 @@ class TrainingInputs:
 class TripletCollate:
     """Rows [B, 3] of (point, counter, negative) → one padded encoder batch of 3B texts, plus the rows.
 
-    Without ``tokens`` (frozen encoder: the pooled vectors are cached) the batch holds the rows only.
+    Without ``tokens`` (frozen encoder: the pooled vectors are cached) the batch holds the rows only. ``width``: the
+    padded width of a batch whose longest text has n tokens (None: n itself), so that batches take a few static
+    shapes (:func:`~biencoder.engine.training.step_graph.bucket_width`).
     """
 
-    def __init__(self, tokens: TokenizedTexts | None):
-        self.tokens = tokens
+    def __init__(self, tokens: TokenizedTexts | None, width: Callable[[int], int] | None = None):
+        self.tokens, self.width = tokens, width
 
     def __call__(self, rows: list[np.ndarray]) -> dict[str, torch.Tensor]:
         rows = np.stack(rows)
-        # all points, then all counters, then all negatives
-        batch = self.tokens.batch(rows.T.ravel()) if self.tokens is not None else {}
+        texts = rows.T.ravel()  # all points, then all counters, then all negatives
+        width = None
+        if self.tokens is not None and self.width is not None:
+            width = self.width(int(self.tokens.lengths[texts].max()))
+        batch = self.tokens.batch(texts, width) if self.tokens is not None else {}
         batch["rows"] = torch.from_numpy(rows)
         return batch
 
