@@ -178,8 +178,9 @@ def _tally(events, device: torch.device) -> tuple[int, dict[str, int], int]:
     return ops, named, exempt
 
 
-def count_step(step, device: torch.device, steps: int) -> dict:
-    """Profile ``steps`` calls of ``step()`` (after 2 warm-up calls); per step: ``ops`` (aten:: calls, nested ones
+def count_step(step, device: torch.device, steps: int, warmup: int = 2) -> dict:
+    """Profile ``steps`` calls of ``step()`` (after ``warmup`` calls: enough for a graphed step to have captured its
+    graphs); per step: ``ops`` (aten:: calls, nested ones
     included), ``syncs`` (host synchronisations: on CUDA the runtime's synchronising calls, copies to the CPU
     included (``cudaMemcpy``); on a CPU the host reads of tensor values, :data:`SYNC_OPS` plus Tensor.tolist()/numpy(),
     caught by :class:`HostReads` since a CPU tensor's tolist() dispatches no op) with the names behind them
@@ -189,7 +190,7 @@ def count_step(step, device: torch.device, steps: int) -> dict:
     the wall milliseconds of a step without the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(2):
+    for _ in range(warmup):
         step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof, HostReads() as host:

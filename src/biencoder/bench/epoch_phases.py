@@ -117,6 +117,8 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
         return {
             "device": device_label(runner.device),
             "steps": runner.trainer.steps_per_epoch,
+            "triplets": runner.trainer.n_triplets,
+            "step": "CUDA graph" if runner.trainer.mode.graphs else "eager",
             "setup_s": setup,
             "checkpoint_every": cfg.trainer.checkpoint_every,
             "phases": {**tokenise, **_per_epoch(timer.wall, epochs)},

@@ -30,4 +30,6 @@ def run(args: argparse.Namespace, devices: Devices) -> None:
         return
     result = bench_epoch_phases(overrides, args.epochs)
     print_phases(result)
+    train, steps, triplets = result["phases"]["train"], result["steps"], result["triplets"]
+    print(f"   train: {1000 * train / steps:.2f} ms per step ({result['step']}), {triplets / train:.1f} triplets/s")
     print(f"finetune_epoch_s: {result['phases']['epoch']:.3f}")

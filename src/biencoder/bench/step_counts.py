@@ -17,6 +17,7 @@ from pathlib import Path
 from biencoder.bench.common import Devices, bert_sizes, compose_config, count_step, device_label
 from biencoder.engine.training.epoch import EpochSums
 from biencoder.engine.training.runner import Runner
+from biencoder.engine.training.step_graph import WARMUP, WARMUP_LATER
 
 
 def step_overrides(frozen: bool, cache_dir: Path, size: str = "minilm") -> list[str]:
@@ -62,13 +63,16 @@ def bench_step_counts(frozen: bool, steps: int, size: str = "minilm") -> dict:
         negatives = runner.trainer.mine(0, runner.evaluation.embed("train").sim)
         runner.model.train()
         runner.model.encoder.train(not runner.frozen)
-        batches = _ready_batches(runner, negatives, 2 * steps + 2)
+        # a graphed step captures in its first steps (the eager warm-ups, then each batch shape's capture)
+        warmup = 2 + 2 * (WARMUP + WARMUP_LATER) if runner.trainer.mode.graphs else 2
+        batches = _ready_batches(runner, negatives, 2 * steps + warmup)
         sums = EpochSums(runner.cfg.trainer.stats_every)
-        result = count_step(lambda: runner.trainer.train_step(next(batches), sums), runner.device, steps)
+        result = count_step(lambda: runner.trainer.train_step(next(batches), sums), runner.device, steps, warmup)
         return {
             "model": "MiniLM frozen head" if frozen else "MiniLM-sized",
             "device": device_label(runner.device),
             "batch": runner.cfg.trainer.batch_size,
+            "step": "graph" if runner.trainer.mode.graphs else "eager",
             **result,
         }
     finally:
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace, devices: Devices) -> None:
         r = bench_step_counts(frozen, steps=32 if frozen else 8)
         names = ", ".join(f"{k} {v:g}" for k, v in r["sync_names"].items()) or "none"
         print(
-            f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3}  ops/step {r['ops']:7.0f}  "
+            f"   {r['model']:<20} {r['device']:<22} batch {r['batch']:>3} {r['step']:<5} ops/step {r['ops']:7.0f}  "
             f"host syncs/step {r['syncs']:5.1f} ({names}; not counted: {exempt.format(r['exempt'])})  "
             f"{r['ms']:8.1f} ms/step"
         )

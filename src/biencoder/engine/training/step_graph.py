@@ -14,8 +14,9 @@ one launch. What a graph needs, and how the step provides it:
 * **no host work inside**: the step already makes no host read (the loss parts are summed on the device, the
   attention mask is decided on the host); the learning rates that the schedule changes on the host are device
   tensors that the captured fused AdamW reads, refreshed before each replay.
-* **a warm-up**: the first :data:`WARMUP` steps of each shape run eagerly on the capture stream, so that lazily
-  made state (the optimiser's moments, cuBLAS's workspace, cached labels) exists before the capture.
+* **a warm-up**: the first :data:`WARMUP` steps run eagerly on the capture stream, so that lazily made state (the
+  optimiser's moments, cuBLAS's workspace, cached labels) exists before the first capture; a later shape takes
+  :data:`WARMUP_LATER` (an epoch's smaller last batch is captured in the second epoch).
 
 Dropout draws from the default CUDA generator, whose state a graph advances by the same amount as the eager step
 would: a replay draws the numbers the eager step would have drawn. What differs from an eager step is rounding
@@ -37,8 +38,9 @@ log = logging.getLogger("biencoder")
 
 #: the narrowest bucket of token widths; the others double up to ``model.max_length``
 SMALLEST_BUCKET = 32
-#: eager steps of each input shape before its graph is captured
-WARMUP = 2
+#: eager steps before the first graph is captured (the optimiser's state, cuBLAS's workspace are made in them), and
+#: of each later shape before its own (its batch-size-dependent constants)
+WARMUP, WARMUP_LATER = 2, 1
 
 
 @dataclass(frozen=True)
@@ -112,8 +114,9 @@ class GraphedStep:
 
     def __call__(self, inputs: dict) -> LossOutput:
         key = shape_key(inputs)
+        warmup = WARMUP_LATER if any(g.graph is not None for g in self.graphs.values()) else WARMUP
         entry = self.graphs.setdefault(key, _Graph())
-        if entry.graph is None and entry.eager_steps < WARMUP:
+        if entry.graph is None and entry.eager_steps < warmup:
             entry.eager_steps += 1
             return self._eager(inputs)
         if entry.graph is None:
