@@ -41,22 +41,32 @@ def sweep_command(jobs: int, log_dir: Path, extra: list[str]) -> tuple[list[str]
     return command, env
 
 
-def bench_sweep(jobs: int, extra: list[str]) -> float:
-    """Wall seconds of :func:`sweep_command` (its run folders go to a temporary folder, removed after)."""
-    log_dir = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
+def bench_sweep(jobs: int, extra: list[str], keep: Path | None = None) -> float:
+    """Wall seconds of :func:`sweep_command`. Its run folders go to ``keep`` (kept: the runs of a measured sweep are
+    results too), else to a temporary folder, removed after."""
+    log_dir = keep if keep is not None else Path(tempfile.mkdtemp(prefix="bench-sweep-"))
     try:
         command, env = sweep_command(jobs, log_dir, extra)
         start = time.perf_counter()
         subprocess.run(command, env=env, check=True, stdout=subprocess.DEVNULL)
         return time.perf_counter() - start
     finally:
-        shutil.rmtree(log_dir, ignore_errors=True)  # the temporary folder this function made
+        if keep is None:
+            shutil.rmtree(log_dir, ignore_errors=True)  # the temporary folder this function made
 
 
 def run(args: argparse.Namespace, devices: Devices) -> None:
-    print("\n7. the 20-run fine-tuning ablation (data=arguana, 4 cells x 5 seeds, defaults; hydra/launcher=parallel)")
+    extra = list(args.run_overrides)
+    shown = f"; {' '.join(extra)}" if extra else ""
+    print(
+        f"\n7. the 20-run fine-tuning ablation (data=arguana, 4 cells x 5 seeds, defaults{shown}; "
+        "hydra/launcher=parallel)"
+    )
     if not devices.cuda:
         print("   skipped (no CUDA device: 20 fine-tuning runs take days on a CPU)")
     elif corpus_found(args.corpus):
         for jobs in args.jobs:
-            print(f"ablation_wall_s: {bench_sweep(jobs, []):.1f} (jobs {jobs})")
+            keep = None if args.keep is None else args.keep / f"jobs{jobs}"
+            print(f"ablation_wall_s: {bench_sweep(jobs, extra, keep):.1f} (jobs {jobs})")
+            if keep is not None:
+                print(f"   run folders kept in {keep}")

@@ -37,7 +37,8 @@ EXAMPLES = """examples:
   bench.py                              # CPU: all items, a few minutes on 2 cores
   bench.py --items frozen steps         # only some items
   bench.py --gpu-only                   # on a CUDA machine (refused without one): items 2, 5, 6
-  bench.py --items sweep --jobs 4 8 12  # on a CUDA machine: item 7 (20 runs per job count)"""
+  bench.py --items sweep --jobs 4 8 12  # on a CUDA machine: item 7 (20 runs per job count)
+  bench.py --items sweep --jobs 8 --keep sweeps/ --run-overrides loss=infonce  # kept, another loss"""
 
 
 def chosen_items(args: argparse.Namespace) -> set[str]:
@@ -76,6 +77,16 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="+",
         default=[4, 8],
         help="item 7: concurrent jobs of the 20-run sweep, one timing per value (CUDA only)",
+    )
+    parser.add_argument(
+        "--keep", type=Path, default=None, help="item 7: keep the sweep's run folders under this folder (jobs<N>/)"
+    )
+    parser.add_argument(
+        "--run-overrides",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="items 6 and 7: overrides added to the measured runs (e.g. trainer.cuda_graphs=false, loss=infonce)",
     )
     return parser.parse_args(argv)
 

@@ -24,7 +24,7 @@ def finetune_overrides(cuda: bool) -> list[str]:
 
 
 def run(args: argparse.Namespace, devices: Devices) -> None:
-    overrides = finetune_overrides(devices.cuda is not None)
+    overrides = finetune_overrides(devices.cuda is not None) + list(args.run_overrides)
     print(f"\n6. one fine-tuning epoch by phase ({' '.join(overrides)}; mean of {args.epochs} after a warm-up)")
     if devices.cuda and not corpus_found(args.corpus):
         return
