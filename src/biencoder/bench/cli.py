@@ -79,6 +79,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="item 7: concurrent jobs of the 20-run sweep, one timing per value (CUDA only)",
     )
     parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="item 2 on CUDA: only the rows whose step is compiled by torch.compile, then captured (minutes)",
+    )
+    parser.add_argument(
         "--keep", type=Path, default=None, help="item 7: keep the sweep's run folders under this folder (jobs<N>/)"
     )
     parser.add_argument(

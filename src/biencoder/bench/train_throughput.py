@@ -29,11 +29,15 @@ class TrainRow:
     seq_len: int
     dtype: torch.dtype | None = None
     graphs: bool = False
+    compile: bool = False  # torch.compile the step module first (Inductor's fused kernels), then capture it
+
+    @property
+    def step(self) -> str:
+        return ("compiled " if self.compile else "") + ("graph" if self.graphs else "eager")
 
     @property
     def label(self) -> str:
-        precision = "bf16" if self.dtype else "fp32"
-        return f"{self.kind} {self.batch}x{self.seq_len} {precision} {'graph' if self.graphs else 'eager'}"
+        return f"{self.kind} {self.batch}x{self.seq_len} {'bf16' if self.dtype else 'fp32'} {self.step}"
 
 
 def _step_fn(model, device: torch.device, row: TrainRow):
@@ -44,6 +48,8 @@ def _step_fn(model, device: torch.device, row: TrainRow):
     flat = FlatParameters(list(model.parameters()), model.unused_parameters())
     optimizer = torch.optim.AdamW(flat.tensors(), lr=1e-5, fused=True)
     module = TripletStep(model, TripletCELoss())
+    if row.compile:
+        module = torch.compile(module)  # compiled in the first warm-up step; the shapes never change
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(1000, 30000, (3 * row.batch, row.seq_len), generator=gen)
     mask = torch.ones_like(ids)
@@ -87,7 +93,7 @@ def bench_train(row: TrainRow, device: torch.device, steps: int) -> dict:
         "model": row.kind,
         "batch": f"{row.batch} triplets x {row.seq_len} tok",
         "precision": "bf16" if row.dtype else "fp32",
-        "step": "graph" if row.graphs else "eager",
+        "step": row.step,
         "attention": getattr(model.encoder.config, "_attn_implementation", "?"),
         "ms": 1000 * per_step,
         "triplets_s": row.batch / per_step,
@@ -112,6 +118,14 @@ CUDA_ROWS = tuple(
 )
 
 
+#: ``--compiled``: the step compiled by torch.compile and then captured (the trainer's ``trainer.compile`` runs it
+#: without graphs): what Inductor's fused kernels add to the graph
+COMPILED_ROWS = (
+    TrainRow("minilm", 16, 128, torch.bfloat16, graphs=True, compile=True),
+    TrainRow("bert-base", 32, 256, torch.bfloat16, graphs=True, compile=True),
+)
+
+
 def _guarded(label: str, fn, *args) -> dict | str:
     """``fn(*args)``, or the one line that says why it failed (a GPU-only path that breaks must not end the bench)."""
     try:
@@ -123,7 +137,7 @@ def _guarded(label: str, fn, *args) -> dict | str:
 def run(args: argparse.Namespace, devices: Devices) -> None:
     print("\n2. training throughput (encoder fwd+bwd+AdamW, pair classifier included, random init)")
     print(
-        f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'step':<6} {'ms/step':>8} {'triplets/s':>11} "
+        f"{'device':<22} {'model':<10} {'batch':<22} {'prec':<5} {'step':<14} {'ms/step':>8} {'triplets/s':>11} "
         f"{'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6}"
     )
     cpu, cuda = devices.cpu, devices.cuda
@@ -132,14 +146,15 @@ def run(args: argparse.Namespace, devices: Devices) -> None:
         rows.append((cpu, bench_train(TrainRow("tiny", 16, 128), cpu, args.steps)))
         rows.append((cpu, bench_train(TrainRow("minilm", 16, 128), cpu, max(2, args.steps // 5))))
     if cuda:
-        rows += [(cuda, _guarded(row.label, bench_train, row, cuda, args.steps)) for row in CUDA_ROWS]
+        chosen = COMPILED_ROWS if args.compiled else CUDA_ROWS
+        rows += [(cuda, _guarded(row.label, bench_train, row, cuda, args.steps)) for row in chosen]
     for device, r in rows:
         if isinstance(r, str):
             print(f"{device_label(device):<22} {r}")
             continue
         shown = f"{100 * r['mfu']:.0f}%" if r["mfu"] is not None else "n/a"
         print(
-            f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} {r['step']:<6} "
+            f"{device_label(device):<22} {r['model']:<10} {r['batch']:<22} {r['precision']:<5} {r['step']:<14} "
             f"{r['ms']:>8.2f} {r['triplets_s']:>11.1f} {r['tokens_s']:>10.0f} {r['tflops']:>8.2f} {shown:>6}"
         )
     if cuda:
