@@ -112,11 +112,12 @@ def test_padding_to_the_bucket_changes_no_number(tmp_path):
     torch.testing.assert_close(grads_b, grads_a, rtol=1e-4, atol=1e-5)  # summation order: a few differ by 1e-6
 
 
-def test_an_eager_run_pads_as_before(tmp_path):
+def test_an_eager_run_pads_as_before_and_says_why(tmp_path, caplog):
     """Where graphs do not run (here: the CPU) nothing changes: batches are padded to their own longest text."""
-    runner = Runner(compose_cfg(FAST), tmp_path)
+    with caplog.at_level("INFO", logger="biencoder"):
+        runner = Runner(compose_cfg(FAST), tmp_path)
     assert not runner.trainer.mode.graphs and runner.trainer.graphed is None and runner.trainer.width is None
-    assert "cpu" in runner.trainer.mode.why
+    assert "training step: eager: the step runs on cpu" in caplog.text
 
 
 def test_graphs_required_on_a_cpu_stop_the_run_before_it_trains(tmp_path):

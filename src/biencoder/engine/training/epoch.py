@@ -9,6 +9,7 @@ consumes is :mod:`biencoder.engine.training.triplets`.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable
 from functools import partial
@@ -29,6 +30,8 @@ from ..retrieval.negatives import MinedNegatives, Mining, mine_negatives, random
 from .flat_params import FlatParameters, flat_state, per_parameter_state
 from .step_graph import GraphedStep, bucket_width, step_mode
 from .triplets import TrainingInputs, TripletCollate, TripletStep, triplet_rows
+
+log = logging.getLogger("biencoder")
 
 #: the statistics a training step records, in the order of its vector: the head input's, then the gradient norms
 STEP_STATISTICS = HEAD_STATISTIC_NAMES + ("grad_norm_encoder", "grad_norm_head")
@@ -152,6 +155,7 @@ class EpochTrainer:
         self.rng = np.random.default_rng(cfg.seed)  # mining's random negatives
         self.loader_generator = torch.Generator().manual_seed(cfg.seed)  # the order of the triplets
         self.mode = step_mode(cfg.trainer.cuda_graphs, self.device, distributed.world_size(), cfg.trainer.compile)
+        log.info("training step: %s", self.mode.why)
         self.graphed, self.width = None, None  # eager: each batch padded to its longest text
         if self.mode.graphs:
             self.graphed = GraphedStep(self.step, self.optimizer, self.device, self.amp_dtype)
