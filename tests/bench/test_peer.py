@@ -1,0 +1,177 @@
+"""biencoder.bench.peer (item 8): the triplets are the runner's own epoch 0, the item refuses a CPU in one line and
+never stops the bench, the clock times only the steps after the warm-up; where sentence-transformers is installed,
+its trainer trains on the batches in their order and the own loop stands in for it, saying why."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+import torch
+
+from biencoder.bench import peer
+
+CPU = torch.device("cpu")
+
+
+def test_importing_the_bench_needs_no_sentence_transformers():
+    """peer.py imports sentence-transformers, datasets, accelerate and transformers inside its functions only."""
+    tree = ast.parse(open(peer.__file__).read())
+    top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
+    names = [alias.name for node in top if isinstance(node, ast.Import) for alias in node.names]
+    names += [node.module for node in top if isinstance(node, ast.ImportFrom)]
+    lazy = ("sentence_transformers", "datasets", "accelerate", "transformers")
+    assert "torch" in names and not [name for name in names if name.split(".")[0] in lazy]
+
+
+def test_the_triplets_are_the_runners_own_epoch_0(tmp_path, monkeypatch):
+    """epoch_triplets gives the texts of the (point, counter, negative) rows that the runner's own epoch 0 trains on,
+    in its order, and leaves its random streams as it found them: the epoch run after it sees the same triplets. No
+    negative has the point's or the counter's text."""
+    from biencoder.engine.training.epoch import EpochTrainer
+    from biencoder.engine.training.runner import Runner
+    from conftest import FAST, compose_cfg
+
+    runner = Runner(compose_cfg(FAST + ["+variant=ln_relu", "eval.baselines=false"]), tmp_path)
+    triplets = peer.epoch_triplets(runner)
+    split = runner.trainer.split
+    assert len(triplets) == split.n_pairs == 30  # the demo's training pairs, each once
+    assert all(n != p and n != c for p, c, n in triplets)
+    assert len({n for _, _, n in triplets}) > 1
+
+    seen = []
+    step = EpochTrainer.train_step
+
+    def spy(self, inputs, sums):
+        seen.extend(inputs["text_id"].view(3, -1).T.tolist())
+        return step(self, inputs, sums)
+
+    monkeypatch.setattr(EpochTrainer, "train_step", spy)
+    _, best, train_sim = runner.begin()
+    runner.run_epoch(0, train_sim, best)
+    text_id = dict(zip(split.texts, split.training_text_id.tolist(), strict=True))
+    assert seen == [[text_id[text] for text in triplet] for triplet in triplets]
+
+
+def test_the_clock_times_the_steps_after_the_warm_up(monkeypatch):
+    """steps=3 after warmup=2: from the end of step 2 to the end of step 5; a peer that stops early has no time."""
+    now = iter(range(100, 200, 10))
+    monkeypatch.setattr(peer.time, "perf_counter", lambda: next(now))
+    clock = peer.StepClock(CPU, peer.PeerSettings(steps=3, warmup=2))
+    for step in range(1, 5):
+        clock.step_ended(step)
+    with pytest.raises(RuntimeError, match="stopped before step 5"):
+        clock.seconds()
+    clock.step_ended(5)
+    assert clock.seconds() == 10  # two readings only: 100 at step 2, 110 at step 5
+    with pytest.raises(ValueError, match="warmup >= 1"):
+        peer.PeerSettings(warmup=0)
+
+
+def test_the_batches_are_consecutive_triplets_again_from_the_first():
+    triplets = [(f"p{i}", f"c{i}", f"n{i}") for i in range(10)]
+    batches = peer.peer_batches(triplets, peer.PeerSettings(steps=3, warmup=1, batch_size=4))
+    assert batches == [triplets[0:4], triplets[4:8], triplets[0:4], triplets[4:8]]  # 8-9: no full batch
+    with pytest.raises(ValueError, match="10 triplets make no batch of 16"):
+        peer.peer_batches(triplets, peer.PeerSettings())
+
+
+def test_the_lines_say_what_ran_and_the_ratio():
+    settings = peer.PeerSettings()
+    versions = {"sentence-transformers": "6.2.0", "datasets": None}
+    result = peer.PeerResult(200.0, peer.OWN_LOOP, "ModuleNotFoundError: x", versions, settings, "NVIDIA H200")
+    assert peer.headline(result) == (
+        "peer_sentence_transformers_triplets_s: 200.0 (sentence-transformers model+loss, own loop (trainer "
+        "unavailable: ModuleNotFoundError: x); sentence-transformers 6.2.0, datasets -; 100 steps after 10, "
+        "16 triplets x 128 tok, bf16; NVIDIA H200)"
+    )
+    assert peer.ratio(300.0, result) == 1.5
+    assert peer.ratio_line(300.0, result) == (
+        "ours_over_sentence_transformers: 1.50x (ours 300.0, sentence-transformers 200.0 triplets/s; "
+        "target >= 1.5x: met)"
+    )
+    assert peer.ratio_line(299.0, result).endswith("target >= 1.5x: not met)")
+    assert peer.one_line(ValueError("a\nb")) == "ValueError: a"
+    assert len(peer.one_line(ValueError("x" * 500))) == 200
+
+
+# -- with sentence-transformers installed ----------------------------------------------------------------------------
+TINY = peer.PeerSettings(steps=2, warmup=1, batch_size=2, max_seq_length=16, bf16=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_st_folder(tmp_path_factory):
+    """A SentenceTransformer folder holding a random 2-layer BERT and MiniLM's tokenizer (mean pooling)."""
+    pytest.importorskip("sentence_transformers")
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer, BertModel
+
+    from biencoder.bench.common import bert_config
+    from biencoder.engine.config.packaged import packaged_minilm_path
+
+    folder = tmp_path_factory.mktemp("tiny-st")
+    torch.manual_seed(0)
+    BertModel(bert_config("tiny")).save_pretrained(folder / "hf")
+    AutoTokenizer.from_pretrained(packaged_minilm_path()).save_pretrained(folder / "hf")
+    SentenceTransformer(str(folder / "hf"), device="cpu").save(str(folder / "st"))
+    return str(folder / "st")
+
+
+def _triplets(n: int) -> list[tuple[str, str, str]]:
+    return [(f"point {i} " * (1 + i % 3), f"counter {i}", f"negative {i} " * (1 + i % 5)) for i in range(n)]
+
+
+def _recording_loss(monkeypatch) -> list[list[list[int]]]:
+    """The anchors' token ids of every loss call, in order."""
+    seen, make = [], peer._mnrl
+
+    def recording(model):
+        loss = make(model)
+        forward = loss.forward
+
+        def recorded(features, labels):
+            seen.append(features[0]["input_ids"].tolist())
+            return forward(features, labels)
+
+        loss.forward = recorded
+        return loss
+
+    monkeypatch.setattr(peer, "_mnrl", recording)
+    return seen
+
+
+def test_the_peer_trains_on_the_batches_in_their_order(tiny_st_folder, monkeypatch):
+    """With datasets and accelerate installed, SentenceTransformerTrainer trains, on the batches of peer_batches in
+    order (it would shuffle them), warm-up included; without either (the [dev] install has neither), the own loop
+    trains on the same batches and the result says which package was missing. The result names the versions."""
+    seen = _recording_loss(monkeypatch)
+    triplets = _triplets(5)
+    result = peer.bench_sentence_transformers(triplets, tiny_st_folder, CPU, TINY)
+    missing = [name for name in ("datasets", "accelerate") if result.versions[name] is None]
+    if missing:
+        assert result.runner == peer.OWN_LOOP and "No module named" in result.reason, result.reason
+        assert any(name in result.reason for name in missing), result.reason
+    else:
+        assert (result.runner, result.reason) == (peer.TRAINER, None)
+    assert result.triplets_s > 0 and result.versions["sentence-transformers"] is not None
+    tokenizer = peer._st_model(tiny_st_folder, CPU, TINY).tokenizer
+    expected = [
+        tokenizer([p for p, _, _ in batch], padding=True, truncation=True, max_length=16)["input_ids"]
+        for batch in peer.peer_batches(triplets, TINY)
+    ]
+    assert seen == expected  # batches 0-1, 2-3, then 0-1 again: the 5th triplet makes no batch
+
+
+def test_without_the_trainer_the_own_loop_runs_and_says_why(tiny_st_folder, monkeypatch):
+    """Where the trainer cannot be imported (the GPU image may lack accelerate), the same model and loss train in a
+    plain loop on the same batches, and the label carries the reason."""
+
+    def unavailable(*args):
+        raise ModuleNotFoundError("No module named 'accelerate'")
+
+    monkeypatch.setattr(peer, "_trainer_seconds", unavailable)
+    seen = _recording_loss(monkeypatch)
+    result = peer.bench_sentence_transformers(_triplets(4), tiny_st_folder, CPU, TINY)
+    assert result.runner == peer.OWN_LOOP and result.triplets_s > 0
+    assert "own loop (trainer unavailable: ModuleNotFoundError: No module named 'accelerate')" in result.label()
+    assert len(seen) == TINY.warmup + TINY.steps
