@@ -4,14 +4,46 @@ its trainer trains on the batches in their order and the own loop stands in for 
 
 from __future__ import annotations
 
+import argparse
 import ast
 
 import pytest
 import torch
 
-from biencoder.bench import peer
+from biencoder.bench import cli, peer
+from biencoder.bench.common import Devices
 
 CPU = torch.device("cpu")
+
+
+def _args(tmp_path) -> argparse.Namespace:
+    return cli.parse_args(["--items", "peer", "--corpus", str(tmp_path)])
+
+
+def test_the_peer_item_refuses_a_cpu_in_one_line(tmp_path, capsys):
+    """A CPU figure cannot stand in for the GPU one: without CUDA the item prints its title and one line, no figure."""
+    assert "peer" in cli.ITEMS and ("peer", peer.run) in cli.RUNS
+    peer.run(_args(tmp_path), Devices(CPU, None))
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "" and out[1].startswith("8. a peer: sentence-transformers' own trainer")
+    assert out[2:] == ["   skipped (no CUDA device: the peer is a GPU figure, and a CPU one cannot stand in for it)"]
+    if not torch.cuda.is_available():
+        assert cli.main(["--items", "peer"]) == 0
+        printed = capsys.readouterr().out
+        assert "   skipped (no CUDA device" in printed and peer.HEADLINE not in printed
+
+
+def test_a_failing_peer_is_one_line_and_the_bench_goes_on(tmp_path, monkeypatch, capsys):
+    """Whatever fails inside the item (here composing the run) is one line with the reason, not a traceback."""
+
+    def broken(overrides):
+        raise RuntimeError("no config here\nsecond line")
+
+    monkeypatch.setattr(peer, "corpus_found", lambda root: True)
+    monkeypatch.setattr(peer, "compose_config", broken)
+    peer.run(_args(tmp_path), Devices(CPU, torch.device("cuda")))  # a CUDA device as far as the item knows
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == "peer_sentence_transformers_triplets_s: not measured (RuntimeError: no config here)"
 
 
 def test_importing_the_bench_needs_no_sentence_transformers():

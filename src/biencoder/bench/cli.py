@@ -15,13 +15,14 @@ from biencoder.bench import (
     finetune_epoch,
     frozen_epoch,
     mining_cost,
+    peer,
     step_counts,
     train_throughput,
 )
 from biencoder.bench.common import DEFAULT_CORPUS, Devices, device_label
 
 #: the items by their ``--items`` name, in the order of their numbers
-ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune", "sweep")
+ITEMS = ("eval", "train", "mining", "frozen", "steps", "finetune", "sweep", "peer")
 #: the order they run in (the cheap per-step counts before the real-corpus epoch), each an item module's ``run``
 RUNS = (
     ("eval", eval_speed.run),
@@ -30,6 +31,7 @@ RUNS = (
     ("steps", step_counts.run),
     ("frozen", frozen_epoch.run),
     ("finetune", finetune_epoch.run),
+    ("peer", peer.run),
     ("sweep", ablation_sweep.run),
 )
 
@@ -38,7 +40,8 @@ EXAMPLES = """examples:
   bench.py --items frozen steps         # only some items
   bench.py --gpu-only                   # on a CUDA machine (refused without one): items 2, 5, 6
   bench.py --items sweep --jobs 4 8 12  # on a CUDA machine: item 7 (20 runs per job count)
-  bench.py --items sweep --jobs 8 --keep sweeps/ --run-overrides loss=infonce  # kept, another loss"""
+  bench.py --items sweep --jobs 8 --keep sweeps/ --run-overrides loss=infonce  # kept, another loss
+  bench.py --items peer                 # on a CUDA machine: item 8, sentence-transformers' trainer as a peer"""
 
 
 def chosen_items(args: argparse.Namespace) -> set[str]:
