@@ -212,6 +212,7 @@ def _trainer_seconds(batches, model_path: str, device: torch.device, settings: P
     from sentence_transformers import SentenceTransformerTrainer
     from torch.utils.data import BatchSampler, SequentialSampler
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     clock = StepClock(device, settings)
 
@@ -239,6 +240,8 @@ def _trainer_seconds(batches, model_path: str, device: torch.device, settings: P
             loss=_mnrl(model),
             callbacks=[Clocked()],
         )
+        for printer in (PrinterCallback, ProgressCallback):  # the bench prints one line; the trainer would add a dict
+            trainer.remove_callback(printer)
         trainer.train()
     finally:
         shutil.rmtree(out, ignore_errors=True)  # the temporary folder this function made
