@@ -69,13 +69,13 @@ def test_the_eval_item_prints_the_default_configs_figure_last(tmp_path, capsys):
 
 def test_which_items_run():
     """The plain command runs every item but the 20-run ablation; --gpu-only keeps the GPU targets of the step and the
-    epoch (2, 5, 6); the ablation runs only when named."""
+    epoch (2, 5, 6) and the peer (8); the ablation runs only when named."""
 
     def chosen(*argv):
         return cli.chosen_items(cli.parse_args(list(argv)))
 
     assert chosen() == set(cli.ITEMS) - {"sweep"}
-    assert chosen("--gpu-only") == {"train", "steps", "finetune"}
+    assert chosen("--gpu-only") == {"train", "steps", "finetune", "peer"}
     assert chosen("--items", "sweep") == chosen("--gpu-only", "--items", "sweep") == {"sweep"}
     assert chosen("--skip-frozen") == set(cli.ITEMS) - {"sweep", "frozen"}
 

@@ -38,18 +38,18 @@ RUNS = (
 EXAMPLES = """examples:
   bench.py                              # CPU: all items, a few minutes on 2 cores
   bench.py --items frozen steps         # only some items
-  bench.py --gpu-only                   # on a CUDA machine (refused without one): items 2, 5, 6
+  bench.py --gpu-only                   # on a CUDA machine (refused without one): items 2, 5, 6, 8
   bench.py --items sweep --jobs 4 8 12  # on a CUDA machine: item 7 (20 runs per job count)
   bench.py --items sweep --jobs 8 --keep sweeps/ --run-overrides loss=infonce  # kept, another loss
   bench.py --items peer                 # on a CUDA machine: item 8, sentence-transformers' trainer as a peer"""
 
 
 def chosen_items(args: argparse.Namespace) -> set[str]:
-    """The items ``args`` ask for: ``--gpu-only`` keeps the GPU targets of the step and the epoch (2, 5, 6); the
-    ablation (7: 20 runs per job count) runs only when named, ``--items sweep``."""
+    """The items ``args`` ask for: ``--gpu-only`` keeps the GPU targets of the step and the epoch (2, 5, 6) and the
+    peer (8); the ablation (7: 20 runs per job count) runs only when named, ``--items sweep``."""
     items = set(args.items) - ({"frozen"} if args.skip_frozen else set())
     if args.gpu_only:
-        items &= {"train", "steps", "finetune", "sweep"}
+        items &= {"train", "steps", "finetune", "sweep", "peer"}
     if args.items == list(ITEMS):
         items.discard("sweep")
     return items
@@ -68,8 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--gpu-only",
         action="store_true",
-        help="on a CUDA machine: the GPU rows of item 2, the per-step counts (5) and the fine-tuning "
-        "epoch (6); the ablation (7) runs only with --items sweep",
+        help="on a CUDA machine: the GPU rows of item 2, the per-step counts (5), the fine-tuning "
+        "epoch (6) and the sentence-transformers peer (8); the ablation (7) runs only with --items sweep",
     )
     parser.add_argument("--steps", type=int, default=10, help="timed training steps per row")
     parser.add_argument("--epochs", type=int, default=3, help="timed epochs of items 4 and 6 (after one warm-up)")
