@@ -181,10 +181,10 @@ def test_the_peer_trains_on_the_batches_in_their_order(tiny_st_folder, monkeypat
     result = peer.bench_sentence_transformers(triplets, tiny_st_folder, CPU, TINY)
     missing = [name for name in ("datasets", "accelerate") if result.versions[name] is None]
     if missing:
-        assert result.runner == peer.OWN_LOOP and "No module named" in result.reason, result.reason
+        assert result.path == peer.OWN_LOOP and "No module named" in result.reason, result.reason
         assert any(name in result.reason for name in missing), result.reason
     else:
-        assert (result.runner, result.reason) == (peer.TRAINER, None)
+        assert (result.path, result.reason) == (peer.TRAINER, None)
     assert result.triplets_s > 0 and result.versions["sentence-transformers"] is not None
     tokenizer = peer._st_model(tiny_st_folder, CPU, TINY).tokenizer
     expected = [
@@ -204,6 +204,6 @@ def test_without_the_trainer_the_own_loop_runs_and_says_why(tiny_st_folder, monk
     monkeypatch.setattr(peer, "_trainer_seconds", unavailable)
     seen = _recording_loss(monkeypatch)
     result = peer.bench_sentence_transformers(_triplets(4), tiny_st_folder, CPU, TINY)
-    assert result.runner == peer.OWN_LOOP and result.triplets_s > 0
+    assert result.path == peer.OWN_LOOP and result.triplets_s > 0
     assert "own loop (trainer unavailable: ModuleNotFoundError: No module named 'accelerate')" in result.label()
     assert len(seen) == TINY.warmup + TINY.steps

@@ -59,21 +59,21 @@ class PeerSettings:
 
 @dataclass(frozen=True)
 class PeerResult:
-    """Steady-state ``triplets_s`` of the peer and what ran: ``runner`` (:data:`TRAINER` or :data:`OWN_LOOP`),
+    """Steady-state ``triplets_s`` of the peer and what ran: ``path`` (:data:`TRAINER` or :data:`OWN_LOOP`),
     ``reason`` (why the trainer did not run; None when it did), the package ``versions`` (None: not installed)."""
 
     triplets_s: float
-    runner: str
+    path: str
     reason: str | None
     versions: dict[str, str | None]
     settings: PeerSettings
     device: str
 
     def label(self) -> str:
-        """What ran, in one line: the runner (with the reason for the own loop), packages, settings, device."""
-        runner = self.runner if self.reason is None else f"{self.runner} (trainer unavailable: {self.reason})"
+        """What ran, in one line: the path (with the reason for the own loop), packages, settings, device."""
+        path = self.path if self.reason is None else f"{self.path} (trainer unavailable: {self.reason})"
         packages = ", ".join(f"{name} {version or '-'}" for name, version in self.versions.items())
-        return f"{runner}; {packages}; {self.settings.describe()}; {self.device}"
+        return f"{path}; {packages}; {self.settings.describe()}; {self.device}"
 
 
 def one_line(error: BaseException, limit: int = 200) -> str:
@@ -94,11 +94,12 @@ def versions() -> dict[str, str | None]:
 
 
 # -- the triplets ---------------------------------------------------------------------------------------------------
-def epoch_triplets(runner, epoch: int = 0) -> list[tuple[str, str, str]]:
+def epoch_triplets(runner: Runner, epoch: int = 0) -> list[tuple[str, str, str]]:
     """(point, counter, negative) texts of ``runner``'s training epoch ``epoch``, in the order its trainer takes them:
-    negatives mined from the training split's current embeddings (:meth:`EpochTrainer.mine`), rows from
-    :func:`triplet_rows` through :meth:`EpochTrainer.batches` (its seeded shuffle). The mining and shuffling random
-    streams are put back as they were, so the runner's own epoch ``epoch`` trains on the same triplets."""
+    negatives mined from the training split's embeddings under the current weights (:meth:`EpochTrainer.mine`; what
+    the runner's first epoch mines from with ``model.sim_init=random``, the default), rows from :func:`triplet_rows`
+    through :meth:`EpochTrainer.batches` (its seeded shuffle). The mining and shuffling random streams are put back as
+    they were, so the runner's own epoch ``epoch`` trains on the same triplets."""
     trainer = runner.trainer
     mining, order = trainer.rng.bit_generator.state, trainer.loader_generator.get_state()
     try:
@@ -153,7 +154,7 @@ class StepClock:
 
 
 def peer_batches(triplets: list[tuple[str, str, str]], settings: PeerSettings) -> list[list[tuple[str, str, str]]]:
-    """The ``warmup + steps`` batches both runners train on: ``batch_size`` consecutive triplets each, a last partial
+    """The ``warmup + steps`` batches both paths train on: ``batch_size`` consecutive triplets each, a last partial
     batch dropped, from the first again when the list runs out (as the trainer's next epoch does, in order)."""
     size = settings.batch_size
     full = len(triplets) // size
@@ -281,17 +282,17 @@ def bench_sentence_transformers(
     loop raises (sentence-transformers missing, a bad model folder)."""
     settings = PeerSettings() if settings is None else settings
     batches = peer_batches(triplets, settings)
-    runner, reason = TRAINER, None
+    path, reason = TRAINER, None
     try:
         seconds = _trainer_seconds(batches, model_path, device, settings)
     except Exception as error:  # the GPU image may lack datasets or accelerate; anything else is said too
-        runner, reason = OWN_LOOP, one_line(error)
+        path, reason = OWN_LOOP, one_line(error)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
         seconds = _own_loop_seconds(batches, model_path, device, settings)
     rate = settings.steps * settings.batch_size / seconds
-    return PeerResult(rate, runner, reason, versions(), settings, device_label(device))
+    return PeerResult(rate, path, reason, versions(), settings, device_label(device))
 
 
 # -- the lines --------------------------------------------------------------------------------------------------------
