@@ -207,3 +207,19 @@ def test_without_the_trainer_the_own_loop_runs_and_says_why(tiny_st_folder, monk
     assert result.path == peer.OWN_LOOP and result.triplets_s > 0
     assert "own loop (trainer unavailable: ModuleNotFoundError: No module named 'accelerate')" in result.label()
     assert len(seen) == TINY.warmup + TINY.steps
+
+
+@pytest.mark.slow
+def test_the_item_prints_its_line_end_to_end(tmp_path, monkeypatch, capsys):
+    """run() as a CUDA machine runs it, on the CPU and smaller: the demo's epoch-0 triplets (tiny encoder), the
+    packaged MiniLM the config names, two steps of two triplets; one figure line naming what ran."""
+    pytest.importorskip("sentence_transformers")
+    small = peer.PeerSettings(steps=2, warmup=1, batch_size=2, max_seq_length=32, bf16=False)
+    monkeypatch.setattr(peer, "TRIPLET_OVERRIDES", ["model=tiny", "+variant=ln_relu", "trainer.progress=false"])
+    monkeypatch.setattr(peer, "PeerSettings", lambda: small)
+    monkeypatch.setattr(peer, "corpus_found", lambda root: True)
+    peer.run(_args(tmp_path), Devices(CPU, CPU))  # the CPU in the CUDA device's place
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("peer_sentence_transformers_triplets_s: "), line
+    assert "2 steps after 1, 2 triplets x 32 tok, fp32; CPU (" in line
+    assert float(line.split()[1]) > 0
