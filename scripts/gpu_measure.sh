@@ -3,7 +3,8 @@
 # one failing or slow step neither ends the call nor costs the next step its time. Run from the project's root on a
 # machine staged with ../shared/gpu (stage.sh, then go.sh):
 #   bash /root/kit/go.sh bash scripts/gpu_measure.sh bench  [budget_s]  # CUDA tests, bench items 2, 5, 6 (graphs on
-#                                                                       # and off), the sentence-transformers peer
+#                                                                       # and off), 8 (the sentence-transformers peer),
+#                                                                       # then item 2's compiled rows
 #   bash /root/kit/go.sh bash scripts/gpu_measure.sh sweeps [budget_s]  # the 20-run ablation (kept), then the same
 #                                                                       # with loss=infonce in what time is left
 # Outputs go to $OUT (the device tool brings back at most 8 files): one .txt per step, session.txt (what ran, exit
@@ -64,8 +65,15 @@ cat "$out/machine.txt"
 case "$plan" in
 bench)
   step pytest_cuda 120 python -m pytest -q -p no:cacheprovider tests/engine/training/test_step_graph.py
-  step bench 240 python scripts/bench.py --gpu-only --items train steps finetune peer
-  step bench_eager 90 python scripts/bench.py --gpu-only --items finetune --run-overrides trainer.cuda_graphs=false
+  step bench 200 python scripts/bench.py --gpu-only --items train steps finetune
+  step bench_eager 80 python scripts/bench.py --gpu-only --items finetune --run-overrides trainer.cuda_graphs=false
+  # sentence-transformers' trainer needs datasets and accelerate: wheels carried in .gpu/st (and pyarrow, too large
+  # to travel with them, installed into /root/site-st by an earlier call) go on the path of this step alone
+  step peer 150 bash -c 'if ! python -c "import datasets, accelerate" 2>/dev/null && [ -d .gpu/st ]; then
+      python -m pip install -q --no-index --no-deps --target /root/site-st .gpu/st/*.whl
+      export PYTHONPATH=/root/site-st:$PYTHONPATH; fi
+    python scripts/bench.py --gpu-only --items peer'
+  step compiled 150 python scripts/bench.py --gpu-only --items train --compiled
   ;;
 sweeps)
   step sweep_triplet 330 python scripts/bench.py --items sweep --jobs 8 --keep /root/sweeps/triplet

@@ -2,7 +2,7 @@
 
 all-MiniLM-L6-v2 (the packaged encoder of ``model=minilm``) trained by ``SentenceTransformerTrainer`` with
 ``MultipleNegativesRankingLoss`` on the (point, counter, mined negative) triplets of ``data=arguana``'s training split
-at epoch 0, in the order our trainer takes them (:func:`arguana_triplets`), 16 triplets x 128 tokens, bf16; prints
+at epoch 0, in the order our trainer takes them (:func:`epoch_triplets`), 16 triplets x 128 tokens, bf16; prints
 ``peer_sentence_transformers_triplets_s: <x> (<what ran>)``. Where the trainer cannot be imported or built (the GPU
 image may lack ``datasets`` or ``accelerate``), the same model and loss run in a plain loop with fused AdamW under bf16
 autocast, and the line says so. Whoever prints our figure beside it calls :func:`ratio_line`. sentence-transformers
@@ -113,13 +113,33 @@ def epoch_triplets(runner: Runner, epoch: int = 0) -> list[tuple[str, str, str]]
     return [(texts[p], texts[c], texts[n]) for p, c, n in rows]
 
 
-def arguana_triplets(cfg) -> list[tuple[str, str, str]]:
-    """:func:`epoch_triplets` of epoch 0 of the run ``cfg`` composes (the bench: :data:`TRIPLET_OVERRIDES`), from a
-    :class:`Runner` built in a temporary folder (it tokenises the splits and encodes the training split once: call
-    this once and share the list). The runner is dropped before returning, its device memory freed."""
+def ours_triplets_s(runner: Runner) -> float:
+    """Our training's triplets/s on the triplets :func:`epoch_triplets` gives (call it first): the runner's own
+    epoch 0 (mining, then :meth:`EpochTrainer.train_epoch`: its loader, the pair classifier, on CUDA its graphs),
+    once to warm up (the eager steps and the captures), then again on the same negatives, timed (the same triplets,
+    in the next seeded order)."""
+    trainer = runner.trainer
+    negatives = trainer.mine(0, runner.evaluation.embed("train").sim)
+    trainer.train_epoch(0, negatives)
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    trainer.train_epoch(0, negatives)
+    sync()
+    return trainer.n_triplets / (time.perf_counter() - start)
+
+
+def ours_and_triplets(cfg) -> tuple[float, list[tuple[str, str, str]]]:
+    """(:func:`ours_triplets_s`, :func:`epoch_triplets`) of epoch 0 of the run ``cfg`` composes (the bench:
+    :data:`TRIPLET_OVERRIDES`), from a :class:`Runner` built in a temporary folder. The runner is dropped before
+    returning, its device memory freed for the peer."""
     out = Path(tempfile.mkdtemp(prefix="bench-peer-"))
     try:
-        return epoch_triplets(Runner(cfg, out), 0)
+        runner = Runner(cfg, out)
+        triplets = epoch_triplets(runner, 0)
+        ours = ours_triplets_s(runner)
+        del runner
+        return ours, triplets
     finally:
         shutil.rmtree(out, ignore_errors=True)  # the temporary folder this function made
         gc.collect()
@@ -332,9 +352,11 @@ def run(args: argparse.Namespace, devices: Devices) -> None:
         return
     try:  # the peer never stops the bench: whatever fails is one line
         cfg = compose_config(TRIPLET_OVERRIDES)
-        triplets = arguana_triplets(cfg)
+        ours, triplets = ours_and_triplets(cfg)
+        print(f"ours_triplets_s: {ours:.1f} (our trainer's epoch 0 on these triplets, pair classifier included)")
         result = bench_sentence_transformers(triplets, cfg.model.encoder.name_or_path, devices.cuda)
     except Exception as error:
         print(f"{HEADLINE}: not measured ({one_line(error)})")
         return
     print(headline(result))
+    print(ratio_line(ours, result))
