@@ -219,7 +219,11 @@ def test_the_item_prints_its_line_end_to_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(peer, "PeerSettings", lambda: small)
     monkeypatch.setattr(peer, "corpus_found", lambda root: True)
     peer.run(_args(tmp_path), Devices(CPU, CPU))  # the CPU in the CUDA device's place
-    line = capsys.readouterr().out.splitlines()[-1]
+    ours, line, ratio = capsys.readouterr().out.splitlines()[-3:]
     assert line.startswith("peer_sentence_transformers_triplets_s: "), line
     assert "2 steps after 1, 2 triplets x 32 tok, fp32; CPU (" in line
     assert float(line.split()[1]) > 0
+    assert ours.startswith("ours_triplets_s: ") and float(ours.split()[1]) > 0
+    assert ratio.startswith("ours_over_sentence_transformers: ") and "target >= 1.5x" in ratio
+    # the ratio is of the two printed figures (each rounded to 0.1 triplets/s)
+    assert float(ratio.split()[1].rstrip("x")) == pytest.approx(float(ours.split()[1]) / float(line.split()[1]), 0.1)
