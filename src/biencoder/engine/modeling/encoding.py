@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..config.schema import TrainerSchema
-from ..machine.runtime import Runtime
+from ..machine.runtime import Runtime, eval_batch_size
 from .cache import NonFiniteVectors, encoder_fingerprint, model_cache
 from .model import BiModel, Embeddings
 
@@ -29,18 +29,23 @@ log = logging.getLogger("biencoder")
 
 @dataclass(frozen=True)
 class Encoding:
-    """How texts run through the encoder: ``batch_size`` texts a forward on ``device``, under autocast to
-    ``autocast_dtype`` (None: fp32), with a texts/s progress bar when ``progress``."""
+    """How texts run through the encoder: ``batch_size`` texts a forward on ``device`` (None: the device's,
+    :func:`~biencoder.engine.machine.runtime.eval_batch_size`; an int once made), under autocast to ``autocast_dtype``
+    (None: fp32), with a texts/s progress bar when ``progress``."""
 
-    batch_size: int = 64
+    batch_size: int | None = None
     device: str | torch.device = "cpu"
     autocast_dtype: torch.dtype | None = None
     progress: bool = False
 
+    def __post_init__(self):
+        object.__setattr__(self, "batch_size", eval_batch_size(torch.device(self.device), self.batch_size))
+
     @classmethod
     def of_run(cls, trainer: TrainerSchema, runtime: Runtime, progress: bool) -> Encoding:
-        """A run's encoding: ``trainer.eval_batch_size`` texts a forward, on the runtime's device and precision."""
-        return cls(trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, progress)
+        """A run's encoding: ``trainer.eval_batch_size`` texts a forward (null: the device's,
+        :meth:`Runtime.eval_batch_size`), on the runtime's device and precision."""
+        return cls(runtime.eval_batch_size(trainer.eval_batch_size), runtime.device, runtime.autocast_dtype, progress)
 
 
 @dataclass(frozen=True)
@@ -134,22 +139,24 @@ def encode_pooled(
 ) -> Tensor:
     """Pooled encoder output [N, hidden] (float32, CPU, row order) of every row of ``texts``, in eval mode.
 
-    Rows are processed longest-first so each batch pads little; the order is restored afterwards. The
-    progress bar (``encoding.progress``, labelled ``desc``) counts texts, so it shows texts/s.
+    Rows are processed longest-first, ``encoding.batch_size`` a forward, so each batch pads little. Each batch's
+    vectors go to their rows of one float32 tensor on ``encoding.device``, copied to the CPU once at the end: no
+    host sync per batch. The batches, and so the vectors, depend on the batch size alone, not on where they are
+    kept. The progress bar (``encoding.progress``, labelled ``desc``) counts texts, so it shows texts/s.
     """
     order = np.argsort(-texts.lengths, kind="stable")
     device, batch_size, dtype = torch.device(encoding.device), encoding.batch_size, encoding.autocast_dtype
-    pooled = []
+    pooled = torch.empty(len(order), model.encoder.config.hidden_size, dtype=torch.float32, device=device)
+    rows = torch.from_numpy(order).to(device)
     bar = tqdm(total=len(order), desc=desc, unit="text", disable=not encoding.progress, leave=False)
     with eval_mode(model), bar:
         for start in range(0, len(order), batch_size):
             batch = to_device(texts.batch(order[start : start + batch_size]), device, pin=device.type == "cuda")
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                pooled.append(model.pool(**batch).float().cpu())
+                vectors = model.pool(**batch)
+            pooled[rows[start : start + batch_size]] = vectors.float()
             bar.update(len(batch["input_ids"]))
-    if not pooled:
-        return torch.zeros(0, model.encoder.config.hidden_size)
-    return torch.cat(pooled)[torch.from_numpy(np.argsort(order))]
+    return pooled.cpu()
 
 
 def embed_pooled(
