@@ -148,9 +148,8 @@ class TrainerSchema:
     # write last.pt every N epochs (and after the last); a kill loses at most N-1 epochs; 0 = never
     checkpoint_every: int = 1
     resume: Any = False  # true: continue the run in the output dir | <run dir>: continue that run
-    cache_dir: str = (
-        f"${{oc.env:{CACHE_DIR_ENV},'{DEFAULT_CACHE_DIR}'}}"  # frozen-encoder outputs (model.encoder.freeze)
-    )
+    # frozen-encoder outputs (model.encoder.freeze) and the splits' token ids (<cache_dir>/tokens)
+    cache_dir: str = f"${{oc.env:{CACHE_DIR_ENV},'{DEFAULT_CACHE_DIR}'}}"
 
 
 @dataclass

@@ -51,9 +51,11 @@ class Encoding:
 @dataclass(frozen=True)
 class TextEncoder:
     """What turns texts into pooled vectors (:func:`pooled_vectors`): ``model`` and its ``tokenizer``, texts truncated
-    to ``max_length`` tokens, run as ``encoding`` says. ``cache_dir``: the embedding cache (a frozen encoder's, whose
-    outputs depend only on its weights; None: every text is encoded). ``fingerprint``: :func:`encoder_fingerprint` of
-    ``model.encoder``, hashed per call when None (give it to hash the encoder once for several calls)."""
+    to ``max_length`` tokens, run as ``encoding`` says. ``cache_dir``: the root of the embedding cache (a frozen
+    encoder's, whose outputs depend only on its weights) and of the token cache (a run's splits tokenised once:
+    :mod:`~biencoder.engine.modeling.token_cache`); None: neither, every text is tokenised and encoded.
+    ``fingerprint``: :func:`encoder_fingerprint` of ``model.encoder``, hashed per call when None (give it to hash the
+    encoder once for several calls)."""
 
     model: BiModel
     tokenizer: object
@@ -64,7 +66,8 @@ class TextEncoder:
 
 
 class TokenizedTexts:
-    """Texts tokenised once (truncated to ``max_length``); batches are padded on demand.
+    """Texts tokenised once (truncated to ``max_length``), or their ids read back (:meth:`from_arrays`: what the token
+    cache stores); batches are padded on demand.
 
     ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L], "padded": bool}`` (L = longest row in the
     batch, or ``width`` when given: a static shape; ``padded``: some row is shorter than L, known here on the host:
@@ -81,8 +84,29 @@ class TokenizedTexts:
         for start in range(0, len(texts), self.CHUNK):
             encoded = tokenizer(texts[start : start + self.CHUNK], truncation=True, max_length=max_length)["input_ids"]
             self.ids += [np.asarray(ids, dtype=np.int64) for ids in encoded]
-        self.lengths = np.array([len(ids) for ids in self.ids])
+        self.lengths = np.array([len(ids) for ids in self.ids], dtype=np.int64)
         self.pad_id = tokenizer.pad_token_id or 0
+
+    @classmethod
+    def from_arrays(cls, ids: np.ndarray, offsets: np.ndarray, tokenizer) -> TokenizedTexts:
+        """The rows :meth:`arrays` returned (row i: ``ids[offsets[i]:offsets[i + 1]]``), padded with ``tokenizer``'s
+        pad id: the same :meth:`batch` output as the texts tokenised by ``tokenizer``. The caller checks that
+        ``offsets`` [N + 1] starts at 0, never decreases and ends at ``len(ids)``."""
+        tokens = cls.__new__(cls)
+        flat = np.asarray(ids, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        tokens.ids = np.split(flat, offsets[1:-1]) if len(offsets) > 1 else []
+        tokens.lengths = np.diff(offsets)
+        tokens.pad_id = tokenizer.pad_token_id or 0
+        return tokens
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [T] int64: every row's ids one after another, offsets [N + 1] int64: row i is
+        ``ids[offsets[i]:offsets[i + 1]]``), what :meth:`from_arrays` takes back."""
+        offsets = np.zeros(len(self.ids) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=offsets[1:])
+        flat = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+        return flat.astype(np.int64, copy=False), offsets
 
     def __len__(self) -> int:
         return len(self.ids)
