@@ -259,3 +259,21 @@ def test_the_training_split_with_its_given_negatives_is_cached_too(tmp_path, tin
     no_tokenizing()
     again = EncoderInputs.make(encoder, {"train": train}, frozen=False).training_inputs(train, encoder)
     same_tokens(again.tokens, fresh)
+
+
+def test_the_epoch_bench_says_where_the_runners_ids_came_from(tmp_path):
+    """bench.epoch_phases reports the runner's own answer: tokenised by the first run, from the cache by the next."""
+    from biencoder.bench.epoch_phases import token_report
+    from biencoder.engine.training.runner import Runner
+
+    cfg = compose_cfg(FAST + [f"trainer.cache_dir={tmp_path / 'cache'}"])
+    first = token_report(Runner(cfg, tmp_path / "first"))
+    assert first.startswith("token ids in the runner's set-up: train tokenised, val tokenised, test tokenised; ")
+    assert "reading all three from it: " in first
+    second = token_report(Runner(cfg, tmp_path / "second"))
+    assert second.startswith(
+        "token ids in the runner's set-up: train from the token cache, val from the token cache, test from the token "
+        "cache; reading all three from it: "
+    )
+    frozen = compose_cfg(FAST + [f"trainer.cache_dir={tmp_path / 'cache'}", "model.encoder.freeze=true"])
+    assert token_report(Runner(frozen, tmp_path / "frozen")) is None
