@@ -3,7 +3,8 @@
 :func:`bench_epoch_phases` builds the :class:`~biencoder.engine.training.runner.Runner` of a composed run, puts a
 :class:`~biencoder.bench.common.PhaseTimer` in its :attr:`Runner.phase` hook and runs its own
 :meth:`Runner.run_epoch`: mine, train, per split encode and retrieve + rerank, keep best when val improved, log,
-``last.pt``. A frozen run whose embedding cache is cold warms it first, and says so.
+``last.pt``. A frozen run whose embedding cache is cold warms it first, and says so; a trained encoder's run says
+whether its token ids came from the token cache.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from biencoder.engine.machine.runtime import decide
 from biencoder.engine.modeling.cache import encoder_fingerprint, model_cache
 from biencoder.engine.modeling.encoding import TokenizedTexts
 from biencoder.engine.modeling.model import build_model
+from biencoder.engine.modeling.token_cache import TokenCache
 from biencoder.engine.training.evaluation import SPLITS
 from biencoder.engine.training.runner import Runner
 
@@ -65,7 +67,8 @@ def checkpoint_at_share(runner, best: dict, train_sim: torch.Tensor, epochs: int
 
 
 def _tokenise_seconds(runner) -> dict[str, float]:
-    """What :class:`Runner`'s set-up did for a trained encoder, timed again on its own: tokenising each split."""
+    """What :class:`Runner`'s set-up does for a trained encoder when the token cache lacks a split, timed again on its
+    own: tokenising each split."""
     out = {}
     if not runner.frozen:
         for name in SPLITS:
@@ -73,6 +76,22 @@ def _tokenise_seconds(runner) -> dict[str, float]:
             TokenizedTexts(runner.data.splits[name].texts, runner.tokenizer, runner.cfg.model.max_length)
             out[f"tokenise {name} (once)"] = time.perf_counter() - begin
     return out
+
+
+def token_report(runner) -> str | None:
+    """For a trained encoder: where the runner's set-up got each split's token ids (the token cache under
+    ``trainer.cache_dir``, or tokenised and stored there), and how long reading all of them from that cache takes
+    (what every later run of the corpus pays instead of tokenising). None for a frozen encoder."""
+    if runner.frozen:
+        return None
+    cached = runner.inputs.tokens_cached
+    source = ", ".join(f"{name} {'from the token cache' if cached[name] else 'tokenised'}" for name in SPLITS)
+    cache = TokenCache(runner.cfg.trainer.cache_dir, runner.tokenizer, runner.cfg.model.max_length)
+    begin = time.perf_counter()
+    hits = [cache.tokenized(runner.data.splits[name].texts, f"tokens {name}")[1] for name in SPLITS]
+    seconds = time.perf_counter() - begin
+    read = f"reading all three from it: {1000 * seconds:.0f} ms" if all(hits) else "the token cache is not written"
+    return f"token ids in the runner's set-up: {source}; {read}"
 
 
 def _timed_epochs(runner, epochs: int) -> PhaseTimer:
@@ -100,8 +119,9 @@ def _per_epoch(seconds: dict[str, float], epochs: int) -> dict[str, float]:
 def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict:
     """Seconds per phase of one epoch (mean over ``epochs`` after one warm-up epoch) of the run ``overrides`` make:
     the runner's own :meth:`Runner.run_epoch`, timed through its :attr:`Runner.phase` hook (``rest`` is what no
-    phase holds). Tokenising (trained encoder) happens once per run, in the runner's set-up; it is timed again on
-    its own. A frozen run whose embedding cache is cold warms it first (and ``say`` says so)."""
+    phase holds). Tokenising (trained encoder) happens in the runner's set-up, from the token cache once a run has
+    filled it; it is timed again on its own, uncached, and ``tokens`` (:func:`token_report`) says where the
+    set-up's ids came from. A frozen run whose embedding cache is cold warms it first (and ``say`` says so)."""
     cfg = compose_config(overrides)
     if cfg.model.encoder.freeze:
         cold = cache_report(cfg)
@@ -113,9 +133,11 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
         runner = Runner(cfg, out)
         setup = time.perf_counter() - start
         tokenise = _tokenise_seconds(runner)
+        tokens = token_report(runner)
         timer = _timed_epochs(runner, epochs)
         return {
             "device": device_label(runner.device),
+            "tokens": tokens,
             "steps": runner.trainer.steps_per_epoch,
             "triplets": runner.trainer.n_triplets,
             "step": "CUDA graph" if runner.trainer.mode.graphs else "eager",
@@ -143,6 +165,8 @@ def print_phases(result: dict) -> None:
             else f"; last.pt every {every} epochs and after the last, counted at its share"
         )
     )
+    if result.get("tokens"):
+        print(f"   {result['tokens']}")
     print(f"   {'phase':<28} {'wall ms':>9} {'CPU ms':>9}")
     for name, seconds in result["phases"].items():
         cpu = result["cpu"].get(name)

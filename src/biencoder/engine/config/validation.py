@@ -165,8 +165,10 @@ def _trainer(cfg: DictConfig) -> None:
     resume = cfg.trainer.resume
     if not isinstance(resume, (bool, str)):
         raise ConfigError(f"trainer.resume={resume!r} is not valid: use true, false or a run folder")
-    for key in ("max_epochs", "batch_size", "eval_batch_size", "stats_every"):
+    for key in ("max_epochs", "batch_size", "stats_every"):
         _positive(cfg, f"trainer.{key}")
+    if cfg.trainer.eval_batch_size is not None:
+        _positive(cfg, "trainer.eval_batch_size")
     _positive(cfg, "trainer.num_workers", minimum=0)
     _positive(cfg, "trainer.checkpoint_every", minimum=0)
     _positive(cfg, "trainer.lr", kind=float, minimum=0)

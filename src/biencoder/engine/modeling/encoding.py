@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from ..config.schema import TrainerSchema
-from ..machine.runtime import Runtime
+from ..machine.runtime import Runtime, eval_batch_size
 from .cache import NonFiniteVectors, encoder_fingerprint, model_cache
 from .model import BiModel, Embeddings
 
@@ -29,26 +29,33 @@ log = logging.getLogger("biencoder")
 
 @dataclass(frozen=True)
 class Encoding:
-    """How texts run through the encoder: ``batch_size`` texts a forward on ``device``, under autocast to
-    ``autocast_dtype`` (None: fp32), with a texts/s progress bar when ``progress``."""
+    """How texts run through the encoder: ``batch_size`` texts a forward on ``device`` (None: the device's,
+    :func:`~biencoder.engine.machine.runtime.eval_batch_size`; an int once made), under autocast to ``autocast_dtype``
+    (None: fp32), with a texts/s progress bar when ``progress``."""
 
-    batch_size: int = 64
+    batch_size: int | None = None
     device: str | torch.device = "cpu"
     autocast_dtype: torch.dtype | None = None
     progress: bool = False
 
+    def __post_init__(self):
+        object.__setattr__(self, "batch_size", eval_batch_size(torch.device(self.device), self.batch_size))
+
     @classmethod
     def of_run(cls, trainer: TrainerSchema, runtime: Runtime, progress: bool) -> Encoding:
-        """A run's encoding: ``trainer.eval_batch_size`` texts a forward, on the runtime's device and precision."""
-        return cls(trainer.eval_batch_size, runtime.device, runtime.autocast_dtype, progress)
+        """A run's encoding: ``trainer.eval_batch_size`` texts a forward (null: the device's,
+        :meth:`Runtime.eval_batch_size`), on the runtime's device and precision."""
+        return cls(runtime.eval_batch_size(trainer.eval_batch_size), runtime.device, runtime.autocast_dtype, progress)
 
 
 @dataclass(frozen=True)
 class TextEncoder:
     """What turns texts into pooled vectors (:func:`pooled_vectors`): ``model`` and its ``tokenizer``, texts truncated
-    to ``max_length`` tokens, run as ``encoding`` says. ``cache_dir``: the embedding cache (a frozen encoder's, whose
-    outputs depend only on its weights; None: every text is encoded). ``fingerprint``: :func:`encoder_fingerprint` of
-    ``model.encoder``, hashed per call when None (give it to hash the encoder once for several calls)."""
+    to ``max_length`` tokens, run as ``encoding`` says. ``cache_dir``: the root of the embedding cache (a frozen
+    encoder's, whose outputs depend only on its weights) and of the token cache (a run's splits tokenised once:
+    :mod:`~biencoder.engine.modeling.token_cache`); None: neither, every text is tokenised and encoded.
+    ``fingerprint``: :func:`encoder_fingerprint` of ``model.encoder``, hashed per call when None (give it to hash the
+    encoder once for several calls)."""
 
     model: BiModel
     tokenizer: object
@@ -59,7 +66,8 @@ class TextEncoder:
 
 
 class TokenizedTexts:
-    """Texts tokenised once (truncated to ``max_length``); batches are padded on demand.
+    """Texts tokenised once (truncated to ``max_length``), or their ids read back (:meth:`from_arrays`: what the token
+    cache stores); batches are padded on demand.
 
     ``batch(rows)`` → ``{"input_ids": [B, L], "attention_mask": [B, L], "padded": bool}`` (L = longest row in the
     batch, or ``width`` when given: a static shape; ``padded``: some row is shorter than L, known here on the host:
@@ -76,8 +84,29 @@ class TokenizedTexts:
         for start in range(0, len(texts), self.CHUNK):
             encoded = tokenizer(texts[start : start + self.CHUNK], truncation=True, max_length=max_length)["input_ids"]
             self.ids += [np.asarray(ids, dtype=np.int64) for ids in encoded]
-        self.lengths = np.array([len(ids) for ids in self.ids])
+        self.lengths = np.array([len(ids) for ids in self.ids], dtype=np.int64)
         self.pad_id = tokenizer.pad_token_id or 0
+
+    @classmethod
+    def from_arrays(cls, ids: np.ndarray, offsets: np.ndarray, tokenizer) -> TokenizedTexts:
+        """The rows :meth:`arrays` returned (row i: ``ids[offsets[i]:offsets[i + 1]]``), padded with ``tokenizer``'s
+        pad id: the same :meth:`batch` output as the texts tokenised by ``tokenizer``. The caller checks that
+        ``offsets`` [N + 1] starts at 0, never decreases and ends at ``len(ids)``."""
+        tokens = cls.__new__(cls)
+        flat = np.asarray(ids, dtype=np.int64)
+        offsets = np.asarray(offsets, dtype=np.int64)
+        tokens.ids = np.split(flat, offsets[1:-1]) if len(offsets) > 1 else []
+        tokens.lengths = np.diff(offsets)
+        tokens.pad_id = tokenizer.pad_token_id or 0
+        return tokens
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids [T] int64: every row's ids one after another, offsets [N + 1] int64: row i is
+        ``ids[offsets[i]:offsets[i + 1]]``), what :meth:`from_arrays` takes back."""
+        offsets = np.zeros(len(self.ids) + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=offsets[1:])
+        flat = np.concatenate(self.ids) if self.ids else np.zeros(0, dtype=np.int64)
+        return flat.astype(np.int64, copy=False), offsets
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -134,22 +163,24 @@ def encode_pooled(
 ) -> Tensor:
     """Pooled encoder output [N, hidden] (float32, CPU, row order) of every row of ``texts``, in eval mode.
 
-    Rows are processed longest-first so each batch pads little; the order is restored afterwards. The
-    progress bar (``encoding.progress``, labelled ``desc``) counts texts, so it shows texts/s.
+    Rows are processed longest-first, ``encoding.batch_size`` a forward, so each batch pads little. Each batch's
+    vectors go to their rows of one float32 tensor on ``encoding.device``, copied to the CPU once at the end: no
+    host sync per batch. The batches, and so the vectors, depend on the batch size alone, not on where they are
+    kept. The progress bar (``encoding.progress``, labelled ``desc``) counts texts, so it shows texts/s.
     """
     order = np.argsort(-texts.lengths, kind="stable")
     device, batch_size, dtype = torch.device(encoding.device), encoding.batch_size, encoding.autocast_dtype
-    pooled = []
+    pooled = torch.empty(len(order), model.encoder.config.hidden_size, dtype=torch.float32, device=device)
+    rows = torch.from_numpy(order).to(device)
     bar = tqdm(total=len(order), desc=desc, unit="text", disable=not encoding.progress, leave=False)
     with eval_mode(model), bar:
         for start in range(0, len(order), batch_size):
             batch = to_device(texts.batch(order[start : start + batch_size]), device, pin=device.type == "cuda")
             with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
-                pooled.append(model.pool(**batch).float().cpu())
+                vectors = model.pool(**batch)
+            pooled[rows[start : start + batch_size]] = vectors.float()
             bar.update(len(batch["input_ids"]))
-    if not pooled:
-        return torch.zeros(0, model.encoder.config.hidden_size)
-    return torch.cat(pooled)[torch.from_numpy(np.argsort(order))]
+    return pooled.cpu()
 
 
 def embed_pooled(

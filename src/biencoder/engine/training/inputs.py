@@ -1,13 +1,14 @@
 """What one run computes from, made once per run: the pairs it uses and what is known of them (:class:`RunData`:
 the splits, the test queries seen in training or validation, the deduplication's record, the pair files'
 provenance), and what the encoder takes of each split (:class:`EncoderInputs`: a frozen encoder's pooled vectors,
-from the embedding cache, or a trained encoder's token ids).
+from the embedding cache, or a trained encoder's token ids, from the token cache).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -18,6 +19,7 @@ from ..data.paired import POOL_TEXT, PairedSplit
 from ..machine import distributed
 from ..modeling.cache import encoder_fingerprint
 from ..modeling.encoding import TextEncoder, TokenizedTexts, pooled_vectors
+from ..modeling.token_cache import TokenCache
 from .triplets import TrainingInputs
 
 log = logging.getLogger("biencoder")
@@ -95,16 +97,28 @@ class RunData:
             )
 
 
+def tokenizing(encoder: TextEncoder) -> Callable[[list[str], str], tuple[TokenizedTexts, bool]]:
+    """How a run tokenises texts: ``(texts, desc)`` → (:class:`TokenizedTexts` by ``encoder``'s tokenizer and
+    ``max_length``, whether they came from the cache). Through the token cache under ``encoder.cache_dir``
+    (:class:`~biencoder.engine.modeling.token_cache.TokenCache`, one log line per call), or tokenised without one
+    when it is None."""
+    if encoder.cache_dir is None:
+        return lambda texts, desc: (TokenizedTexts(texts, encoder.tokenizer, encoder.max_length), False)
+    return TokenCache(encoder.cache_dir, encoder.tokenizer, encoder.max_length).tokenized
+
+
 @dataclass
 class EncoderInputs:
     """What the encoder takes of each split, made once per run (:meth:`make`): a frozen encoder's pooled vectors per
     split (``pooled``, on the device: training batches are gathered from them every epoch) with its ``fingerprint``,
-    or a trained encoder's token ids per split (``tokens``; ``fingerprint`` None). Each holds the split's table rows;
-    the training split's given negatives go to the trainer only (:meth:`training_inputs`)."""
+    or a trained encoder's token ids per split (``tokens``; ``fingerprint`` None) and, per split, whether they were
+    read from the token cache (``tokens_cached``). Each holds the split's table rows; the training split's given
+    negatives go to the trainer only (:meth:`training_inputs`)."""
 
     fingerprint: str | None
     pooled: dict[str, torch.Tensor]
     tokens: dict[str, TokenizedTexts]
+    tokens_cached: dict[str, bool] = field(default_factory=dict)
 
     @property
     def frozen(self) -> bool:
@@ -112,13 +126,13 @@ class EncoderInputs:
 
     @classmethod
     def make(cls, encoder: TextEncoder, splits: dict[str, PairedSplit], frozen: bool) -> EncoderInputs:
-        """A trained encoder's texts tokenised once; a frozen encoder's pooled vectors computed once by ``encoder``
-        (or read from its cache; rank 0 fills the cache first), its weights set not to train."""
+        """A trained encoder's texts tokenised once per corpus (:func:`tokenizing`: read from the token cache under
+        ``encoder.cache_dir`` when a run before tokenised them alike); a frozen encoder's pooled vectors computed once
+        by ``encoder`` (or read from its cache; rank 0 fills the cache first), its weights set not to train."""
         if not frozen:
-            tokens = {
-                name: TokenizedTexts(s.texts, encoder.tokenizer, encoder.max_length) for name, s in splits.items()
-            }
-            return cls(None, {}, tokens)
+            tokenize = tokenizing(encoder)
+            made = {name: tokenize(s.texts, f"tokens {name}") for name, s in splits.items()}
+            return cls(None, {}, {n: t for n, (t, _) in made.items()}, {n: c for n, (_, c) in made.items()})
         encoder.model.encoder.requires_grad_(False)
         encoder = replace(encoder, fingerprint=encoder_fingerprint(encoder.model.encoder))
         main = distributed.is_main()
@@ -137,12 +151,12 @@ class EncoderInputs:
 
     def training_inputs(self, train: PairedSplit, encoder: TextEncoder) -> TrainingInputs:
         """What the trainer gathers its triplets from: the training split's rows, then its given negatives
-        (:attr:`PairedSplit.extra_texts`, tokenised by ``encoder`` for a trained encoder); :attr:`pooled` is cut to
-        the split's rows here."""
+        (:attr:`PairedSplit.extra_texts`, tokenised as :func:`tokenizing` says for a trained encoder); :attr:`pooled`
+        is cut to the split's rows here."""
         if self.frozen:
             pooled, self.pooled["train"] = self.pooled["train"], self.pooled["train"][: len(train.texts)]
             return TrainingInputs(train, pooled=pooled)
         if not train.extra_texts:
             return TrainingInputs(train, tokens=self.tokens["train"])
-        tokens = TokenizedTexts(train.texts + train.extra_texts, encoder.tokenizer, encoder.max_length)
+        tokens, _ = tokenizing(encoder)(train.texts + train.extra_texts, "tokens train with its given negatives")
         return TrainingInputs(train, tokens=tokens)
