@@ -10,7 +10,7 @@ import ast
 import pytest
 import torch
 
-from biencoder.bench import cli, peer
+from biencoder.bench import cli, peer, st_peer
 from biencoder.bench.common import Devices
 
 CPU = torch.device("cpu")
@@ -46,9 +46,11 @@ def test_a_failing_peer_is_one_line_and_the_bench_goes_on(tmp_path, monkeypatch,
     assert out[-1] == "peer_sentence_transformers_triplets_s: not measured (RuntimeError: no config here)"
 
 
-def test_importing_the_bench_needs_no_sentence_transformers():
-    """peer.py imports sentence-transformers, datasets, accelerate and transformers inside its functions only."""
-    tree = ast.parse(open(peer.__file__).read())
+@pytest.mark.parametrize("module", [peer, st_peer])
+def test_importing_the_bench_needs_no_sentence_transformers(module):
+    """The peer's modules import sentence-transformers, datasets, accelerate and transformers inside their functions
+    only."""
+    tree = ast.parse(open(module.__file__).read())
     top = [node for node in tree.body if isinstance(node, (ast.Import, ast.ImportFrom))]
     names = [alias.name for node in top if isinstance(node, ast.Import) for alias in node.names]
     names += [node.module for node in top if isinstance(node, ast.ImportFrom)]
@@ -88,8 +90,8 @@ def test_the_triplets_are_the_runners_own_epoch_0(tmp_path, monkeypatch):
 def test_the_clock_times_the_steps_after_the_warm_up(monkeypatch):
     """steps=3 after warmup=2: from the end of step 2 to the end of step 5; a peer that stops early has no time."""
     now = iter(range(100, 200, 10))
-    monkeypatch.setattr(peer.time, "perf_counter", lambda: next(now))
-    clock = peer.StepClock(CPU, peer.PeerSettings(steps=3, warmup=2))
+    monkeypatch.setattr(st_peer.time, "perf_counter", lambda: next(now))
+    clock = st_peer.StepClock(CPU, st_peer.PeerSettings(steps=3, warmup=2))
     for step in range(1, 5):
         clock.step_ended(step)
     with pytest.raises(RuntimeError, match="stopped before step 5"):
@@ -97,21 +99,21 @@ def test_the_clock_times_the_steps_after_the_warm_up(monkeypatch):
     clock.step_ended(5)
     assert clock.seconds() == 10  # two readings only: 100 at step 2, 110 at step 5
     with pytest.raises(ValueError, match="warmup >= 1"):
-        peer.PeerSettings(warmup=0)
+        st_peer.PeerSettings(warmup=0)
 
 
 def test_the_batches_are_consecutive_triplets_again_from_the_first():
     triplets = [(f"p{i}", f"c{i}", f"n{i}") for i in range(10)]
-    batches = peer.peer_batches(triplets, peer.PeerSettings(steps=3, warmup=1, batch_size=4))
+    batches = st_peer.peer_batches(triplets, st_peer.PeerSettings(steps=3, warmup=1, batch_size=4))
     assert batches == [triplets[0:4], triplets[4:8], triplets[0:4], triplets[4:8]]  # 8-9: no full batch
     with pytest.raises(ValueError, match="10 triplets make no batch of 16"):
-        peer.peer_batches(triplets, peer.PeerSettings())
+        st_peer.peer_batches(triplets, st_peer.PeerSettings())
 
 
 def test_the_lines_say_what_ran_and_the_ratio():
-    settings = peer.PeerSettings()
+    settings = st_peer.PeerSettings()
     versions = {"sentence-transformers": "6.2.0", "datasets": None}
-    result = peer.PeerResult(200.0, peer.OWN_LOOP, "ModuleNotFoundError: x", versions, settings, "NVIDIA H200")
+    result = st_peer.PeerResult(200.0, st_peer.OWN_LOOP, "ModuleNotFoundError: x", versions, settings, "NVIDIA H200")
     assert peer.headline(result) == (
         "peer_sentence_transformers_triplets_s: 200.0 (sentence-transformers model+loss, own loop (trainer "
         "unavailable: ModuleNotFoundError: x); sentence-transformers 6.2.0, datasets -; 100 steps after 10, "
@@ -123,12 +125,12 @@ def test_the_lines_say_what_ran_and_the_ratio():
         "target >= 1.5x: met)"
     )
     assert peer.ratio_line(299.0, result).endswith("target >= 1.5x: not met)")
-    assert peer.one_line(ValueError("a\nb")) == "ValueError: a"
-    assert len(peer.one_line(ValueError("x" * 500))) == 200
+    assert st_peer.one_line(ValueError("a\nb")) == "ValueError: a"
+    assert len(st_peer.one_line(ValueError("x" * 500))) == 200
 
 
 # -- with sentence-transformers installed ----------------------------------------------------------------------------
-TINY = peer.PeerSettings(steps=2, warmup=1, batch_size=2, max_seq_length=16, bf16=False)
+TINY = st_peer.PeerSettings(steps=2, warmup=1, batch_size=2, max_seq_length=16, bf16=False)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +157,7 @@ def _triplets(n: int) -> list[tuple[str, str, str]]:
 
 def _recording_loss(monkeypatch) -> list[list[list[int]]]:
     """The anchors' token ids of every loss call, in order."""
-    seen, make = [], peer._mnrl
+    seen, make = [], st_peer._mnrl
 
     def recording(model):
         loss = make(model)
@@ -168,7 +170,7 @@ def _recording_loss(monkeypatch) -> list[list[list[int]]]:
         loss.forward = recorded
         return loss
 
-    monkeypatch.setattr(peer, "_mnrl", recording)
+    monkeypatch.setattr(st_peer, "_mnrl", recording)
     return seen
 
 
@@ -178,18 +180,18 @@ def test_the_peer_trains_on_the_batches_in_their_order(tiny_st_folder, monkeypat
     trains on the same batches and the result says which package was missing. The result names the versions."""
     seen = _recording_loss(monkeypatch)
     triplets = _triplets(5)
-    result = peer.bench_sentence_transformers(triplets, tiny_st_folder, CPU, TINY)
+    result = st_peer.bench_sentence_transformers(triplets, tiny_st_folder, CPU, TINY)
     missing = [name for name in ("datasets", "accelerate") if result.versions[name] is None]
     if missing:
-        assert result.path == peer.OWN_LOOP and "No module named" in result.reason, result.reason
+        assert result.path == st_peer.OWN_LOOP and "No module named" in result.reason, result.reason
         assert any(name in result.reason for name in missing), result.reason
     else:
-        assert (result.path, result.reason) == (peer.TRAINER, None)
+        assert (result.path, result.reason) == (st_peer.TRAINER, None)
     assert result.triplets_s > 0 and result.versions["sentence-transformers"] is not None
-    tokenizer = peer._st_model(tiny_st_folder, CPU, TINY).tokenizer
+    tokenizer = st_peer._st_model(tiny_st_folder, CPU, TINY).tokenizer
     expected = [
         tokenizer([p for p, _, _ in batch], padding=True, truncation=True, max_length=16)["input_ids"]
-        for batch in peer.peer_batches(triplets, TINY)
+        for batch in st_peer.peer_batches(triplets, TINY)
     ]
     assert seen == expected  # batches 0-1, 2-3, then 0-1 again: the 5th triplet makes no batch
 
@@ -201,10 +203,10 @@ def test_without_the_trainer_the_own_loop_runs_and_says_why(tiny_st_folder, monk
     def unavailable(*args):
         raise ModuleNotFoundError("No module named 'accelerate'")
 
-    monkeypatch.setattr(peer, "_trainer_seconds", unavailable)
+    monkeypatch.setattr(st_peer, "_trainer_seconds", unavailable)
     seen = _recording_loss(monkeypatch)
-    result = peer.bench_sentence_transformers(_triplets(4), tiny_st_folder, CPU, TINY)
-    assert result.path == peer.OWN_LOOP and result.triplets_s > 0
+    result = st_peer.bench_sentence_transformers(_triplets(4), tiny_st_folder, CPU, TINY)
+    assert result.path == st_peer.OWN_LOOP and result.triplets_s > 0
     assert "own loop (trainer unavailable: ModuleNotFoundError: No module named 'accelerate')" in result.label()
     assert len(seen) == TINY.warmup + TINY.steps
 
@@ -214,9 +216,9 @@ def test_the_item_prints_its_line_end_to_end(tmp_path, monkeypatch, capsys):
     """run() as a CUDA machine runs it, on the CPU and smaller: the demo's epoch-0 triplets (tiny encoder), the
     packaged MiniLM the config names, two steps of two triplets; one figure line naming what ran."""
     pytest.importorskip("sentence_transformers")
-    small = peer.PeerSettings(steps=2, warmup=1, batch_size=2, max_seq_length=32, bf16=False)
+    small = st_peer.PeerSettings(steps=2, warmup=1, batch_size=2, max_seq_length=32, bf16=False)
     monkeypatch.setattr(peer, "TRIPLET_OVERRIDES", ["model=tiny", "+variant=ln_relu", "trainer.progress=false"])
-    monkeypatch.setattr(peer, "PeerSettings", lambda: small)
+    monkeypatch.setattr(st_peer, "PeerSettings", lambda: small)
     monkeypatch.setattr(peer, "corpus_found", lambda root: True)
     peer.run(_args(tmp_path), Devices(CPU, CPU))  # the CPU in the CUDA device's place
     ours, line, ratio = capsys.readouterr().out.splitlines()[-3:]
