@@ -7,13 +7,17 @@
   many loggers refuse) through :func:`strict_json`: a non-finite number is written as ``null`` and named, with the
   reason, in the record's ``non_finite`` key (``{"/loss_parts/loss": "NaN"}``, JSON Pointers). :func:`read_json`
   reads both these records and those written with bare ``NaN`` before, into the same Python values.
+* A checkpoint can be written off the calling thread (:class:`BackgroundWriter`): the caller pays for a snapshot
+  (:func:`host_copy`), a thread for the atomic write.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +117,85 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 def save_atomic(obj, path: Path) -> None:
     """``torch.save`` to a temp file, then rename: a kill mid-save leaves the previous checkpoint intact."""
     _replace_atomic(path, lambda f: torch.save(obj, f))
+
+
+def host_copy(obj: Any) -> Any:
+    """A copy of ``obj`` that shares no memory with it, for a write that runs while the original changes.
+
+    Every tensor is copied into CPU memory of its own (contiguous, same shape and dtype; detached); every numpy
+    array is copied; dicts (their type kept), lists and tuples are rebuilt around the copies of their items; numbers,
+    strings, bytes and None are immutable and kept. A CUDA tensor goes into pinned memory by a non-blocking copy,
+    and every device copied from is synchronised before this returns, so the copy is complete when it is handed to
+    another thread; other tensors are copied the same way, blocking.
+
+    Raises TypeError for any other object (a checkpoint holds only what ``torch.load(weights_only=True)`` reads).
+    """
+    devices: set[torch.device] = set()
+    out = _host_copy(obj, devices)
+    for device in devices:
+        torch.cuda.synchronize(device)  # the non-blocking copies from it are done
+    return out
+
+
+def _host_copy(obj: Any, devices: set[torch.device]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        tensor = obj.detach()
+        cuda = tensor.device.type == "cuda"
+        out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=cuda)
+        out.copy_(tensor, non_blocking=cuda)
+        if cuda:
+            devices.add(tensor.device)
+        return out
+    if isinstance(obj, np.ndarray):
+        return obj.copy()
+    if isinstance(obj, dict):
+        out = copy.copy(obj)  # the same type (an OrderedDict state dict keeps its _metadata)
+        for key, value in obj.items():
+            out[key] = _host_copy(value, devices)
+        return out
+    if type(obj) in (list, tuple):
+        return type(obj)(_host_copy(item, devices) for item in obj)
+    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, np.generic, torch.dtype, torch.Size)):
+        return obj
+    raise TypeError(f"cannot copy a {type(obj).__name__} for a background write: only tensors, arrays, containers")
+
+
+class BackgroundWriter:
+    """Writes ``path`` with :func:`save_atomic` in a background thread, one write at a time.
+
+    :meth:`submit` takes a snapshot of the object (:func:`host_copy`: nothing the caller changes afterwards is
+    written), starts the write and returns; :meth:`wait` returns once no write is in flight. An error of a write
+    (any exception in the thread) is raised by the next :meth:`wait` or :meth:`submit`, once. A kill at any point
+    leaves ``path`` as the last finished write left it (the write is :func:`save_atomic`'s). Meant for one calling
+    thread; a write still in flight when the interpreter exits is finished first (the thread is not a daemon).
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, obj: Any) -> None:
+        """Wait for the write in flight (raising its error), snapshot ``obj``, and start writing the snapshot."""
+        self.wait()
+        snapshot = host_copy(obj)
+        self._thread = threading.Thread(target=self._write, args=(snapshot,), name=f"write {self.path.name}")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Return when no write is in flight; raise the error of a write that failed since the last wait."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _write(self, snapshot: Any) -> None:
+        try:
+            save_atomic(snapshot, self.path)
+        except BaseException as err:  # noqa: BLE001 - handed to the calling thread by wait()
+            self._error = err
 
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
