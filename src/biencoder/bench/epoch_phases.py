@@ -3,7 +3,9 @@
 :func:`bench_epoch_phases` builds the :class:`~biencoder.engine.training.runner.Runner` of a composed run, puts a
 :class:`~biencoder.bench.common.PhaseTimer` in its :attr:`Runner.phase` hook and runs its own
 :meth:`Runner.run_epoch`: mine, train, per split encode and retrieve + rerank, keep best when val improved, log,
-``last.pt``. A frozen run whose embedding cache is cold warms it first, and says so.
+``last.pt`` (what stays on the training path: the copy of the state, and a wait for the previous write if it is still
+in flight; the write itself runs in a thread, seen only in what it slows down). A frozen run whose embedding cache
+is cold warms it first, and says so.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def checkpoint_at_share(runner, best: dict, train_sim: torch.Tensor, epochs: int
     total, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every
     if not every or "checkpoint" in timer.wall:
         return  # never written, or written (and timed) by the runner's own epochs
+    runner.folder.wait_state()  # no earlier write in flight: the phase is the snapshot alone
     one = PhaseTimer(runner.device)
     one("checkpoint", lambda: runner.save_last(0, best, train_sim, [rng_states()]))
     scale = epochs * math.ceil(total / every) / total
@@ -114,6 +117,7 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
         setup = time.perf_counter() - start
         tokenise = _tokenise_seconds(runner)
         timer = _timed_epochs(runner, epochs)
+        runner.folder.wait_state()  # the last last.pt write, in the background, ends before its folder goes
         return {
             "device": device_label(runner.device),
             "steps": runner.trainer.steps_per_epoch,
