@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from biencoder.engine import files
-from biencoder.engine.files import BackgroundWriter, host_copy
+from biencoder.engine.files import BackgroundWriter, HostCopier, host_copy
 from biencoder.engine.runs import folder as folder_module
 from biencoder.engine.runs.folder import RunFolder
 from conftest import FAST, compose_cfg
@@ -30,6 +30,7 @@ class Gate:
         self.released, self.entered = threading.Event(), threading.Event()
         self.running = self.most = self.calls = 0
         self.threads: list[threading.Thread] = []
+        self.saved: list = []  # what each write left in the file
         self.real = files.save_atomic
         monkeypatch.setattr(files, "save_atomic", self.save)
 
@@ -48,6 +49,7 @@ class Gate:
                 raise self.error
             self.real(obj, path)
             self.events.append(f"{path.name} written")
+            self.saved.append(torch.load(path, weights_only=True))
         finally:
             self.running -= 1
 
@@ -137,6 +139,20 @@ def test_host_copy_shares_no_memory_and_keeps_types():
         host_copy({"odd": {1, 2}})
 
 
+def test_a_copier_reuses_memory_only_after_release():
+    """Copies made since the last release keep their values while later copies are made; after release() a copy of
+    the same shapes goes into the same memory, with the new values."""
+    copier = HostCopier()
+    first = copier.copy({"w": torch.ones(4, 3)})
+    second = copier.copy({"w": torch.full((4, 3), 2.0)})
+    assert torch.equal(first["w"], torch.ones(4, 3))  # not overwritten: first was never released
+    assert second["w"].data_ptr() != first["w"].data_ptr()
+    copier.release()
+    third = copier.copy({"w": torch.full((4, 3), 3.0), "b": torch.zeros(3)})
+    assert third["w"].data_ptr() in {first["w"].data_ptr(), second["w"].data_ptr()}
+    assert torch.equal(third["w"], torch.full((4, 3), 3.0)) and torch.equal(third["b"], torch.zeros(3))
+
+
 def test_one_write_at_a_time_and_the_later_state_wins(tmp_path, monkeypatch):
     """A second save_state while the first write is held waits for it; the file then holds the second state."""
     events = []
@@ -145,6 +161,7 @@ def test_one_write_at_a_time_and_the_later_state_wins(tmp_path, monkeypatch):
     first, _ = a_state()
     second, _ = a_state()
     second["epoch"] = 4
+    second["model"]["w"] += 1
     folder.save_state(first)
     assert gate.entered.wait(10)
     submitter = threading.Thread(target=folder.save_state, args=(second,))
@@ -155,6 +172,10 @@ def test_one_write_at_a_time_and_the_later_state_wins(tmp_path, monkeypatch):
     submitter.join(10)
     folder.wait_state()
     assert gate.most == 1 and gate.calls == 2 and events == ["last.pt written", "last.pt written"]
+    # each write holds its own state (the second copy reuses the first's memory only after the first write ended)
+    assert [saved["epoch"] for saved in gate.saved] == [3, 4]
+    assert torch.equal(gate.saved[0]["model"]["w"], first["model"]["w"])
+    assert torch.equal(gate.saved[1]["model"]["w"], second["model"]["w"])
     assert torch.load(folder.last, weights_only=True)["epoch"] == 4
 
 

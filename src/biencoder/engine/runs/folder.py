@@ -304,9 +304,9 @@ class RunFolder:
     def save_state(self, state: dict) -> None:
         """Write ``state`` (:func:`~biencoder.engine.runs.checkpoint.training_state`) to ``last.pt`` in the background.
 
-        Waits for the previous write first (raising its error), then copies ``state`` into memory of the write's own
-        (:func:`~biencoder.engine.files.host_copy`: the caller may change every tensor of it once this returns) and
-        starts the atomic write. :meth:`wait_state` waits for it."""
+        Waits for the previous write first (raising its error), then copies ``state`` into memory of the writer's
+        own (:class:`~biencoder.engine.files.HostCopier`: the caller may change every tensor of it once this returns)
+        and starts the atomic write. :meth:`wait_state` waits for it."""
         self._last_writer.submit(state)
 
     def wait_state(self) -> None:
@@ -328,10 +328,10 @@ class RunFolder:
 
     # -- ending -------------------------------------------------------------------------------------------------
     def finish(self, final: dict, arrays: dict[str, np.ndarray], checkpoint: dict | None, keep_last: bool) -> None:
-        """Wait for the ``last.pt`` write in flight (:meth:`wait_state`, raising its error), then ``<name>.npy`` per
-        array (test_hits, test_seen) and ``best.pt``, then ``final.json`` (status done), so it vouches for the rest;
-        then ``last.pt`` goes unless ``keep_last``."""
-        self.wait_state()
+        """Wait for the ``last.pt`` write in flight (as :meth:`wait_state`, raising its error; the memory its copies
+        reused is let go), then ``<name>.npy`` per array (test_hits, test_seen) and ``best.pt``, then ``final.json``
+        (status done), so it vouches for the rest; then ``last.pt`` goes unless ``keep_last``."""
+        self._last_writer.close()
         for name, array in arrays.items():
             save_npy_atomic(self.path / f"{name}.npy", array)
         if checkpoint is not None:
