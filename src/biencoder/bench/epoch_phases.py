@@ -59,7 +59,7 @@ def checkpoint_at_share(runner, best: dict, train_sim: torch.Tensor, epochs: int
     total, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every
     if not every or "checkpoint" in timer.wall:
         return  # never written, or written (and timed) by the runner's own epochs
-    runner.folder.wait_state()  # no earlier write in flight: the phase is the snapshot alone
+    runner.folder.last_writer.wait()  # no earlier write in flight: the phase is the snapshot alone
     one = PhaseTimer(runner.device)
     one("checkpoint", lambda: runner.save_last(0, best, train_sim, [rng_states()]))
     scale = epochs * math.ceil(total / every) / total
@@ -117,7 +117,7 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
         setup = time.perf_counter() - start
         tokenise = _tokenise_seconds(runner)
         timer = _timed_epochs(runner, epochs)
-        runner.folder.wait_state()  # the last last.pt write, in the background, ends before its folder goes
+        runner.folder.last_writer.wait()  # the last last.pt write, in the background, ends before its folder goes
         return {
             "device": device_label(runner.device),
             "steps": runner.trainer.steps_per_epoch,

@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import math
 import os
 import threading
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+
+log = logging.getLogger("biencoder")
 
 #: the key of a written record that names its non-finite values (JSON Pointer -> how JSON5/JavaScript spell them)
 NON_FINITE = "non_finite"
@@ -218,6 +223,20 @@ class BackgroundWriter:
         error, self._error = self._error, None
         if error is not None:
             raise error
+
+    @contextmanager
+    def waiting_on_error(self) -> Iterator[None]:
+        """Around code that calls :meth:`submit`: when it ends by an exception, the write in flight is waited for
+        before the exception propagates (so that what the caller does next, a record that the run failed, comes
+        after it); an error of that write is then logged, and the block's own exception is the one raised."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.wait()
+            except Exception as err:  # noqa: BLE001 - reported here, the block's own error goes on
+                log.error("writing %s failed as well: %s: %s", self.path, type(err).__name__, err)
+            raise
 
     def close(self) -> None:
         """:meth:`wait`, then let go of the copy's memory (a later :meth:`submit` allocates anew)."""

@@ -114,7 +114,7 @@ def test_the_write_holds_the_state_as_it_was_when_submitted(tmp_path, monkeypatc
     state["best"]["metrics"]["val"]["top1"] = 0.0
     state["epoch"] = 4
     gate.open()
-    folder.wait_state()
+    folder.last_writer.wait()
     assert gate.threads and threading.main_thread() not in gate.threads
     assert_holds(torch.load(folder.last, weights_only=True), want)
 
@@ -170,7 +170,7 @@ def test_one_write_at_a_time_and_the_later_state_wins(tmp_path, monkeypatch):
     assert submitter.is_alive() and gate.calls == 1  # waiting for the first write, not writing beside it
     gate.open()
     submitter.join(10)
-    folder.wait_state()
+    folder.last_writer.wait()
     assert gate.most == 1 and gate.calls == 2 and events == ["last.pt written", "last.pt written"]
     # each write holds its own state (the second copy reuses the first's memory only after the first write ended)
     assert [saved["epoch"] for saved in gate.saved] == [3, 4]
@@ -185,8 +185,8 @@ def test_a_failed_write_is_raised_by_the_next_wait_once(tmp_path, monkeypatch):
     state, _ = a_state()
     folder.save_state(state)  # the error happens in the thread
     with pytest.raises(OSError, match="No space left"):
-        folder.wait_state()
-    folder.wait_state()  # raised once
+        folder.last_writer.wait()
+    folder.last_writer.wait()  # raised once
     folder.save_state(state)
     with pytest.raises(OSError, match="No space left"):
         folder.save_state(state)  # the next checkpoint waits for the failed one first
@@ -209,10 +209,27 @@ def test_finish_waits_for_the_write_then_vouches_for_it(tmp_path, monkeypatch, k
     state, _ = a_state()
     folder.save_state(state)
     folder.finish({"status": "done"}, {"test_hits": np.arange(3)}, None, keep_last=keep_last)
-    folder.wait_state()  # nothing in flight any more: whatever the write would still do, it did
+    folder.last_writer.wait()  # nothing in flight any more: whatever the write would still do, it did
     assert events == ["last.pt written", "final.json written"]
     assert folder.last.exists() == keep_last and not list(tmp_path.glob(".last.pt.*"))
     assert json.loads(folder.final.read_text()) == {"status": "done"}
+
+
+def test_a_block_that_fails_waits_for_the_write_and_keeps_its_own_error(tmp_path, monkeypatch, caplog):
+    """waiting_on_error: the block's exception propagates after the write in flight ended (the file is there when
+    it arrives); when that write failed too, its error is logged, not raised in place of the block's."""
+    Gate(monkeypatch, [], delay=0.3)
+    writer = BackgroundWriter(tmp_path / "last.pt")
+    with pytest.raises(ValueError, match="the run's own"), writer.waiting_on_error():
+        writer.submit({"epoch": 0})
+        raise ValueError("the run's own error")
+    assert torch.load(tmp_path / "last.pt", weights_only=True) == {"epoch": 0}
+    Gate(monkeypatch, [], delay=0.3, error=OSError(28, "No space left on device"))
+    with pytest.raises(ValueError, match="the run's own"), writer.waiting_on_error():
+        writer.submit({"epoch": 1})
+        raise ValueError("the run's own error")
+    assert "writing" in caplog.text and "No space left" in caplog.text
+    writer.wait()  # reported once, there
 
 
 def test_a_writer_of_another_file_is_independent(tmp_path):

@@ -21,8 +21,8 @@ Rules this module enforces (each has a test in ``tests/engine/runs/test_rundir.p
 * **``last.pt`` is written off the training path, and whole** (``tests/engine/runs/test_background_write.py``):
   :meth:`RunFolder.save_state` returns once the state is copied (the write goes on in a thread, one at a time, as a
   temp file renamed over ``last.pt``), so a kill at any point leaves the previous ``last.pt`` or the new one;
-  :meth:`RunFolder.finish` waits for the write before anything that vouches for it, and a failed write's error is
-  raised in the caller's thread.
+  :meth:`RunFolder.finish` (and a run that fails) waits for the write before anything that vouches for it, and a
+  failed write's error is raised in the caller's thread.
 * **One process writes a run folder at a time**: :mod:`.lock` (:func:`~.lock.claim`, :func:`~.lock.release`); the
   bad-input clean-up below removes ``run.lock`` only when this process created it and holds it.
 """
@@ -205,8 +205,8 @@ class RunFolder:
 
     ``metrics.jsonl`` (appended, fsynced per epoch), ``config_resolved.yaml``, ``last.pt`` (full training state),
     ``best.pt`` (best-by-val weights + what is needed to use them), ``test_hits.npy``, ``final.json``, ``train.log``.
-    The ``last.pt`` writes of :meth:`save_state` belong to this object: :meth:`wait_state` and :meth:`finish` wait for
-    those, not for another :class:`RunFolder`'s of the same path.
+    :attr:`last_writer` (a :class:`~biencoder.engine.files.BackgroundWriter`) writes ``last.pt`` for
+    :meth:`save_state`; its ``wait()`` and :meth:`finish` wait for this object's writes, not another's.
     """
 
     def __init__(self, path: str | Path):
@@ -215,7 +215,7 @@ class RunFolder:
         self.last = self.path / "last.pt"
         self.final = self.path / "final.json"
         self.config = self.path / "config_resolved.yaml"
-        self._last_writer = BackgroundWriter(self.last)
+        self.last_writer = BackgroundWriter(self.last)
 
     # -- opening ------------------------------------------------------------------------------------------------
     def open(self, cfg: DictConfig, main: bool = True, runtime: Runtime | None = None) -> dict | None:
@@ -302,17 +302,10 @@ class RunFolder:
         return dropped
 
     def save_state(self, state: dict) -> None:
-        """Write ``state`` (:func:`~biencoder.engine.runs.checkpoint.training_state`) to ``last.pt`` in the background.
-
-        Waits for the previous write first (raising its error), then copies ``state`` into memory of the writer's
-        own (:class:`~biencoder.engine.files.HostCopier`: the caller may change every tensor of it once this returns)
-        and starts the atomic write. :meth:`wait_state` waits for it."""
-        self._last_writer.submit(state)
-
-    def wait_state(self) -> None:
-        """Return once no ``last.pt`` write of :meth:`save_state` is in flight; raise the error of one that failed
-        since the last wait (once)."""
-        self._last_writer.wait()
+        """``state`` (:func:`~biencoder.engine.runs.checkpoint.training_state`) into ``last.pt`` by
+        :attr:`last_writer`: returns once it is copied (the caller may then change any tensor of it); the write goes
+        on in a thread."""
+        self.last_writer.submit(state)
 
     def load_state(self) -> dict | None:
         """``last.pt``, or None when there is none; :class:`RunFolderError` when it cannot be read."""
@@ -328,10 +321,10 @@ class RunFolder:
 
     # -- ending -------------------------------------------------------------------------------------------------
     def finish(self, final: dict, arrays: dict[str, np.ndarray], checkpoint: dict | None, keep_last: bool) -> None:
-        """Wait for the ``last.pt`` write in flight (as :meth:`wait_state`, raising its error; the memory its copies
-        reused is let go), then ``<name>.npy`` per array (test_hits, test_seen) and ``best.pt``, then ``final.json``
-        (status done), so it vouches for the rest; then ``last.pt`` goes unless ``keep_last``."""
-        self._last_writer.close()
+        """Wait for the ``last.pt`` write in flight (raising its error; the writer lets go of its memory), then
+        ``<name>.npy`` per array (test_hits, test_seen) and ``best.pt``, then ``final.json`` (status done), so it
+        vouches for the rest; then ``last.pt`` goes unless ``keep_last``."""
+        self.last_writer.close()
         for name, array in arrays.items():
             save_npy_atomic(self.path / f"{name}.npy", array)
         if checkpoint is not None:

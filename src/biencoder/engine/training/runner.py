@@ -98,21 +98,9 @@ class Runner:
     def fit(self, state: dict | None = None) -> dict | None:
         """Train (from ``state``, else from ``last.pt`` when it exists) and return what ``final.json`` holds; None on
         ranks > 0."""
-        with logging_redirect_tqdm():  # log lines go above the progress bars instead of through them
-            try:
-                return self._fit(state)
-            except BaseException:
-                self._settle_last()
-                raise
-
-    def _settle_last(self) -> None:
-        """On a failed run: wait for the ``last.pt`` write in flight, so that whatever the caller does next (a
-        ``final.json`` saying failed, a resume) finds it finished. An error of that write is logged: the run's own
-        error is the one that propagates."""
-        try:
-            self.folder.wait_state()
-        except BaseException as err:  # noqa: BLE001 - reported here, the run's error goes on
-            log.error("writing %s failed as well: %s: %s", self.folder.last, type(err).__name__, err)
+        # log lines go above the progress bars instead of through them; a failed run waits for the last.pt write
+        with logging_redirect_tqdm(), self.folder.last_writer.waiting_on_error():
+            return self._fit(state)
 
     def _fit(self, state: dict | None) -> dict | None:
         start = time.time()
@@ -274,7 +262,7 @@ class Runner:
     # -- checkpointing ----------------------------------------------------------------------------------------
     def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor, rngs: list[dict]) -> None:
         """The full training state after ``epoch`` into ``last.pt`` (:func:`checkpoint.training_state`): copied here,
-        written atomically in the background (:meth:`RunFolder.save_state`; the end of the run waits for it)."""
+        written atomically in the background (:meth:`RunFolder.save_state`; the run's end or failure waits for it)."""
         fingerprint = self.inputs.fingerprint
         self.folder.save_state(training_state(epoch, self.trainer, best, train_sim, rngs, fingerprint))
 
