@@ -72,6 +72,112 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert "resuming" in (killed / "train.log").read_text()
 
 
+# A training run (``python -m biencoder.train`` + argv[4:]) whose ``nth`` write of last.pt stops for good at a known
+# point inside the write, in the writer's thread: "mid-write" (half of the bytes in the temp file, fsynced) or
+# "before-rename" (the whole temp file written and fsynced, not yet renamed over last.pt). Then it writes argv[1].
+PAUSED_WRITE = """
+import io, os, runpy, sys, threading
+from pathlib import Path
+
+import torch
+
+marker, point, nth = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+writes = []
+
+
+def is_last(name):  # last.pt, or the temp file of a write of it
+    return Path(str(name)).name == "last.pt" or Path(str(name)).name.startswith(".last.pt.")
+
+
+def pause_at(here, name):
+    if here != point or not is_last(name):
+        return
+    writes.append(name)
+    if len(writes) == nth:
+        thread = "main" if threading.current_thread() is threading.main_thread() else "writer"
+        marker.write_text(thread)
+        threading.Event().wait()  # for good: the test kills the process here
+
+
+real_save, real_replace = torch.save, os.replace
+
+
+def save(obj, f, *args, **kwargs):
+    name = getattr(f, "name", "")
+    if point == "mid-write" and is_last(name) and len(writes) == nth - 1:
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        data = buffer.getvalue()
+        f.write(data[: len(data) // 2])
+        f.flush()
+        os.fsync(f.fileno())
+    pause_at("mid-write", name)
+    return real_save(obj, f, *args, **kwargs)
+
+
+def replace(src, dst, *args, **kwargs):
+    pause_at("before-rename", src)
+    return real_replace(src, dst, *args, **kwargs)
+
+
+torch.save, os.replace = save, replace
+sys.argv = ["biencoder.train", *sys.argv[4:]]
+runpy.run_module("biencoder.train", run_name="__main__", alter_sys=True)
+"""
+KILL_RUN = [*RUN, "trainer.max_epochs=4"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The folder of the run that the killed and resumed runs are compared with."""
+    out = tmp_path_factory.mktemp("whole") / "run"
+    cmd, env = train_cli(*KILL_RUN, f"hydra.run.dir={out}")
+    subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=REPO)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["mid-write", "before-rename"])
+def test_sigkill_during_the_background_write_then_resume_equals_an_uninterrupted_run(tmp_path, uninterrupted, point):
+    """The write of epoch 1's last.pt stops inside the writer thread (at ``point``) while training goes on: epoch 2
+    is logged meanwhile, then the run is killed. last.pt is epoch 0's, whole; the resumed run equals one that was
+    never interrupted."""
+    killed, marker = tmp_path / "killed", tmp_path / "paused"
+    cmd = [sys.executable, "-c", PAUSED_WRITE, str(marker), point, "2", *KILL_RUN, f"hydra.run.dir={killed}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 300
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            # the write of epoch 1 is held and epoch 2 was trained and logged meanwhile: off the training path (a
+            # write held in the main thread holds the training too: killed at once, and the test fails below)
+            held_in = marker.read_text() if marker.exists() else ""
+            trained_on = held_in == "writer" and any(r["epoch"] >= 2 for r in read_metrics(metrics)[0])
+            if held_in == "main" or trained_on:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.02)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, f"the run ended before it could be killed: {err.decode()[-2000:]}"
+    assert marker.read_text() == "writer"  # the write ran outside the training (main) thread
+    assert {r["epoch"] for r in read_metrics(metrics)[0]} == {0, 1, 2}  # epoch 3 waits for the held write
+    assert not (killed / "final.json").exists()
+    assert torch.load(killed / "last.pt", weights_only=True)["epoch"] == 0  # the previous last.pt, intact
+
+    cmd, env = train_cli(*KILL_RUN, f"trainer.resume={killed}")
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    resumed, whole = rows_of(killed), rows_of(uninterrupted)
+    assert [(r["epoch"], r["split"]) for r in resumed] == [(e, s) for e in range(4) for s in ("train", "val", "test")]
+    assert stable(resumed) == stable(whole)  # bit-identical numbers on the CPU
+    final, reference = (json.loads((d / "final.json").read_text()) for d in (killed, uninterrupted))
+    assert final["status"] == "done" and stable([final]) == stable([reference])
+    assert "resuming" in (killed / "train.log").read_text() and "after epoch 0" in (killed / "train.log").read_text()
+
+
 @pytest.mark.slow
 def test_resume_drops_the_rows_of_an_unfinished_epoch(tmp_path):
     out = tmp_path / "run"

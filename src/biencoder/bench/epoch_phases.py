@@ -3,8 +3,9 @@
 :func:`bench_epoch_phases` builds the :class:`~biencoder.engine.training.runner.Runner` of a composed run, puts a
 :class:`~biencoder.bench.common.PhaseTimer` in its :attr:`Runner.phase` hook and runs its own
 :meth:`Runner.run_epoch`: mine, train, per split encode and retrieve + rerank, keep best when val improved, log,
-``last.pt``. A frozen run whose embedding cache is cold warms it first, and says so; a trained encoder's run says
-whether its token ids came from the token cache.
+``last.pt`` (what stays on the training path: the copy of the state, and a wait for the previous write if it is still
+in flight; the write itself runs in a thread, seen only in what it slows down). A frozen run whose embedding cache
+is cold warms it first, and says so; a trained encoder's run says whether its token ids came from the token cache.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def checkpoint_at_share(runner, best: dict, train_sim: torch.Tensor, epochs: int
     total, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every
     if not every or "checkpoint" in timer.wall:
         return  # never written, or written (and timed) by the runner's own epochs
+    runner.folder.last_writer.wait()  # no earlier write in flight: the phase is the snapshot alone
     one = PhaseTimer(runner.device)
     one("checkpoint", lambda: runner.save_last(0, best, train_sim, [rng_states()]))
     scale = epochs * math.ceil(total / every) / total
@@ -135,6 +137,7 @@ def bench_epoch_phases(overrides: list[str], epochs: int = 3, say=print) -> dict
         tokenise = _tokenise_seconds(runner)
         tokens = token_report(runner)
         timer = _timed_epochs(runner, epochs)
+        runner.folder.last_writer.wait()  # the last last.pt write, in the background, ends before its folder goes
         return {
             "device": device_label(runner.device),
             "tokens": tokens,

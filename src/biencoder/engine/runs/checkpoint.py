@@ -9,9 +9,9 @@ Contents (``torch.load(..., weights_only=True)``-safe: tensors, numbers, strings
 ``tokenizer_files`` ({file name: bytes} as ``save_pretrained`` writes them), and ``run``: ``retrieve``, ``k``
 (the retrieve-then-rerank settings it was selected with), ``data``, ``dedup``, ``variant``, ``seed``.
 
-``last.pt`` (:func:`training_state`, written by :meth:`biencoder.engine.runs.folder.RunFolder.save_state`): the full
-training state after an epoch; resuming from it (:func:`restore_last`, then :func:`selected_by_rule`) continues bit for
-bit.
+``last.pt`` (:func:`training_state`, copied and written in the background by
+:meth:`biencoder.engine.runs.folder.RunFolder.save_state`): the full training state after an epoch; resuming from it
+(:func:`restore_last`, then :func:`selected_by_rule`) continues bit for bit.
 """
 
 from __future__ import annotations

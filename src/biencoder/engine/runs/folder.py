@@ -18,6 +18,11 @@ Rules this module enforces (each has a test in ``tests/engine/runs/test_rundir.p
 * **A resumed run is the same run**: every setting but :data:`~biencoder.engine.config.settings.NON_RESULT_KEYS` must
   equal the saved one, checked before anything else (a finished run with other settings is refused, not skipped), and
   it continues on the same device type with the same precision (``config_resolved.yaml`` records both resolved).
+* **``last.pt`` is written off the training path, and whole** (``tests/engine/runs/test_background_write.py``):
+  :meth:`RunFolder.save_state` returns once the state is copied (the write goes on in a thread, one at a time, as a
+  temp file renamed over ``last.pt``), so a kill at any point leaves the previous ``last.pt`` or the new one;
+  :meth:`RunFolder.finish` (and a run that fails) waits for the write before anything that vouches for it, and a
+  failed write's error is raised in the caller's thread.
 * **One process writes a run folder at a time**: :mod:`.lock` (:func:`~.lock.claim`, :func:`~.lock.release`); the
   bad-input clean-up below removes ``run.lock`` only when this process created it and holds it.
 """
@@ -38,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from ...errors import ConfigError
 from ..config.settings import is_non_result_key, resume_folder, resume_requested, run_settings
 from ..data.pair_records import data_files
-from ..files import save_atomic, save_npy_atomic, write_json_atomic
+from ..files import BackgroundWriter, save_atomic, save_npy_atomic, write_json_atomic
 from ..machine.runtime import Runtime
 from .lock import announce_lock, claim, created_lock, own_lock_file, release, writes_run_folders
 from .records import RunFolderError, append_rows, is_done, read_final, truncate_metrics
@@ -200,6 +205,8 @@ class RunFolder:
 
     ``metrics.jsonl`` (appended, fsynced per epoch), ``config_resolved.yaml``, ``last.pt`` (full training state),
     ``best.pt`` (best-by-val weights + what is needed to use them), ``test_hits.npy``, ``final.json``, ``train.log``.
+    :attr:`last_writer` (a :class:`~biencoder.engine.files.BackgroundWriter`) writes ``last.pt`` for
+    :meth:`save_state`; its ``wait()`` and :meth:`finish` wait for this object's writes, not another's.
     """
 
     def __init__(self, path: str | Path):
@@ -208,6 +215,7 @@ class RunFolder:
         self.last = self.path / "last.pt"
         self.final = self.path / "final.json"
         self.config = self.path / "config_resolved.yaml"
+        self.last_writer = BackgroundWriter(self.last)
 
     # -- opening ------------------------------------------------------------------------------------------------
     def open(self, cfg: DictConfig, main: bool = True, runtime: Runtime | None = None) -> dict | None:
@@ -294,7 +302,10 @@ class RunFolder:
         return dropped
 
     def save_state(self, state: dict) -> None:
-        save_atomic(state, self.last)
+        """``state`` (:func:`~biencoder.engine.runs.checkpoint.training_state`) into ``last.pt`` by
+        :attr:`last_writer`: returns once it is copied (the caller may then change any tensor of it); the write goes
+        on in a thread."""
+        self.last_writer.submit(state)
 
     def load_state(self) -> dict | None:
         """``last.pt``, or None when there is none; :class:`RunFolderError` when it cannot be read."""
@@ -310,8 +321,10 @@ class RunFolder:
 
     # -- ending -------------------------------------------------------------------------------------------------
     def finish(self, final: dict, arrays: dict[str, np.ndarray], checkpoint: dict | None, keep_last: bool) -> None:
-        """``<name>.npy`` per array (test_hits, test_seen) and ``best.pt``, then ``final.json`` (status done) last,
-        so it vouches for the rest."""
+        """Wait for the ``last.pt`` write in flight (raising its error; the writer lets go of its memory), then
+        ``<name>.npy`` per array (test_hits, test_seen) and ``best.pt``, then ``final.json`` (status done), so it
+        vouches for the rest; then ``last.pt`` goes unless ``keep_last``."""
+        self.last_writer.close()
         for name, array in arrays.items():
             save_npy_atomic(self.path / f"{name}.npy", array)
         if checkpoint is not None:

@@ -4,8 +4,8 @@ Each epoch: mine negatives with the current weights (the training split's embedd
 epoch's evaluation are reused, so the split is embedded once per epoch), train on (point, counter, negative)
 triplets (:mod:`biencoder.engine.training.epoch`), then evaluate retrieve-k-then-rerank top-1 on train, val and test
 (:mod:`biencoder.engine.training.evaluation`). The run folder gets ``metrics.jsonl`` (one row per epoch and split,
-fsynced per epoch), ``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``:
-:mod:`biencoder.engine.runs.checkpoint`) and, at the end, ``best.pt``, ``test_hits.npy`` and ``final.json``
+fsynced per epoch), ``train.log``, ``last.pt`` (the full training state, for ``trainer.resume``, written in the
+background: :mod:`biencoder.engine.runs.checkpoint`) and, at the end, ``best.pt``, ``test_hits.npy`` and ``final.json``
 (atomically; ``status`` done, or failed / diverged with the error: :func:`biencoder.engine.training.run.run`) with
 the 8 official tasks for the best-by-val weights. The best epoch is the first with the highest val value of the
 metric :func:`biencoder.engine.config.schema.selection` names (``final.json``'s ``selection``): the reranked top-1, or
@@ -98,7 +98,8 @@ class Runner:
     def fit(self, state: dict | None = None) -> dict | None:
         """Train (from ``state``, else from ``last.pt`` when it exists) and return what ``final.json`` holds; None on
         ranks > 0."""
-        with logging_redirect_tqdm():  # log lines go above the progress bars instead of through them
+        # log lines go above the progress bars instead of through them; a failed run waits for the last.pt write
+        with logging_redirect_tqdm(), self.folder.last_writer.waiting_on_error():
             return self._fit(state)
 
     def _fit(self, state: dict | None) -> dict | None:
@@ -260,7 +261,8 @@ class Runner:
 
     # -- checkpointing ----------------------------------------------------------------------------------------
     def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor, rngs: list[dict]) -> None:
-        """The full training state after ``epoch`` into ``last.pt``, atomically (:func:`checkpoint.training_state`)."""
+        """The full training state after ``epoch`` into ``last.pt`` (:func:`checkpoint.training_state`): copied here,
+        written atomically in the background (:meth:`RunFolder.save_state`; the run's end or failure waits for it)."""
         fingerprint = self.inputs.fingerprint
         self.folder.save_state(training_state(epoch, self.trainer, best, train_sim, rngs, fingerprint))
 
