@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 GPU = RESULTS / "gpu-h100-2026-11-23"
 H200 = RESULTS / "gpu-h200-2026-11-27"
+H200_ENCODING = RESULTS / "gpu-h200-2026-11-28"
 CELLS = ("plain", "ln", "relu", "ln_relu")  # the row order of the docs' tables
 TASKS = ("sdoc", "sdc", "sdoa", "sda", "stc", "sta", "epc", "epa")
 N_BOOT = statistics.N_BOOT  # the one setting every table uses, with which the committed tables were made
@@ -479,7 +480,27 @@ def h200_rows() -> tuple[list[str], list[str]]:
         f"| {epoch:.2f} s | one H200 | 7af1930 |",
         f"| {sweep:.1f} s | one H200 | 7af1930 |",
     ]
-    return rows, readme
+    return rows + h200_encoding_rows(), readme
+
+
+def h200_encoding_rows() -> list[str]:
+    """BENCHMARKS.md's snippets of the second H200 session (69c91ba): the epoch with the evaluation encoding on the
+    device, its encode phases, and the token cache."""
+    text = (H200_ENCODING / "encoding_and_tokens.txt").read_text()
+    start = text.index("mean of 2 after a warm-up")  # the bench's first epoch table (a cold token cache)
+    first = text[start : text.index("\n", text.index("finetune_epoch_s:", start))]
+    phases = dict(re.findall(r"^   (\S.*?) {2,}([\d.]+)(?: +[\d.]+)?$", first, flags=re.M))
+    epoch = float(re.search(r"^finetune_epoch_s: ([\d.]+)$", first, flags=re.M)[1])
+    cold = re.search(r"^token cache cold: three splits in ([\d.]+) s", text, flags=re.M)[1]
+    warm = re.search(r"^token cache warm: three splits in ([\d.]+) s", text, flags=re.M)[1]
+    encode = " / ".join(phases[f"encode {s}"] for s in ("train", "val", "test"))
+    return [
+        f"{epoch:.2f} s at 69c91ba (the mean of 2",
+        f"encode train / val / test {encode} ms, the epoch {epoch:.2f} s (mean of 2; train {phases['train']} ms, "
+        f"`last.pt` {phases['checkpoint']} ms",
+        f"Tokenising the three splits took {cold} s once per corpus",
+        f"the token cache in {warm} s",
+    ]
 
 
 def missing(docs: dict[str, str], wanted: dict[str, list[str]]) -> list[str]:
