@@ -112,3 +112,27 @@ def test_console_script_tab_completion(tmp_path):
     env = {**os.environ, "COMP_LINE": "biencoder-train +variant=ln"}
     query = subprocess.run([str(script), "-sc", "query=bash"], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert query.returncode == 0 and set(query.stdout.split()) == {"+variant=ln", "+variant=ln_relu"}
+
+
+def test_omegaconf_is_held_to_the_versions_whose_resolver_api_the_package_uses():
+    """OmegaConf 2.4 deprecates ``register_new_resolver`` (which engine/config/packaged.py and Hydra 1.3 call):
+    importing the schema under it warns. The requirement admits 2.3 and not 2.4, as hydra-core's admits 1.3 only; and
+    under the installed OmegaConf, importing the schema warns of nothing."""
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11 or later reads pyproject.toml")
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    requirements = {r.name: r.specifier for r in map(Requirement, pyproject["project"]["dependencies"])}
+    omegaconf = requirements["omegaconf"]
+    assert "2.3.0" in omegaconf and "2.4.0" not in omegaconf and version("omegaconf") in omegaconf
+    assert "1.3.2" in requirements["hydra-core"] and "1.4.0" not in requirements["hydra-core"]
+    proc = subprocess.run(
+        [sys.executable, "-W", "error", "-c", "import biencoder.engine.config.schema"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])},
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]

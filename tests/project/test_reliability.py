@@ -270,6 +270,47 @@ def test_a_crash_leaves_final_json_failed(tmp_path, monkeypatch):
     assert final["status"] == "failed" and "No space left" in final["error"]
 
 
+def encoding_runs_out_of_memory(*args, **kwargs):
+    raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+
+def model_load_runs_out_of_memory(*args, **kwargs):
+    raise MemoryError("cannot allocate the encoder's weights")
+
+
+@pytest.mark.parametrize(
+    "where, crash, error",
+    [
+        ("build_model", model_load_runs_out_of_memory, "MemoryError: cannot allocate the encoder's weights"),
+        ("EncoderInputs.make", encoding_runs_out_of_memory, "RuntimeError: CUDA out of memory. Tried to allocate"),
+    ],
+)
+def test_a_crash_during_set_up_leaves_final_json_failed(tmp_path, monkeypatch, where, crash, error):
+    """A crash before the first epoch (loading the model, encoding the corpus, memory) is a run that failed, as one
+    during training is: final.json says so with the error and the run's variant and seed; nothing in the folder
+    looks finished (no config_resolved.yaml, metrics, best.pt)."""
+    from biencoder.engine.training import runner
+
+    owner, name = (runner, where) if "." not in where else (getattr(runner, where.split(".")[0]), where.split(".")[1])
+    monkeypatch.setattr(owner, name, crash)
+    out = tmp_path / "run"
+    with pytest.raises((MemoryError, RuntimeError)):
+        run(compose_cfg(FAST + ["+variant=ln", "seed=4"]), out)
+    final = json.loads((out / "final.json").read_text())
+    assert final["status"] == "failed" and final["error"].startswith(error)
+    assert (final["variant"], final["seed"], final["selection"]) == ("ln", 4, {"split": "val", "metric": "top1"})
+    assert not {"config_resolved.yaml", "metrics.jsonl", "best.pt", "last.pt"} & {p.name for p in out.iterdir()}
+
+
+def test_bad_input_found_during_set_up_writes_no_final_json(tmp_path):
+    """A config the model refuses (ConfigError, found while building it) is bad input, not a failed run: nothing in
+    the folder says the run happened (the app then removes what it made: tests/engine/training/test_train.py)."""
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"model\.max_length=600"):
+        run(compose_cfg(FAST + ["model.max_length=600"]), out)
+    assert not (out / "final.json").exists()
+
+
 # -- guards ---------------------------------------------------------------------------------------------------
 def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
     from conftest import poison_classifier

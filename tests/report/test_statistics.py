@@ -244,6 +244,18 @@ def test_verdicts_take_the_p_ranges_of_their_own_resamples():
     assert got["verdict"] == [AT_THE_LINE, "no significant difference"]
 
 
+def test_verdicts_of_more_differences_than_p_values_are_refused_not_cut_short():
+    """One verdict per difference: a difference without its p-value (or a p-value without its difference) is a
+    caller's error, refused, not a table that silently lacks the rows past the shorter of the two."""
+    from biencoder.report.statistics import verdicts
+
+    with pytest.raises(ValueError, match="zip"):
+        verdicts([0.02, -0.01, 0.03], [0.03, 0.2], n_boot=1000)
+    with pytest.raises(ValueError, match="zip"):
+        verdicts([0.02], [0.03, 0.2], n_boot=1000)
+    assert len(verdicts([0.02, -0.01], [0.03, 0.2], n_boot=1000)["verdict"]) == 2
+
+
 def test_a_range_that_ends_at_alpha_is_at_the_line():
     """better / worse need the whole range below α; a high end equal to α is not below it (as a p equal to α is not
     significant), so the verdict is at the line, whichever the sign of the difference."""

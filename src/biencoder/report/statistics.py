@@ -190,5 +190,5 @@ def verdicts(diffs, p_values, n_boot: int = N_BOOT, alpha: float = ALPHA) -> dic
         "p_holm": list(adjusted),
         "p_holm_low": list(low),
         "p_holm_high": list(high),
-        "verdict": [verdict(d, a, alpha, (lo, hi)) for d, a, lo, hi in zip(diffs, adjusted, low, high, strict=False)],
+        "verdict": [verdict(d, a, alpha, (lo, hi)) for d, a, lo, hi in zip(diffs, adjusted, low, high, strict=True)],
     }

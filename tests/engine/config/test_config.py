@@ -307,3 +307,95 @@ def test_one_default_folder_for_the_real_corpus(monkeypatch):
     assert compose_cfg(["data=arguana"]).data.root == str(arguana_root()) == "/corpora/arguana"
     monkeypatch.undo()
     assert common.DEFAULT_CORPUS == arguana_root() and conftest.REAL_ROOT == arguana_root().absolute()
+
+
+def plain_configs():
+    """The schema's defaults as plain configs (no dataclass behind them, as a Python user may build one), one per
+    loss, with the node type of every leaf as OmegaConf's structured config gives it (the oracle of what each key
+    holds: not the schema walk validate makes)."""
+    from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
+
+    from biencoder.engine.config.schema import LOSS_OPTIONS, Schema
+    from biencoder.engine.config.settings import flatten
+
+    kinds = {IntegerNode: int, FloatNode: float, BooleanNode: bool}
+    for option in LOSS_OPTIONS.values():
+        structured = OmegaConf.structured(Schema(loss=option()))
+        typed = {}
+        for key in flatten(OmegaConf.to_container(structured, resolve=False)):
+            node = structured
+            for part in key.split("."):
+                node = node._get_node(part)
+            if type(node) in kinds:
+                typed[key] = (kinds[type(node)], node._is_optional())
+        yield OmegaConf.create(OmegaConf.to_container(structured)), typed
+
+
+#: per kind of key: values a plain config may hold that are not of that kind
+NOT_OF_KIND = {
+    int: (True, False, "abc", "3", 1.5, 3.0),
+    float: (True, "abc", "0.1", float("nan"), float("inf")),
+    bool: ("abc", "true", 1, 0, 1.0),
+}
+
+
+def test_every_typed_key_of_a_plain_config_refuses_a_value_of_another_type_in_one_line():
+    """Through the Python API (no Hydra to check types): a bool where an int or a float goes (``seed=True`` passed as
+    an int), a string, a float for an int, a non-finite float and a null where null is not allowed each end in one
+    ConfigError line that names the key and the value and says what to put there; null passes where the schema
+    allows it. Every int, float and bool key of the schema, each loss's included."""
+    checked = set()
+    for plain, typed in plain_configs():
+        validate(plain)
+        for key, (kind, optional) in typed.items():
+            for value in (*NOT_OF_KIND[kind], *(() if optional else (None,))):
+                bad = plain.copy()
+                OmegaConf.update(bad, key, value)
+                with pytest.raises(ConfigError) as err:
+                    validate(bad)
+                line = str(err.value)
+                assert "\n" not in line and line.startswith(f"{key}={value!r} is not "), line
+                fix = f"use {key}=true or {key}=false" if kind is bool else "set it to one"
+                assert fix in line, line
+            if optional:
+                fine = plain.copy()
+                OmegaConf.update(fine, key, None)
+                validate(fine)
+            checked.add(key)
+    # the keys of the issue, and one of each kind, are among those checked; validate walks the same keys
+    assert {"seed", "trainer.warmup_ratio", "trainer.eval_batch_size", "loss.scale", "loss.gather"} <= checked
+    from biencoder.engine.config.validation import typed_keys
+
+    assert {key for key, *_ in typed_keys()} == checked
+
+
+@pytest.mark.parametrize(
+    "key, value, line",
+    [
+        ("seed", True, "seed=True is not an integer: set it to one (the default: seed=0)"),
+        (
+            "trainer.warmup_ratio",
+            "abc",
+            "trainer.warmup_ratio='abc' is not a finite number: set it to one (the default: trainer.warmup_ratio=0.0)",
+        ),
+        (
+            "eval.pair_batch_size",
+            2.5,
+            "eval.pair_batch_size=2.5 is not an integer: set it to one, or null (the default: "
+            "eval.pair_batch_size=null)",
+        ),
+        (
+            "trainer.compile",
+            "no",
+            "trainer.compile='no' is not a boolean: use trainer.compile=true or trainer.compile=false",
+        ),
+    ],
+)
+def test_a_wrong_type_in_a_plain_config_is_one_line_naming_the_key_the_value_and_the_fix(key, value, line):
+    from biencoder.engine.config.schema import Schema
+
+    plain = OmegaConf.create(OmegaConf.to_container(OmegaConf.structured(Schema)))
+    OmegaConf.update(plain, key, value)
+    with pytest.raises(ConfigError) as err:
+        validate(plain)
+    assert str(err.value) == line

@@ -182,6 +182,18 @@ def test_epoch_sums_sample_the_step_statistics_and_average_the_loss_over_every_s
     assert [means[name] for name in STEP_STATISTICS] == [v / len(sampled) for v in total.tolist()]
 
 
+def test_epoch_sums_refuse_step_statistics_that_their_names_do_not_match():
+    """A step statistic computed but not named (a [13] row for the 14 STEP_STATISTICS, or 15) is an error when the
+    means are read, not a metrics row that silently lacks the unnamed values or names them wrongly."""
+    from biencoder.engine.training.epoch import STEP_STATISTICS, EpochSums
+
+    for size in (len(STEP_STATISTICS) - 1, len(STEP_STATISTICS) + 1):
+        sums = EpochSums(every=1)
+        sums.add({"loss": torch.tensor(1.0)}, lambda size=size: torch.zeros(size))
+        with pytest.raises(ValueError, match="zip"):
+            sums.means()
+
+
 def test_eval_mode_switches_every_module_and_restores_the_model(tiny_model_and_tokenizer):
     """Inside eval_mode every module is in eval mode, whatever the model's state; a model in eval mode throughout is
     not switched (nor back) at all, and a model that was switched is restored as before (train(was_training))."""

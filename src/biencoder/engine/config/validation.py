@@ -2,16 +2,19 @@
 before anything is touched; :func:`check_known_keys` refuses a key the schema does not know.
 
 Types and unknown keys are also refused by Hydra's composition against :mod:`.schema`; these checks add ranges,
-choices and combinations, and run on plain ``DictConfig`` objects too (the engine without Hydra): there a key of
-another loss is refused against the chosen loss's option (:data:`~biencoder.engine.config.schema.LOSS_OPTIONS`), as
-composition refuses it.
+choices and combinations, and run on plain ``DictConfig`` objects too (the engine without Hydra), where nothing else
+checks types: every bool, int and float key of the schema is checked against its type (:func:`check_types`), and a
+key of another loss is refused against the chosen loss's option
+(:data:`~biencoder.engine.config.schema.LOSS_OPTIONS`), as composition refuses both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import math
+import typing
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -46,12 +49,6 @@ def _choice(cfg: DictConfig, key: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"{key}={value!r} is not valid: use one of {', '.join(allowed)}")
 
 
-def _bool(cfg: DictConfig, key: str) -> None:
-    value = OmegaConf.select(cfg, key)
-    if not isinstance(value, bool):
-        raise ConfigError(f"{key}={value!r} is not a boolean: use {key}=true or {key}=false")
-
-
 def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
     """``key`` must be a number of ``kind`` (an int also passes as a float) and at least ``minimum``."""
     value = OmegaConf.select(cfg, key)
@@ -59,6 +56,64 @@ def _positive(cfg: DictConfig, key: str, kind=int, minimum=1) -> None:
     if isinstance(value, bool) or not isinstance(value, allowed) or not math.isfinite(value) or value < minimum:
         raise ConfigError(
             f"{key}={value!r} is not valid: it must be {'an int' if kind is int else 'a number'} >= {minimum}"
+        )
+
+
+@functools.lru_cache(maxsize=1)
+def typed_keys() -> tuple[tuple[str, type, bool, typing.Any], ...]:
+    """``(key, kind, nullable, default)`` for every key of the schema whose type is ``bool``, ``int`` or ``float``
+    (``kind``), each loss option's keys included: whether the schema allows null there, and its default."""
+    found: dict[str, tuple[type, bool, typing.Any]] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            key, hint = prefix + f.name, hints[f.name]
+            nullable = type(None) in typing.get_args(hint)
+            kinds = [a for a in typing.get_args(hint) if a is not type(None)] if nullable else [hint]
+            kind = kinds[0] if len(kinds) == 1 else None
+            if key == "loss":
+                for option in LOSS_OPTIONS.values():
+                    walk(option, "loss.")
+            elif dataclasses.is_dataclass(kind):
+                walk(kind, key + ".")
+            elif kind in (bool, int, float):
+                found.setdefault(key, (kind, nullable, f.default))
+
+    walk(Schema, "")
+    return tuple((key, *about) for key, about in found.items())
+
+
+def _is_of_kind(value: object, kind: type) -> bool:
+    """A bool is a bool only (not an int: ``True`` is one to Python); an int is an int; a float is any finite int or
+    float."""
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+_ABSENT = object()  # OmegaConf.select's default for a key the config lacks (None is a value)
+
+
+def check_types(cfg: DictConfig) -> None:
+    """Refuse a value of another type than its key's (:func:`typed_keys`) in one line that names the key, the value
+    and what to put there: a bool, a string or a null (where the schema allows none) for an int or a float, a float
+    for an int, a non-finite float, anything but true or false for a bool. Hydra's composition refuses these on the
+    command line; a plain config (the engine from Python) has no other check. A key the config lacks is not checked
+    here."""
+    for key, kind, nullable, default in typed_keys():
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if value is _ABSENT or (value is None and nullable) or _is_of_kind(value, kind):
+            continue
+        if kind is bool:
+            raise ConfigError(f"{key}={value!r} is not a boolean: use {key}=true or {key}=false")
+        what = "an integer" if kind is int else "a finite number"
+        shown = "null" if default is None else default
+        raise ConfigError(
+            f"{key}={value!r} is not {what}: set it to one{', or null' if nullable else ''} "
+            f"(the default: {key}={shown})"
         )
 
 
@@ -123,8 +178,6 @@ def _loss(cfg: DictConfig) -> None:
             _positive(cfg, f"loss.{key}", kind=float, minimum=0)
     if "scale" in reads and cfg.loss.scale == 0:
         raise ConfigError("loss.scale=0 is not valid: every score would be 0; use a number > 0 (20 is the usual one)")
-    if "gather" in reads:
-        _bool(cfg, "loss.gather")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -132,16 +185,12 @@ def validate(cfg: DictConfig) -> None:
     it once per run, before any folder is touched (with :func:`biencoder.engine.runs.tracking.check_packages` for the
     trackers, which needs the installed packages, not the config alone)."""
     check_known_keys(cfg)
+    check_types(cfg)  # first: the range checks below compare numbers
     for check in (_model, _trainer, _loss, _negatives, _eval, _data):
         check(cfg)
-    if not isinstance(cfg.seed, int):
-        raise ConfigError(f"seed={cfg.seed!r} is not an integer")
 
 
 def _model(cfg: DictConfig) -> None:
-    _bool(cfg, "model.head.use_layernorm")
-    _bool(cfg, "model.head.use_relu")
-    _bool(cfg, "model.encoder.freeze")
     _choice(cfg, "model.pooling", POOLINGS)
     _choice(cfg, "model.fusion", FUSIONS)
     _choice(cfg, "model.sim_init", SIM_INITS)
@@ -152,7 +201,6 @@ def _model(cfg: DictConfig) -> None:
 def _trainer(cfg: DictConfig) -> None:
     _choice(cfg, "trainer.device", DEVICES)
     _choice(cfg, "trainer.precision", PRECISIONS)
-    _bool(cfg, "trainer.deterministic")
     _choice(cfg, "trainer.scheduler", SCHEDULERS)
     warmup = cfg.trainer.warmup_ratio
     if not 0 <= warmup < 1:
@@ -207,7 +255,6 @@ PAIR_KEYS = ("train", "val", "test", "file", "format")
 def _data(cfg: DictConfig) -> None:
     _choice(cfg, "data.layout", LAYOUTS)
     _choice(cfg, "data.pool", POOLS)
-    _bool(cfg, "data.dedup")
     if cfg.data.max_debates is not None:
         _positive(cfg, "data.max_debates")
     if cfg.data.layout == "pairs":

@@ -50,7 +50,7 @@ class Embeddings:
 
     def chunk(self, n: int) -> list[Embeddings]:
         """Split the rows into ``n`` equal consecutive parts."""
-        return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n), strict=False)]
+        return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n), strict=True)]
 
 
 #: the embeddings each ``model.fusion`` puts in the pair features, in order; each adds [a, b, |a − b|] of it
@@ -320,4 +320,4 @@ def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
     the spread (std) of per-feature variances, and the share of exact zeros. Values are 0-d tensors on the
     input's device, keyed ``head_{pre|post}_{name}`` (name in :data:`HEAD_STATISTICS`).
     """
-    return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind(), strict=False))
+    return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind(), strict=True))

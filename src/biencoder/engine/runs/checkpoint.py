@@ -120,18 +120,18 @@ def restore_last(state: dict, path: Path, trainer, fingerprint: str | None) -> t
     """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``trainer`` (the
     :class:`~biencoder.engine.training.epoch.EpochTrainer`: its model, optimiser, LR schedule and RNGs) and this rank's
     RNGs; returns (next epoch, best so far, train embeddings to mine with). Raises :class:`RunFolderError` for another
-    encoder or another number of processes."""
+    encoder or another number of processes, before anything is restored (``trainer`` and the RNGs as they were)."""
     if state["encoder_fingerprint"] != fingerprint:
         raise RunFolderError(f"{path} was trained on another encoder than model.encoder.name_or_path loads now")
-    model = trainer.model
-    model.load_state_dict(state["model"], strict=fingerprint is None)
-    trainer.load_state_dict(state)
     rngs = state["rng"]
     if len(rngs) != distributed.world_size():
         raise RunFolderError(
             f"{path} was saved by {len(rngs)} process(es), not "
             f"{distributed.world_size()}: resume with the same number of processes"
         )
+    model = trainer.model
+    model.load_state_dict(state["model"], strict=fingerprint is None)
+    trainer.load_state_dict(state)
     set_rng_states(rngs[distributed.rank()])
     best = dict(state["best"])
     if best["state"] is not None:  # last.pt leaves out a frozen encoder's weights: the model's own, as the runner's

@@ -90,10 +90,10 @@ class EpochSums:
         if self.parts is None:
             return {}
         return {
-            **{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist(), strict=False)},
+            **{name: value / self.steps for name, value in zip(self.part_names, self.parts.tolist(), strict=True)},
             **{
                 name: value / self.sampled
-                for name, value in zip(STEP_STATISTICS, self.statistics.tolist(), strict=False)
+                for name, value in zip(STEP_STATISTICS, self.statistics.tolist(), strict=True)
             },
         }
 
@@ -138,7 +138,7 @@ class EpochTrainer:
         # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
         # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor)
         self.optimizer = torch.optim.AdamW(
-            [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups, strict=False)],
+            [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups, strict=True)],
             weight_decay=cfg.trainer.weight_decay,
             fused=True,
         )
