@@ -72,13 +72,8 @@ class Runtime:
 
     def pair_batch_size(self, configured: int | None) -> int:
         """Pairs per classifier call (and rows per sim-head call) in evaluation: ``eval.pair_batch_size``, or by device
-        when it is null. On a CPU 256: a [256, 1536] block of pair features stays in cache through the LayerNorm, ReLU
-        and output layer; reranking the 10 600 val pairs took 27-40 ms against 40-48 ms at 1024 (2-core VM,
-        2026-11-24, the same margins to the bit). On a GPU 4096, what the H100 runs of RESULTS.md used (fewer, larger
-        launches)."""
-        if configured is not None:
-            return int(configured)
-        return 4096 if self.device.type == "cuda" else 256
+        when it is null (:func:`pair_batch_size`)."""
+        return pair_batch_size(self.device, configured)
 
     def eval_batch_size(self, configured: int | None) -> int:
         """Texts per encoder forward when a split is embedded: ``trainer.eval_batch_size``, or by device when it is
@@ -108,6 +103,16 @@ class Runtime:
         torch.backends.cudnn.deterministic = self.deterministic
         if self.deterministic:
             torch.backends.cudnn.benchmark = False  # benchmarking picks the fastest kernel per run, not the same one
+
+
+def pair_batch_size(device: torch.device, configured: int | None = None) -> int:
+    """Pairs per classifier call (and rows per sim-head call) in evaluation on ``device``: ``configured``, or by device
+    when it is None. On a CPU 256: a [256, 1536] block of pair features stays in cache through the LayerNorm, ReLU and
+    output layer, with the same margins to the bit as larger blocks (BENCHMARKS.md, "Tried and rejected"). On a GPU
+    4096, what the H100 runs of RESULTS.md used (fewer, larger launches)."""
+    if configured is not None:
+        return int(configured)
+    return 4096 if device.type == "cuda" else 256
 
 
 def eval_batch_size(device: torch.device, configured: int | None = None) -> int:
