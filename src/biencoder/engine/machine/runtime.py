@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from ..config.schema import DEVICES, PRECISIONS
+from ..config.schema import DEVICES, PRECISIONS, TrainerSchema
 
 log = logging.getLogger("biencoder")
 
@@ -55,7 +55,7 @@ class Runtime:
 
     device: torch.device
     precision: str
-    deterministic: bool = False
+    deterministic: bool = TrainerSchema.deterministic
     backend: str | None = None
     local_rank: int = 0
     world_size: int = 1
@@ -145,9 +145,9 @@ def set_cublas_workspace(environ: os._Environ | dict | None = None) -> None:
 
 
 def decide(
-    device: str = "auto",
-    precision: str = "auto",
-    deterministic: bool = False,
+    device: str = TrainerSchema.device,
+    precision: str = TrainerSchema.precision,
+    deterministic: bool = TrainerSchema.deterministic,
     environ: Mapping[str, str] | None = None,
 ) -> Runtime:
     """The one decision of device, precision and process group; :class:`ConfigError` when it cannot work.
