@@ -185,7 +185,7 @@ def test_within_group_shortlists_by_hand_and_against_a_dense_reference(tmp_path)
     pairs = read_pairs(write_jsonl(tmp_path))
     split = pairs.paired("test")
     sim = np.array([[0.0], [1.0], [0.5], [3.0], [2.0], [0.6]])  # a0 a1 a2 | p0 p1 p2
-    rows, false = group_shortlists(sim, split, k=5)
+    rows, false = group_shortlists(sim, split, k=5, index="exact")
     # a0 (g1): a1 at 1, p1 at 2, p0 at 3 (its true positive); g2's a2 and p2 never appear
     assert rows[0].tolist() == [1, 4, 3, NONE, NONE] and rows[2].tolist() == [5, NONE, NONE, NONE, NONE]
     assert false.tolist() == [2, 2, 0]

@@ -35,7 +35,7 @@ def test_pools_exclude_query_and_true_counter_duplicates(planted):
 
 def test_retrieve_rerank_by_hand(planted):
     split, emb, model = planted
-    rows, dist = retrieve(emb.sim.numpy(), split, k=2)
+    rows, dist = retrieve(emb.sim.numpy(), split, k=2, index="exact")
     # query 0 at 0.0: P1 (0.4), C0 (1.0) — C2 is a twin of C0 and excluded
     # query 1 at 0.4: P0 (0.4), C0 (0.6) — its counter C1 (4.6) is not among the 2
     # query 2 at 10:  C2 (0.5), C1 (5.0) — C0 is a twin of the true counter and excluded, P2 itself too
@@ -75,7 +75,7 @@ def test_query_embedding_is_the_points(planted):
     """The seed fed the counter's embedding where the point's belonged; moving the point must move the result."""
     split, emb, model = planted
     emb.sim[0, 0] = 4.9  # point 0 now sits next to C1
-    rows, _ = retrieve(emb.sim.numpy(), split, k=1)
+    rows, _ = retrieve(emb.sim.numpy(), split, k=1, index="exact")
     assert rows[0, 0] == 4
 
 
@@ -131,11 +131,11 @@ def test_retrieval_by_the_encoders_cosine_by_hand(planted):
     pooled = torch.zeros(6, 32)
     pooled[:, 1:3] = torch.tensor([[1.0, 0.0], [0.5, 0.5], [0.0, 1.0], [0.0, 1.0], [10.0, 1.0], [-1.0, 0.0]])
     emb = Embeddings(emb.sim, pooled)
-    rows, _ = retrieve(emb.retrieval("encoder").numpy(), split, k=2)
+    rows, _ = retrieve(emb.retrieval("encoder").numpy(), split, k=2, index="exact")
     assert rows[0].tolist() == [4, 1]  # C1 (cos 0.995), then P1 (cos 0.707); C0 (cos 0) is not among the 2
-    raw, _ = retrieve(pooled.numpy(), split, k=1)
+    raw, _ = retrieve(pooled.numpy(), split, k=1, index="exact")
     assert raw[0, 0] == 1  # Euclidean on the raw vectors would have picked P1
-    sim_rows, _ = retrieve(emb.sim.numpy(), split, k=2)
+    sim_rows, _ = retrieve(emb.sim.numpy(), split, k=2, index="exact")
     assert sim_rows[0].tolist() == [1, 3]  # and the sim head P1, C0
     metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=2, space="encoder"))
     assert metrics["queries"] == 3

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.packaged import demo_root
+from ..config.schema import DataSchema
 from .arguana import SPLITS, CorpusError, read_split, resolve_root
 from .pair_files import PairFiles, read_pairs
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name
@@ -117,7 +118,9 @@ class Corpus:
         """The corpus a run uses: :meth:`deduplicated` when ``dedup`` (``data.dedup``), else the official splits."""
         return self.deduplicated() if dedup else self
 
-    def paired(self, split: str, max_debates: int | None = None, pool: str = "all") -> PairedSplit:
+    def paired(
+        self, split: str, max_debates: int | None = DataSchema.max_debates, pool: str = DataSchema.pool
+    ) -> PairedSplit:
         """The :class:`PairedSplit` of ``split`` (``train``/``val``/``test`` or the folder name).
 
         ``max_debates`` keeps only the pairs of the first N debates (by theme/debate name): a quick slice whose

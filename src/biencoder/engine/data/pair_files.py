@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..config.schema import DataSchema
 from ..files import strict_json
 from .pair_records import PairsError, data_paths, pair_table, read_records, resolve_columns
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, split_name
@@ -165,7 +166,7 @@ class PairFiles:
             }
         return out
 
-    def paired(self, split: str, pool: str = "all") -> PairedSplit:
+    def paired(self, split: str, pool: str = DataSchema.pool) -> PairedSplit:
         """The :class:`PairedSplit` of ``split``: anchors (rows 0..Q-1) then positives, in file order; ``group`` when
         the files have one; the given negatives with the index of their pair."""
         name = split_name(split)

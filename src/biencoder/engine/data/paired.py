@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..config.schema import POOLS
+from ..config.schema import POOLS, DataSchema
 from .arguana import CorpusError
 
 #: the names printed everywhere (logs, metrics, tables, JSON) -> the corpus's folder names; either is accepted
@@ -69,7 +69,7 @@ class PairedSplit:
 
     name: str
     table: pd.DataFrame
-    pool: str = "all"
+    pool: str = DataSchema.pool
     negatives: pd.DataFrame | None = None
 
     def __post_init__(self):

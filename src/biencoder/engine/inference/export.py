@@ -26,7 +26,9 @@ from pathlib import Path
 from torch import nn
 
 from ...errors import ConfigError
+from ..config.schema import TrainerSchema
 from ..files import read_json, strict_json
+from ..machine.runtime import eval_batch_size
 from ..modeling.model import Embeddings, PairHead
 from ..runs.checkpoint import load_checkpoint
 
@@ -162,10 +164,15 @@ def load_pair_classifier(folder: str | Path) -> PairClassifier:
     return classifier.eval()
 
 
-def embed(model, texts: list[str], batch_size: int = 64) -> Embeddings:
+def embed(model, texts: list[str], batch_size: int | None = TrainerSchema.eval_batch_size) -> Embeddings:
     """sim and pooled embeddings of ``texts`` from an exported SentenceTransformer (pooled = all modules but the
-    sim head's ``Dense``)."""
+    sim head's ``Dense``), ``batch_size`` texts per call (None, ``trainer.eval_batch_size``'s default: the model
+    device's, :func:`~biencoder.engine.machine.runtime.eval_batch_size`)."""
     SentenceTransformer = _st_modules()[0]
     pooled_model = SentenceTransformer(modules=list(model)[:-1], device=model.device)
-    kwargs = {"batch_size": batch_size, "convert_to_tensor": True, "show_progress_bar": False}
+    kwargs = {
+        "batch_size": eval_batch_size(model.device, batch_size),
+        "convert_to_tensor": True,
+        "show_progress_bar": False,
+    }
     return Embeddings(model.encode(texts, **kwargs).cpu().float(), pooled_model.encode(texts, **kwargs).cpu().float())

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ...errors import BiencoderError
-from ..config.schema import default_cache_dir
+from ..config.schema import TrainerSchema, default_cache_dir
 from ..modeling.encoding import Encoding, TextEncoder, embed_pooled, pooled_vectors
 from ..modeling.model import Embeddings
 from ..retrieval.rerank import NONE, first_kept, shortlist_margins
@@ -67,11 +67,13 @@ class Candidates:
 @dataclass(frozen=True)
 class EncodingSettings:
     """How a :class:`Retriever` embeds texts: on ``device`` (``cpu`` or ``cuda``), ``batch_size`` texts per encoder
-    call, through the embedding cache ``cache_dir`` (None: no cache), with progress bars when ``progress``."""
+    call (None, ``trainer.eval_batch_size``'s default: the device's, 64 on a CPU and 512 on a GPU:
+    :func:`~biencoder.engine.machine.runtime.eval_batch_size`), through the embedding cache ``cache_dir`` (None: no
+    cache), with progress bars when ``progress``."""
 
     device: str = "cpu"
     cache_dir: str | Path | None = DEFAULT_CACHE
-    batch_size: int = 64
+    batch_size: int | None = TrainerSchema.eval_batch_size
     progress: bool = False
 
 

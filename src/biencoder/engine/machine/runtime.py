@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from ..config.schema import DEVICES, PRECISIONS
+from ..config.schema import DEVICES, PRECISIONS, TrainerSchema
 
 log = logging.getLogger("biencoder")
 
@@ -55,7 +55,7 @@ class Runtime:
 
     device: torch.device
     precision: str
-    deterministic: bool = False
+    deterministic: bool = TrainerSchema.deterministic
     backend: str | None = None
     local_rank: int = 0
     world_size: int = 1
@@ -72,13 +72,8 @@ class Runtime:
 
     def pair_batch_size(self, configured: int | None) -> int:
         """Pairs per classifier call (and rows per sim-head call) in evaluation: ``eval.pair_batch_size``, or by device
-        when it is null. On a CPU 256: a [256, 1536] block of pair features stays in cache through the LayerNorm, ReLU
-        and output layer; reranking the 10 600 val pairs took 27-40 ms against 40-48 ms at 1024 (2-core VM,
-        2026-11-24, the same margins to the bit). On a GPU 4096, what the H100 runs of RESULTS.md used (fewer, larger
-        launches)."""
-        if configured is not None:
-            return int(configured)
-        return 4096 if self.device.type == "cuda" else 256
+        when it is null (:func:`pair_batch_size`)."""
+        return pair_batch_size(self.device, configured)
 
     def eval_batch_size(self, configured: int | None) -> int:
         """Texts per encoder forward when a split is embedded: ``trainer.eval_batch_size``, or by device when it is
@@ -108,6 +103,16 @@ class Runtime:
         torch.backends.cudnn.deterministic = self.deterministic
         if self.deterministic:
             torch.backends.cudnn.benchmark = False  # benchmarking picks the fastest kernel per run, not the same one
+
+
+def pair_batch_size(device: torch.device, configured: int | None = None) -> int:
+    """Pairs per classifier call (and rows per sim-head call) in evaluation on ``device``: ``configured``, or by device
+    when it is None. On a CPU 256: a [256, 1536] block of pair features stays in cache through the LayerNorm, ReLU and
+    output layer, with the same margins to the bit as larger blocks (BENCHMARKS.md, "Tried and rejected"). On a GPU
+    4096, what the H100 runs of RESULTS.md used (fewer, larger launches)."""
+    if configured is not None:
+        return int(configured)
+    return 4096 if device.type == "cuda" else 256
 
 
 def eval_batch_size(device: torch.device, configured: int | None = None) -> int:
@@ -140,9 +145,9 @@ def set_cublas_workspace(environ: os._Environ | dict | None = None) -> None:
 
 
 def decide(
-    device: str = "auto",
-    precision: str = "auto",
-    deterministic: bool = False,
+    device: str = TrainerSchema.device,
+    precision: str = TrainerSchema.precision,
+    deterministic: bool = TrainerSchema.deterministic,
     environ: Mapping[str, str] | None = None,
 ) -> Runtime:
     """The one decision of device, precision and process group; :class:`ConfigError` when it cannot work.

@@ -33,7 +33,7 @@ class Encoding:
     :func:`~biencoder.engine.machine.runtime.eval_batch_size`; an int once made), under autocast to ``autocast_dtype``
     (None: fp32), with a texts/s progress bar when ``progress``."""
 
-    batch_size: int | None = None
+    batch_size: int | None = TrainerSchema.eval_batch_size
     device: str | torch.device = "cpu"
     autocast_dtype: torch.dtype | None = None
     progress: bool = False

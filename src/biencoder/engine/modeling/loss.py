@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from ..config.schema import loss_keys
+from ..config.schema import InfoNCELossSchema, TripletCELossSchema, loss_keys
 from .model import BiModel, Embeddings
 
 
@@ -84,7 +84,12 @@ class TripletCELoss(nn.Module):
     Parts logged: loss, triplet, ce_pos, ce_neg.
     """
 
-    def __init__(self, margin: float = 1.0, triplet_weight: float = 1.0, ce_weight: float = 1.0):
+    def __init__(
+        self,
+        margin: float = TripletCELossSchema.margin,
+        triplet_weight: float = TripletCELossSchema.triplet_weight,
+        ce_weight: float = TripletCELossSchema.ce_weight,
+    ):
         super().__init__()
         self.triplet = nn.TripletMarginLoss(margin=margin, p=2)
         self.triplet_weight = triplet_weight
@@ -193,7 +198,12 @@ class InfoNCELoss(nn.Module):
     Parts logged: loss, infonce, ce_pos, ce_neg, masked (candidates masked per query, a mean).
     """
 
-    def __init__(self, scale: float = 20.0, ce_weight: float = 1.0, gather: bool = False):
+    def __init__(
+        self,
+        scale: float = InfoNCELossSchema.scale,
+        ce_weight: float = InfoNCELossSchema.ce_weight,
+        gather: bool = InfoNCELossSchema.gather,
+    ):
         super().__init__()
         self.scale, self.ce_weight, self.gather = scale, ce_weight, gather
 

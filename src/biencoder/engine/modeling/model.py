@@ -16,6 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import ConfigError
+from ..config.schema import EncoderSchema, EvalSchema, HeadSchema, ModelSchema
 
 _TRANSFORMERS_MAJOR = int(version("transformers").split(".")[0])
 
@@ -39,7 +40,7 @@ class Embeddings:
     def to(self, device) -> Embeddings:
         return Embeddings(self.sim.to(device), self.pooled.to(device))
 
-    def retrieval(self, space: str = "sim") -> Tensor:
+    def retrieval(self, space: str = EvalSchema.retrieve) -> Tensor:
         """The vectors candidates are retrieved by (nearest by Euclidean distance): ``sim``, or ``encoder`` = the
         L2-normalised pooled vectors, whose Euclidean order is the encoder's own cosine order."""
         if space == "sim":
@@ -114,21 +115,24 @@ class BiModel(PairHead):
     Args:
         encoder: a HF ``PreTrainedModel`` (BERT family); used for points, counters and negatives alike.
         sim_dim: size of the retrieval embedding.
-        pooling: ``pooler`` (BERT pooler output), ``cls`` (first token) or ``mean`` (masked mean).
+        pooling: ``mean`` (masked mean), ``cls`` (first token) or ``pooler`` (BERT pooler output).
         fusion: pair features; ``concat`` = [s_a, s_b, |s_a−s_b|, p_a, p_b, |p_a−p_b|], ``sim`` = the s part,
             ``cls`` = the p part (s = sim embedding, p = pooled embedding).
         use_layernorm: LayerNorm over the feature vector before the output layer.
         use_relu: ReLU (after the LayerNorm, if any) before the output layer.
+
+    The defaults are the schema's (``model.sim_dim``, ``model.pooling``, ``model.fusion``, ``model.head.*``):
+    ``BiModel(encoder)`` is the model the default config builds around ``encoder`` (:func:`bimodel`).
     """
 
     def __init__(
         self,
         encoder: nn.Module,
-        sim_dim: int = 128,
-        pooling: str = "pooler",
-        fusion: str = "concat",
-        use_layernorm: bool = False,
-        use_relu: bool = False,
+        sim_dim: int = ModelSchema.sim_dim,
+        pooling: str = ModelSchema.pooling,
+        fusion: str = ModelSchema.fusion,
+        use_layernorm: bool = HeadSchema.use_layernorm,
+        use_relu: bool = HeadSchema.use_relu,
     ):
         super().__init__()
         hidden = encoder.config.hidden_size
@@ -227,7 +231,7 @@ def encoder_mask(encoder: nn.Module, attention_mask: Tensor, padded: bool | None
     return attention_mask.bool()[:, None, None, :].expand(batch, 1, length, length)
 
 
-def load_encoder(name_or_path: str, random_init: dict | None = None, progress: bool = True):
+def load_encoder(name_or_path: str, random_init: dict | None = EncoderSchema.random_init, progress: bool = True):
     """Return (encoder, tokenizer) for a HF id or folder.
 
     With ``random_init`` (a dict of config overrides such as ``num_hidden_layers``) the architecture is

@@ -13,11 +13,8 @@ import numpy as np
 
 from ..data.paired import PairedSplit
 from ..modeling.model import BiModel, Embeddings
-from .rerank import NONE, Rerank, first_kept, query_groups, shortlist_margins, shortlist_ranks
+from .rerank import NONE, SCHEMA_RERANK, Rerank, first_kept, query_groups, shortlist_margins, shortlist_ranks
 from .search import NeighbourIndex
-
-#: :func:`group_rerank`'s settings unless told: :class:`~.rerank.Rerank`'s with exact search
-GROUP_RERANK = Rerank(index="exact")
 
 
 def _by_code(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -28,11 +25,12 @@ def _by_code(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def group_shortlists(
-    sim: np.ndarray, split: PairedSplit, k: int, index: str = "exact", device="cpu", pairs: np.ndarray | None = None
+    sim: np.ndarray, split: PairedSplit, k: int, index: str, device="cpu", pairs: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rows [P, k] of each query's k nearest pool members inside its group, nearest first, :data:`NONE`-padded for a
-    smaller pool; false candidates [P] in each query's group pool). ``sim`` [2Q, D]: the retrieval space;
-    ``pairs``: the queries (indices of pairs; default all). Same pool rule and ties as :func:`.rerank.retrieve`."""
+    smaller pool; false candidates [P] in each query's group pool). ``sim`` [2Q, D]: the retrieval space; ``index``:
+    ``exact`` or ``balltree``; ``pairs``: the queries (indices of pairs; default all). Same pool rule and ties as
+    :func:`.rerank.retrieve`."""
     codes, text = split.groups, split.text_id
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     sim = np.asarray(sim, dtype=np.float64)
@@ -63,7 +61,7 @@ def group_rerank(
     model: BiModel,
     emb: Embeddings,
     split: PairedSplit,
-    rerank: Rerank = GROUP_RERANK,
+    rerank: Rerank = SCHEMA_RERANK,
     pairs: np.ndarray | None = None,
     seen: np.ndarray | None = None,
 ) -> tuple[dict, np.ndarray]:

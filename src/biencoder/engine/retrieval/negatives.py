@@ -1,7 +1,7 @@
-"""Hard-negative mining over sim embeddings with scikit-learn BallTrees (or exact search), mixed with random negatives.
+"""Hard-negative mining over sim embeddings by exact search (or scikit-learn's BallTree), mixed with random negatives.
 
 For every pair's point: the nearest argument of the split, point or counter (by Euclidean distance of the sim
-embeddings, one BallTree or exact search over all of them), skipping the point itself, its own counter and every
+embeddings, one search over all of them: ``negatives.index``), skipping the point itself, its own counter and every
 argument whose text equals the point's or the counter's text, is the hard negative. (This is the closer of the
 nearest allowed point and the nearest allowed counter; at equal distance the lower row, a point, wins.)
 With probability ``random_rate`` a uniformly random eligible argument is taken instead; only the points of the pairs
@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config.schema import NegativesSchema
+from ..config.schema import NegativesSchema, RandomRateSchema
 from ..data.corpus import PairedSplit
 from ..machine.runtime import Runtime
 from .search import SEARCH_BLOCK, NeighbourIndex
 
 
-def random_rate(epoch: int, start: float = 0.8, decay: float = 0.01) -> float:
+def random_rate(epoch: int, start: float = RandomRateSchema.start, decay: float = RandomRateSchema.decay) -> float:
     """Share of random negatives in ``epoch``: ``max(0, start − decay·epoch)``."""
     return max(0.0, start - decay * epoch)
 
@@ -29,11 +29,11 @@ def random_rate(epoch: int, start: float = 0.8, decay: float = 0.01) -> float:
 @dataclass(frozen=True)
 class Mining:
     """How hard negatives are searched for: ``n_neighbors`` neighbours fetched at first (more for the rare rows that
-    need them), by the ``index`` ``balltree`` or ``exact`` (:mod:`biencoder.engine.retrieval.search`; ``device`` is
-    where ``exact`` runs)."""
+    need them), by the ``index`` ``exact`` or ``balltree`` (:mod:`biencoder.engine.retrieval.search`; ``device`` is
+    where ``exact`` runs). The defaults are the schema's (``negatives.n_neighbors``, ``negatives.index``)."""
 
-    n_neighbors: int = 10
-    index: str = "balltree"
+    n_neighbors: int = NegativesSchema.n_neighbors
+    index: str = NegativesSchema.index
     device: str | torch.device = "cpu"
 
     @classmethod

@@ -27,7 +27,7 @@ from ..data.corpus import PairedSplit
 from ..modeling.model import BiModel, Embeddings
 from .rerank import (
     BLOCK_CELLS,
-    POOL_RERANK,
+    SCHEMA_RERANK,
     PoolMasks,
     Rerank,
     pool_mask,
@@ -198,7 +198,7 @@ def evaluate_tasks(
     score: str,
     model: BiModel | None = None,
     emb: Embeddings | None = None,
-    rerank: Rerank = POOL_RERANK,
+    rerank: Rerank = SCHEMA_RERANK,
     groups: dict[str, np.ndarray] | None = None,
 ) -> dict[str, dict]:
     """Accuracy@1, MRR and pool sizes of the eight tasks on ``split``.

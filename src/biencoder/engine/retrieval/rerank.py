@@ -28,7 +28,7 @@ import torch
 
 from ..config.schema import EvalSchema
 from ..data.corpus import PairedSplit
-from ..machine.runtime import Runtime
+from ..machine.runtime import Runtime, pair_batch_size
 from ..modeling.encoding import pair_margins
 from ..modeling.model import BiModel, Embeddings
 from .search import SEARCH_BLOCK, NeighbourIndex, distances
@@ -46,17 +46,22 @@ BLOCK_CELLS = 1 << 22
 @dataclass(frozen=True)
 class Rerank:
     """How a retrieve-then-rerank runs: the ``k`` nearest in the ``space`` (``sim``, or ``encoder``: the encoder's own
-    cosine; :meth:`Embeddings.retrieval`) are shortlisted, by the ``index`` of :func:`retrieve` (``balltree`` or
-    ``exact``), then rescored by the classifier in batches of ``batch_size`` pairs on ``device``. Where a pool is
-    scored against every row (the 8 tasks) ``cells`` query × row cells are scored at once (:func:`query_blocks`): it
-    changes no number but the float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits)."""
+    cosine; :meth:`Embeddings.retrieval`) are shortlisted, by the ``index`` of :func:`retrieve` (``exact`` or
+    ``balltree``), then rescored by the classifier in batches of ``batch_size`` pairs (None: the device's,
+    :func:`~biencoder.engine.machine.runtime.pair_batch_size`) on ``device``. Where a pool is scored against every row
+    (the 8 tasks) ``cells`` query × row cells are scored at once (:func:`query_blocks`): it changes no number but the
+    float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits). The defaults are the schema's:
+    ``Rerank()`` is what :meth:`of_run` makes of the default config on a CPU."""
 
-    k: int = 10
-    batch_size: int = 1024
+    k: int = EvalSchema.k
+    batch_size: int | None = EvalSchema.pair_batch_size
     device: str | torch.device = "cpu"
-    index: str = "balltree"
-    space: str = "sim"
+    index: str = EvalSchema.index
+    space: str = EvalSchema.retrieve
     cells: int = BLOCK_CELLS
+
+    def __post_init__(self):
+        object.__setattr__(self, "batch_size", pair_batch_size(torch.device(self.device), self.batch_size))
 
     @classmethod
     def of_run(cls, eval_cfg: EvalSchema, runtime: Runtime) -> Rerank:
@@ -66,8 +71,8 @@ class Rerank:
         return cls(eval_cfg.k, batch_size, runtime.device, eval_cfg.index, eval_cfg.retrieve)
 
 
-#: :func:`pool_ranks`' and the 8 tasks' settings unless told: classifier batches of 4096 pairs
-POOL_RERANK = Rerank(batch_size=4096)
+#: the settings of the functions that take a :class:`Rerank` unless told: the schema's, on a CPU
+SCHEMA_RERANK = Rerank()
 
 
 def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1) -> list[np.ndarray]:
@@ -138,10 +143,10 @@ def rank_summary(rank: np.ndarray) -> dict[str, float | None]:
 
 # -- shortlists -----------------------------------------------------------------------------------------------------
 def retrieve(
-    sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree", device="cpu", pairs: np.ndarray | None = None
+    sim: np.ndarray, split: PairedSplit, k: int, index: str, device="cpu", pairs: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest per-epoch pool members per query (a BallTree, or exact search, over the rows of ``split`` its pool
-    draws from: every row, or the positives with ``data.pool=positives``).
+    """The k nearest per-epoch pool members per query (``index``: ``exact`` search or a ``balltree``, over the rows of
+    ``split`` its pool draws from: every row, or the positives with ``data.pool=positives``).
 
     Args: sim [2Q, D] (the retrieval space); ``pairs``: the queries (indices of pairs; default all). Returns (rows
     [P, k'], distances [P, k']) nearest first, k' = min(k, smallest pool).
@@ -248,7 +253,7 @@ def retrieve_rerank(
     model: BiModel,
     emb: Embeddings,
     split: PairedSplit,
-    rerank: Rerank = Rerank(),
+    rerank: Rerank = SCHEMA_RERANK,
     pairs: np.ndarray | None = None,
     rows: np.ndarray | None = None,
 ) -> tuple[dict[str, float], np.ndarray]:
@@ -282,7 +287,7 @@ def retrieve_rerank(
 
 
 def pool_ranks(
-    model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolMasks, rerank: Rerank = POOL_RERANK
+    model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolMasks, rerank: Rerank = SCHEMA_RERANK
 ) -> dict[str, np.ndarray]:
     """Per pool, [Q] the rank of each query's true counter when its pool is retrieved, then reranked: the k
     nearest (true counter included) by their margins, the rest after them by distance (ties count against).

@@ -1,4 +1,5 @@
-"""Nearest-neighbour search by Euclidean distance: scikit-learn's BallTree (the default) or exact blocked search.
+"""Nearest-neighbour search by Euclidean distance: exact blocked search or scikit-learn's BallTree (``eval.index`` and
+``negatives.index`` choose; the caller passes one, there is no second default here).
 
 ``exact`` computes ||q||² + ||x||² − 2 q·x block by block with torch on the given device in float32 (one matmul,
 memory at one [block, N] matrix), keeps a shortlist of the nearest ``k + SHORTLIST_EXTRA`` and orders it by the
@@ -28,7 +29,8 @@ class NeighbourIndex:
     """Index over ``data`` [N, D]; :meth:`query` returns (distances [Q, k], rows [Q, k]) nearest first.
 
     Args:
-        kind: ``balltree`` or ``exact``.
+        index: ``exact`` or ``balltree`` (:data:`~biencoder.engine.config.schema.INDEXES`); no default: a run's
+            ``eval.index`` or ``negatives.index`` (:class:`~.rerank.Rerank`, :class:`~.negatives.Mining`) names it.
         device: where ``exact`` computes (float32 shortlist, float64 ranking of it).
         block: queries per distance block for ``exact``; default 256 on a CPU, where a [256, N] float32 block of
             distances stays in cache (1.8x faster than 2048 for N = 5592, the same neighbours; scripts/bench.py), and
@@ -41,18 +43,18 @@ class NeighbourIndex:
     def __init__(
         self,
         data: np.ndarray,
-        kind: str = "balltree",
+        index: str,
         device: str | torch.device = "cpu",
         block: int | None = None,
         refine: int | None = None,
     ):
-        if kind not in INDEXES:
-            raise ValueError(f"index {kind!r} is not one of {INDEXES}")
-        self.kind, self.n = kind, len(data)
+        if index not in INDEXES:
+            raise ValueError(f"index {index!r} is not one of {INDEXES}")
+        self.kind, self.n = index, len(data)
         on_cpu = torch.device(device).type == "cpu"
         self.block = block or (256 if on_cpu else 2048)
         self.refine = refine or (32 if on_cpu else self.block)
-        if kind == "balltree":
+        if index == "balltree":
             self.tree = BallTree(np.asarray(data, dtype=np.float64))
         else:
             self.device = torch.device(device)
