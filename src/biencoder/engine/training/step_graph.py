@@ -108,6 +108,8 @@ class GraphedStep:
         self.step, self.optimizer, self.autocast_dtype = step, optimizer, autocast_dtype
         self.stream = torch.cuda.Stream(device)
         self.graphs: dict[tuple, _Graph] = {}
+        #: why a capture failed (then every later step runs eagerly), or None
+        self.failed: str | None = None
         # the learning rates the captured optimiser reads, refreshed from the param groups before each replay
         self.lrs = [torch.zeros((), dtype=torch.float32, device=device) for _ in optimizer.param_groups]
         self.lr_values: list[float | None] = [None] * len(self.lrs)
@@ -116,11 +118,16 @@ class GraphedStep:
         key = shape_key(inputs)
         warmup = WARMUP_LATER if any(g.graph is not None for g in self.graphs.values()) else WARMUP
         entry = self.graphs.setdefault(key, _Graph())
-        if entry.graph is None and entry.eager_steps < warmup:
+        if self.failed is not None or (entry.graph is None and entry.eager_steps < warmup):
             entry.eager_steps += 1
             return self._eager(inputs)
         if entry.graph is None:
-            self._capture(entry, inputs)
+            try:
+                self._capture(entry, inputs)
+            except Exception as err:  # noqa: BLE001 - a step that cannot be captured still trains, eagerly
+                entry.graph, self.failed = None, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+                log.warning("training step: CUDA graph capture failed (%s); the run goes on eagerly", self.failed)
+                return self._eager(inputs)
             log.info("training step: captured a CUDA graph for inputs %s", describe(key))
         for name, value in inputs.items():
             if isinstance(value, torch.Tensor):
