@@ -41,6 +41,7 @@ from ..runs.tracking import Tracker
 from .epoch import EpochTrainer
 from .evaluation import SPLITS, Evaluation
 from .inputs import EncoderInputs, RunData
+from .settings import TrainingSettings
 
 log = logging.getLogger("biencoder")
 T = TypeVar("T")
@@ -88,7 +89,8 @@ class Runner:
         encoder = TextEncoder(self.model, self.tokenizer, cfg.model.max_length, self.encoding, cfg.trainer.cache_dir)
         self.inputs = EncoderInputs.make(encoder, self.data.splits, self.frozen)
         training = self.inputs.training_inputs(self.data.splits["train"], encoder)
-        self.trainer = EpochTrainer(cfg, self.model, training, self.runtime, self.progress)
+        settings = TrainingSettings.of_run(cfg, self.runtime)
+        self.trainer = EpochTrainer(settings, self.model, training, self.runtime, self.progress)
         self.evaluation = Evaluation(cfg, self.model, self.data, self.inputs, self.encoding, self.rerank)
         self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, taken once (_weights_on_cpu)
         # (name, fn) -> fn(), around each phase of an epoch: the bench times the runner's own epoch through it
