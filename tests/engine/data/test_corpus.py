@@ -31,6 +31,8 @@ def test_fixture_counts_and_tables(make_corpus):
         "duplicated_texts": 1,
     }
     assert corpus.counts["test"]["pairs"] == 16
+    assert corpus.unpaired == ("training/theme0/debate00/pro03: point without a counter",)
+    assert corpus.deduplicated().unpaired == corpus.unpaired  # what the run reads says what it left out
     arg = corpus.arguments.set_index("path").loc[str(root / "training/theme0/debate00/pro/pro01a-point.txt")]
     assert (arg["conclusion"], arg["premise"], arg["kind"], arg["number"]) == (
         "training t0 d0 pro0 point",

@@ -13,7 +13,7 @@ from biencoder.engine.training import triplets as triplets_module
 from biencoder.engine.training.epoch import EpochTrainer
 from biencoder.engine.training.run import run
 from biencoder.engine.training.runner import Runner
-from conftest import FAST, REPO, compose_cfg
+from conftest import FAST, REPO, compose_cfg, grid_layout
 
 VOLATILE = {"epoch_time_s"}
 DEDUP_QUERIES = {"train": 30, "val": 30, "test": 32}
@@ -121,6 +121,19 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
         assert np.array_equal(rows[:, 2], mined[rows[:, 0]])  # the negative is the one mined for that point
         assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]])
         assert (split.text_id[rows[:, 2]] != split.text_id[rows[:, 1]]).all()  # never the positive
+
+
+def test_the_run_log_names_the_arguments_left_out_for_want_of_their_pair(make_corpus, tmp_path, caplog):
+    """The demo's grid with a counter file missing: train.log says how many arguments were left out and which."""
+    layout = grid_layout(themes=1, debates=2, per_side=2)
+    layout["validation"]["theme0"]["debate01"]["con"].append(("a point whose counter file is missing", None))
+    root = make_corpus(layout)
+    runner = Runner(compose_cfg(FAST + [f"data.root={root}"]), tmp_path)
+    with caplog.at_level("WARNING", logger="biencoder"):
+        runner.data.log(runner.cfg.data, runner.evaluation.pairs)  # the run's set-up lines (Runner.begin)
+    line = next(r.getMessage() for r in caplog.records if "left out" in r.getMessage())
+    assert line.startswith("data: 1 argument(s) left out")
+    assert "validation/theme0/debate01/con03: point without a counter" in line
 
 
 def test_batches_carry_the_mined_tokens(tmp_path):
