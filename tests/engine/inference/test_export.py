@@ -63,7 +63,7 @@ def test_export_refuses_a_used_folder_and_leaves_it(tmp_path, capsys):
     (tmp_path / "st").mkdir()
     (tmp_path / "st" / "mine.txt").write_text("keep me")
     assert main([str(tmp_path / "no-run"), str(tmp_path / "other")]) == 2
-    assert "has no best.pt" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    assert "no-run' does not exist" in capsys.readouterr().err and not (tmp_path / "other").exists()
     out = tmp_path / "run"
     run(compose_cfg(FAST + ["+variant=ln", "eval.tasks=false", "trainer.max_epochs=1"]), out)
     assert main([str(out), str(tmp_path / "st")]) == 2

@@ -57,6 +57,8 @@ def load_checkpoint(
 
     path = Path(path)
     file = path / "best.pt" if path.is_dir() else path
+    if not path.exists():
+        raise ConfigError(f"{what}='{path}' does not exist: pass a run folder of biencoder.train or its best.pt")
     if not file.is_file():
         raise ConfigError(f"{what}='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
     try:
