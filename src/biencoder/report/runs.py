@@ -210,13 +210,15 @@ def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
     shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
     for run in runs:
         run.cell = " ".join(
-            [run.variant] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k), k)}" for k in shown]
+            [run.variant] + [f"{label_key(k, shown)}={label_value(run.flat.get(k), k)}" for k in shown]
         )
         run.settings = {k: run.flat.get(k) for k in varying}
     return varying
 
 
-def _label_key(key: str, keys: list[str]) -> str:
+def label_key(key: str, keys: list[str]) -> str:
+    """``key`` as a cell label or table names it among ``keys``: its last part when no other key ends the same,
+    a config group for its ``.name``, the split and hash of a pair file's ``data_files`` key."""
     if key.startswith("data_files."):
         return key[len("data_files.") :]  # train.sha256: which file's contents differ
     if key.endswith(".name"):
@@ -224,7 +226,8 @@ def _label_key(key: str, keys: list[str]) -> str:
     return key.split(".")[-1] if _unique_leaf(key, keys) else key
 
 
-def _label_value(value, key: str = "") -> str:
+def label_value(value, key: str = "") -> str:
+    """A config value of ``key`` as a label shows it: floats with ``:g``, a file hash cut to 12 digits."""
     if key.endswith(".sha256") and isinstance(value, str):
         return value[:12]  # a data file's hash: 12 hex digits tell versions apart in a label
     return f"{value:g}" if isinstance(value, float) else str(value)
