@@ -11,6 +11,7 @@ import biencoder.summary
 from biencoder.callbacks import SweepSummary
 from biencoder.report import SummaryError
 from biencoder.report.baselines import baseline_table
+from biencoder.report.factorial import factorial_table
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import (
     AT_THE_LINE,
@@ -134,7 +135,15 @@ def test_a_planted_comparison_at_alpha_is_never_called_better(tmp_path):
 def test_every_table_resamples_the_same_number_of_times(tmp_path, monkeypatch):
     """One default, written once: the statistics, the tables, the plot command and the sweep-end summary (which
     calls the plot command with no --n-boot of its own) all use N_BOOT."""
-    for fn in (bootstrap_ci, paired_bootstrap, summary_table, paired_comparisons, baseline_table):
+    for fn in (
+        bootstrap_ci,
+        paired_bootstrap,
+        contrast_bootstrap,
+        summary_table,
+        paired_comparisons,
+        baseline_table,
+        factorial_table,
+    ):
         assert inspect.signature(fn).parameters["n_boot"].default == N_BOOT, fn.__name__
     assert biencoder.summary.parser().parse_args(["logs"]).n_boot == N_BOOT
     calls = []
