@@ -60,6 +60,10 @@ def _key(run: Run) -> str:
     )
 
 
+#: the keys of a run's config the baselines read beyond those with a schema default (a hand-made config may lack them)
+NEEDED = ("model.encoder.name_or_path", "model.max_length", "trainer.cache_dir")
+
+
 def baseline_hits(
     run: Run,
     memo: dict[str, dict[str, np.ndarray]] | None = None,
@@ -69,8 +73,15 @@ def baseline_hits(
     """``{"encoder_cosine": [P] bool, "tfidf": [P] bool}``: whether each test query of ``run``'s split (all, or its
     ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo``
     (key: :func:`_key`) shares the work between runs. ``data_root`` and ``encoder`` replace the run's ``data.root``
-    and ``model.encoder.name_or_path`` (runs copied from another machine, whose paths do not exist here)."""
+    and ``model.encoder.name_or_path`` (runs copied from another machine, whose paths do not exist here). Raises
+    :class:`SummaryError` when the run's config lacks a key of :data:`NEEDED`."""
     memo = {} if memo is None else memo
+    missing = [k for k in NEEDED if k not in run.flat and not (encoder and k == "model.encoder.name_or_path")]
+    if missing:
+        raise SummaryError(
+            f"{run.path}: its config has no {', '.join(missing)}, which the baselines need (biencoder.train writes "
+            "them in config_resolved.yaml)"
+        )
     key = _key(run)
     if key not in memo:
         data, model_cfg = _group(run, "data."), _group(run, "model.")
