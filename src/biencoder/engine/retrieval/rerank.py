@@ -31,6 +31,7 @@ from ..data.corpus import PairedSplit
 from ..machine.runtime import Runtime
 from ..modeling.encoding import pair_margins
 from ..modeling.model import BiModel, Embeddings
+from .metrics import NOT_LISTED
 from .search import SEARCH_BLOCK, NeighbourIndex, distances
 
 #: the false candidates of a block of queries: (indices of pairs [B]) -> name -> [B, 2Q] bool (:func:`pool_ranks`)
@@ -228,7 +229,8 @@ def shortlist_ranks(
     rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray, split: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rank [P], in_k [P] bool) of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] reranked by
-    ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; 0 where it is not in the shortlist.
+    ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; :data:`~.metrics.NOT_LISTED` (0) where
+    it is not in the shortlist.
 
     A margin that is NaN or infinite at a listed place (any row but :data:`NONE`) is an error, never a rank:
     :class:`NonFiniteMargins` with the count (``split`` names the split in its message). A NaN compares false, so
@@ -241,7 +243,15 @@ def shortlist_ranks(
     true_margin = np.where(in_k, np.where(is_true, margins, 0).sum(axis=1), np.inf)
     # NaN (empty places, NONE) compares False: never above the true counter
     rank = 1 + ((margins >= true_margin[:, None]) & ~is_true).sum(axis=1)
-    return np.where(in_k, rank, 0), in_k
+    return np.where(in_k, rank, NOT_LISTED), in_k
+
+
+def listed_ranks(rows: np.ndarray, true_rows: np.ndarray) -> np.ndarray:
+    """[P] the place from 1 of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] as retrieved
+    (nearest first, equal distances the lower row first: :func:`retrieve`), no classifier;
+    :data:`~.metrics.NOT_LISTED` (0) where it is not in the shortlist."""
+    is_true = rows == np.asarray(true_rows)[:, None]
+    return np.where(is_true.any(axis=1), is_true.argmax(axis=1) + 1, NOT_LISTED)
 
 
 def retrieve_rerank(
