@@ -133,13 +133,6 @@ def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray, spli
     return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
 
 
-def rank_summary(rank: np.ndarray) -> dict[str, float | None]:
-    """Accuracy@1 (share of rank 1) and MRR of ranks [Q] from 1; None for no queries."""
-    if not len(rank):
-        return {"accuracy_at_1": None, "mrr": None}
-    return {"accuracy_at_1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
-
-
 # -- shortlists -----------------------------------------------------------------------------------------------------
 def retrieve(
     sim: np.ndarray, split: PairedSplit, k: int, index: str = "balltree", device="cpu", pairs: np.ndarray | None = None
