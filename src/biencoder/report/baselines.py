@@ -24,6 +24,7 @@ from ..engine.data.corpus import run_splits
 from ..engine.machine.runtime import set_seed_everywhere
 from ..engine.modeling.encoding import TextEncoder, pooled_vectors
 from ..engine.modeling.model import build_model
+from ..engine.retrieval.metrics import Ranks, top1_hits
 from ..engine.retrieval.official_tasks import BASELINES, baseline_ranks
 from ..engine.retrieval.rerank import query_sample
 from . import SummaryError
@@ -94,7 +95,7 @@ def baseline_hits(
             encoder = TextEncoder(model, tokenizer, model_cfg["max_length"], cache_dir=run.flat["trainer.cache_dir"])
             pooled = pooled_vectors(encoder, split.texts)
         pairs = query_sample(split.n_pairs, run.flat.get("eval.test_queries"))  # the run's own test queries
-        memo[key] = {name: ranks == 1 for name, ranks in baseline_ranks(split, pooled, pairs).items()}
+        memo[key] = {name: top1_hits(Ranks(rank)) for name, rank in baseline_ranks(split, pooled, pairs).items()}
     return memo[key]
 
 
