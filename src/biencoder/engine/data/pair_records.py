@@ -230,9 +230,7 @@ def resolve_columns(
             )
         out[role] = name
     if out["anchor"] == out["positive"]:
-        raise PairsError(
-            f"{option}anchor and {option}positive both name '{out['anchor']}': map them to two columns"
-        )
+        raise PairsError(f"{option}anchor and {option}positive both name '{out['anchor']}': map them to two columns")
     return out
 
 
