@@ -21,6 +21,7 @@ from ..retrieval.groups import group_rerank
 from ..retrieval.metrics import Ranks, epoch_metrics, group_top1, query_groups, top1, top1_hits
 from ..retrieval.official_tasks import baseline_ranks, evaluate_tasks
 from ..retrieval.rerank import NonFiniteMargins, Rerank, query_sample, rerank_ranks, retrieve
+from ..runs.best import BestEpoch
 from .epoch import Diverged
 from .inputs import EncoderInputs, RunData
 
@@ -128,7 +129,7 @@ class Evaluation:
         return self.shortlists[name]
 
     # -- at the end -------------------------------------------------------------------------------------------
-    def final_scores(self, best: dict) -> dict:
+    def final_scores(self, best: BestEpoch) -> dict:
         """What ``final.json`` holds of the end's scores, with the (loaded) best-by-val weights: ``tasks`` (or
         ``tasks_skipped`` when the data cannot have them) when ``eval.tasks``, ``baselines`` when computed."""
         scores = {}
@@ -140,9 +141,9 @@ class Evaluation:
             scores["baselines"] = self.baselines()
         return scores
 
-    def tasks(self, best: dict) -> dict:
+    def tasks(self, best: BestEpoch) -> dict:
         """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""
-        score, embs = self.cfg.eval.score, best.get("embs", {})
+        score, embs = self.cfg.eval.score, best.embs
         tasks = {"score": score}
         for name in ("val", "test"):
             emb = embs[name] if name in embs else self.embed(name)

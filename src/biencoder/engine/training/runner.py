@@ -17,7 +17,6 @@ trains on its shard (DDP). No Hydra here: the runner takes a plain ``DictConfig`
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,7 +34,8 @@ from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progres
 from ..modeling.encoding import Encoding, TextEncoder, embed_pooled, encode_pooled, eval_mode
 from ..modeling.model import Embeddings, build_model, is_encoder_weight
 from ..retrieval.rerank import Rerank
-from ..runs.checkpoint import checkpoint_payload, restore_last, selected_by_rule, training_state
+from ..runs.best import BestEpoch
+from ..runs.checkpoint import checkpoint_payload, restore_last, training_state
 from ..runs.folder import RunFolder
 from ..runs.tracking import Tracker
 from .epoch import EpochTrainer
@@ -142,7 +142,7 @@ class Runner:
         if self.main:
             self.folder.truncate(-1)
         metric = self.selection["metric"]
-        best = {"epoch": -1, "metric": metric, "value": -math.inf, "metrics": None, "state": None, "hits": None}
+        best = BestEpoch(metric)
         if self.cfg.model.sim_init != "pca":
             return 0, best, self.evaluation.embed("train").sim if self.main else None
         # every rank computes the same (float64, CPU) projection; the pooled vectors then give the first mining's
@@ -181,7 +181,9 @@ class Runner:
         self.data.log(cfg.data, self.evaluation.pairs)
 
     # -- one epoch --------------------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, train_sim: torch.Tensor | None, best: dict) -> tuple[torch.Tensor | None, dict]:
+    def run_epoch(
+        self, epoch: int, train_sim: torch.Tensor | None, best: BestEpoch
+    ) -> tuple[torch.Tensor | None, BestEpoch]:
         """One epoch: mine, train, then (rank 0) evaluate, log and keep the best, and ``last.pt`` when due; each phase
         through :attr:`phase`. Returns (the training split's sim vectors the next epoch mines with, best so far)."""
         epoch_start = time.time()
@@ -212,8 +214,8 @@ class Runner:
         return metrics, hits, embs
 
     def _evaluate_and_log(
-        self, epoch: int, train_stats: dict, best: dict, epoch_start: float
-    ) -> tuple[torch.Tensor, dict]:
+        self, epoch: int, train_stats: dict, best: BestEpoch, epoch_start: float
+    ) -> tuple[torch.Tensor, BestEpoch]:
         """Evaluate the splits due this epoch, append their rows to ``metrics.jsonl`` and the trackers, and keep the
         best-by-val epoch (by the :attr:`selection` metric). Returns (the training split's sim vectors, which the
         next epoch mines with; best)."""
@@ -230,17 +232,16 @@ class Runner:
             + "  ".join(f"{n} {key} {metrics[n][key]:.3f}" for n in names)
             + f"  ({elapsed:.1f} s)"
         )
-        if "val" in metrics and metrics["val"][key] > best["value"]:  # the first epoch with the highest value
-            best = {
-                "epoch": epoch,
-                "metric": key,
-                "value": metrics["val"][key],
-                "metrics": metrics,
-                "state": self.phase("keep best", self._weights_on_cpu),
-                "hits": hits["test"],
-                # kept in memory for the 8 tasks at the end (recomputed there after a resume)
-                "embs": {n: embs[n] for n in ("val", "test")},
-            }
+        if "val" in metrics and best.improved_by(metrics["val"]):
+            best = BestEpoch(
+                key,
+                epoch,
+                metrics["val"][key],
+                metrics,
+                self.phase("keep best", self._weights_on_cpu),
+                hits["test"],
+                embs={n: embs[n] for n in ("val", "test")},
+            )
         self.phase("log", lambda: self._append(rows))
         return embs["train"].sim, best
 
@@ -262,7 +263,7 @@ class Runner:
         return {k: fixed[k] if k in fixed else v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     # -- checkpointing ----------------------------------------------------------------------------------------
-    def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor, rngs: list[dict]) -> None:
+    def save_last(self, epoch: int, best: BestEpoch, train_sim: torch.Tensor, rngs: list[dict]) -> None:
         """The full training state after ``epoch`` into ``last.pt`` (:func:`checkpoint.training_state`): copied here,
         written atomically in the background (:meth:`RunFolder.save_state`; the run's end or failure waits for it)."""
         fingerprint = self.inputs.fingerprint
@@ -270,18 +271,18 @@ class Runner:
 
     def load_last(self, state: dict) -> tuple[int, dict, torch.Tensor]:
         """Restore the state of ``last.pt``; returns (next epoch, best so far as this run selects
-        (:func:`checkpoint.selected_by_rule`), train embeddings to mine with)."""
+        (:meth:`BestEpoch.valued_by`), train embeddings to mine with)."""
         epoch, best, train_sim = restore_last(state, self.folder.last, self.trainer, self.inputs.fingerprint)
-        return epoch, selected_by_rule(best, self.selection["metric"], self.folder.last), train_sim
+        return epoch, best.valued_by(self.selection["metric"], str(self.folder.last)), train_sim
 
     # -- the end ----------------------------------------------------------------------------------------------
-    def _finish(self, best: dict, start: float) -> dict:
+    def _finish(self, best: BestEpoch, start: float) -> dict:
         """8 tasks with the best-by-val weights; best.pt, test_hits.npy, then final.json (status done)."""
-        self.model.load_state_dict(best["state"])
+        self.model.load_state_dict(best.state)
         final = self._final(best)
         checkpoint = self._best_checkpoint(best) if self.cfg.trainer.save_checkpoint else None
         final["wall_time_s"] = round(time.time() - start, 2)
-        arrays = {"test_hits": best["hits"], "test_seen": self.evaluation.seen}
+        arrays = {"test_hits": best.hits, "test_seen": self.evaluation.seen}
         test_pairs = self.evaluation.pairs["test"]
         if test_pairs is not None:  # which test pairs the hits are of (eval.test_queries)
             arrays["test_queries"] = test_pairs
@@ -289,7 +290,7 @@ class Runner:
         self.tracker.finish(final)
         return final
 
-    def _final(self, best: dict) -> dict:
+    def _final(self, best: BestEpoch) -> dict:
         """What ``final.json`` holds but the wall time, the best-by-val weights loaded: the run, its best epoch, its
         data, its runtime, and the end's scores (:meth:`Evaluation.final_scores`)."""
         cfg = self.cfg
@@ -300,8 +301,8 @@ class Runner:
             "data": cfg.data.name,
             "model": cfg.model.name,
             "selection": self.selection,
-            "best_epoch": best["epoch"],
-            "best": best["metrics"],
+            "best_epoch": best.epoch,
+            "best": best.metrics,
             "epochs": cfg.trainer.max_epochs,
             "pairs": {n: s.n_pairs for n, s in self.data.splits.items()},
             "overlap": self.data.overlap,
@@ -312,7 +313,7 @@ class Runner:
             final["data_files"] = self.data.files
         return {**final, **self.evaluation.final_scores(best)}
 
-    def _best_checkpoint(self, best: dict) -> dict:
+    def _best_checkpoint(self, best: BestEpoch) -> dict:
         """``best.pt``'s content: the best epoch's weights, the model config and the run's retrieval settings."""
         cfg = self.cfg
         run = {
@@ -324,7 +325,7 @@ class Runner:
             "seed": int(cfg.seed),
         }
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-        return checkpoint_payload(self.model, self.tokenizer, best["state"], best["epoch"], model_cfg, run)
+        return checkpoint_payload(self.model, self.tokenizer, best.state, best.epoch, model_cfg, run)
 
 
 def start_up(cfg: DictConfig) -> Runtime:
