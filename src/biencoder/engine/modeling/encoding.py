@@ -145,7 +145,7 @@ def to_device(batch: dict, device: torch.device, pin: bool = False) -> dict:
 @contextmanager
 def eval_mode(model: nn.Module):
     """Eval mode (no dropout) and no gradients inside; the model's previous mode is restored after. A model already in
-    eval mode throughout is left alone (switching MiniLM's 125 modules takes about 0.5 ms each way)."""
+    eval mode throughout is left alone: no module's mode is set."""
     was_training = model.training
     switch = any(module.training for module in model.modules())
     if switch:

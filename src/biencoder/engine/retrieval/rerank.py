@@ -220,8 +220,8 @@ def shortlist_margins(
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values)`` of a 1-D int array by one sort: numpy 2's hashing ``unique`` took 2.0 ms against 0.5 ms
-    for the 14 010 keys of the test split's shortlists, three times an epoch."""
+    """``np.unique(values)`` of a 1-D int array (sorted, distinct) by one sort, without numpy 2's hashing ``unique``
+    (BENCHMARKS.md, "Design choices, measured")."""
     ordered = np.sort(values)
     return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 

@@ -251,9 +251,8 @@ class Runner:
 
     def _weights_on_cpu(self) -> dict[str, torch.Tensor]:
         """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so
-        they are taken once per run and shared by every copy (copying MiniLM's 22.7 M took 70-130 ms an epoch); on a
-        CPU they are the model's own tensors, not a second 90 MB (with that copy, later epochs had several times the
-        page faults, measured with ``scripts/bench.py --items frozen``)."""
+        they are taken once per run and shared by every copy; on a CPU they are the model's own tensors, not a second
+        copy of them (BENCHMARKS.md, "Design choices, measured")."""
         state = self.model.state_dict()
         if self.frozen and self.encoder_weights is None:
             self.encoder_weights = {
