@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -134,6 +135,31 @@ def test_the_run_log_names_the_arguments_left_out_for_want_of_their_pair(make_co
     line = next(r.getMessage() for r in caplog.records if "left out" in r.getMessage())
     assert line.startswith("data: 1 argument(s) left out")
     assert "validation/theme0/debate01/con03: point without a counter" in line
+
+
+def test_the_run_says_what_it_is_before_its_set_up_and_counts_the_set_up_in_its_time(tmp_path, caplog, monkeypatch):
+    """A frozen run's set-up encodes every text before the first epoch (minutes on the real corpus): its header comes
+    first in train.log, a long encoding logs how far it got, and final.json's wall time (the summary's) includes
+    the set-up."""
+    from biencoder.engine.modeling import encoding
+    from biencoder.engine.training import inputs
+
+    monkeypatch.setattr(encoding, "LOG_EVERY_S", 0.0)  # every batch is "long"
+    make = inputs.EncoderInputs.make
+
+    def slow_make(*args, **kwargs):
+        time.sleep(0.5)  # a set-up that takes time
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(inputs.EncoderInputs, "make", slow_make)
+    cfg = compose_cfg(FAST + ["model.encoder.freeze=true", "trainer.max_epochs=1", "eval.tasks=false"])
+    with caplog.at_level("INFO", logger="biencoder"):
+        final = run(cfg, tmp_path / "run")
+    messages = [r.getMessage() for r in caplog.records]
+    header = next(i for i, m in enumerate(messages) if m.startswith("variant plain seed 0 on cpu"))
+    encoded = [i for i, m in enumerate(messages) if " texts encoded (" in m]
+    assert encoded and header < min(encoded)  # the header before the set-up's encoding lines
+    assert final["wall_time_s"] >= 0.5
 
 
 def test_batches_carry_the_mined_tokens(tmp_path):

@@ -7,6 +7,8 @@ same queries (:meth:`Evaluation.baselines`).
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -31,6 +33,8 @@ NO_TASKS = (
     "no 8-task table: the official tasks type candidates by ArguAna's debates, sides and themes, which pair "
     "files do not have; the per-epoch top-1 (and top1_group where the files have groups) is this data's result"
 )
+
+log = logging.getLogger("biencoder")
 
 
 class Evaluation:
@@ -145,10 +149,13 @@ class Evaluation:
         """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""
         score, embs = self.cfg.eval.score, best.embs
         tasks = {"score": score}
+        began = time.monotonic()
+        log.info("8 tasks on val and test with the weights of epoch %d (eval.score=%s)", best.epoch, score)
         for name in ("val", "test"):
             emb = embs[name] if name in embs else self.embed(name)
             groups = query_groups(self.data.test_seen) if name == "test" else None
             tasks[name] = evaluate_tasks(self.data.splits[name], score, self.model, emb, self.rerank, groups)
+        log.info("8 tasks done in %.1f s", time.monotonic() - began)
         return tasks
 
     def baselines(self) -> dict:

@@ -69,6 +69,7 @@ class Runner:
         runtime: Runtime | None = None,
         variant: str | None = None,
     ):
+        self.created = time.time()  # the run's wall time counts its set-up (a frozen encoder's encoding) too
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
         self.data = RunData.read(cfg.data)
@@ -77,6 +78,7 @@ class Runner:
         self.main = distributed.is_main()
         self.variant = variant_name(cfg, variant)
         self.selection = selection(cfg.loss.ce_weight)  # what picks the best epoch (final.json's "selection")
+        self._log_header()  # first, before the set-up's long phases (loading, encoding) say what they do
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
         set_seed_everywhere(cfg.seed)
@@ -105,7 +107,6 @@ class Runner:
             return self._fit(state)
 
     def _fit(self, state: dict | None) -> dict | None:
-        start = time.time()
         first_epoch, best, train_sim = self.begin(state)
         epochs = self.cfg.trainer.max_epochs
         for epoch in tqdm(
@@ -114,7 +115,7 @@ class Runner:
             train_sim, best = self.run_epoch(epoch, train_sim, best)
         if not self.main:
             return None
-        return self._finish(best, start)
+        return self._finish(best)
 
     def begin(self, state: dict | None = None) -> tuple[int, dict, torch.Tensor | None]:
         """Log the run's set-up, restore or start its state (:meth:`_start`) and open the trackers (rank 0); returns
@@ -158,7 +159,14 @@ class Runner:
         return 0, best, embed_pooled(self.model, pooled, self.rerank.batch_size, self.device).sim
 
     def _log_start(self) -> None:
-        """The run's set-up in ``train.log``: cell, seed, machine and pairs, then the data (:meth:`RunData.log`)."""
+        """The rest of the run's set-up in ``train.log`` once it is made (the header came first): the note of an
+        untrained classifier, then the data (:meth:`RunData.log`)."""
+        if self.selection["metric"] != "top1":
+            log.warning(untrained_classifier_note(self.cfg.eval.score))
+        self.data.log(self.cfg.data, self.evaluation.pairs)
+
+    def _log_header(self) -> None:
+        """The run's first line in ``train.log``: cell, seed, machine and pairs."""
         cfg, rt, n, threads = self.cfg, self.runtime, distributed.world_size(), torch.get_num_threads()
         how = (
             ([rt.device_name] if rt.device.type == "cuda" else [])
@@ -176,9 +184,6 @@ class Runner:
             cfg.data.name,
             "/".join(str(s.n_pairs) for s in self.data.splits.values()),
         )
-        if self.selection["metric"] != "top1":
-            log.warning(untrained_classifier_note(cfg.eval.score))
-        self.data.log(cfg.data, self.evaluation.pairs)
 
     # -- one epoch --------------------------------------------------------------------------------------------
     def run_epoch(
@@ -275,12 +280,12 @@ class Runner:
         return epoch, best.valued_by(self.selection["metric"], str(self.folder.last)), train_sim
 
     # -- the end ----------------------------------------------------------------------------------------------
-    def _finish(self, best: BestEpoch, start: float) -> dict:
+    def _finish(self, best: BestEpoch) -> dict:
         """8 tasks with the best-by-val weights; best.pt, test_hits.npy, then final.json (status done)."""
         self.model.load_state_dict(best.state)
         final = self._final(best)
         checkpoint = self._best_checkpoint(best) if self.cfg.trainer.save_checkpoint else None
-        final["wall_time_s"] = round(time.time() - start, 2)
+        final["wall_time_s"] = round(time.time() - self.created, 2)  # from the runner's set-up on
         arrays = {"test_hits": best.hits, "test_seen": self.evaluation.seen}
         test_pairs = self.evaluation.pairs["test"]
         if test_pairs is not None:  # which test pairs the hits are of (eval.test_queries)
