@@ -434,10 +434,6 @@ def test_the_readme_test_command_is_what_ci_runs():
     assert "pytest" in ci
 
 
-if __name__ == "__main__":  # the runner of test_every_command_in_a_code_block_composes_or_prints_its_help
-    print(json.dumps(run_calls(json.loads(sys.stdin.read()))))
-
-
 def test_the_configuration_page_lists_every_option_of_every_config_group():
     """docs/configuration.md's "Groups and keys" table names each YAML file of conf/<group>/ (the option a user picks
     with <group>=<name>): a newcomer found the data row missing two of its four."""
@@ -454,3 +450,7 @@ def test_the_configuration_page_lists_every_option_of_every_config_group():
         if f"`{option.stem}`" not in options
     ]
     assert {"data", "model", "variant", "experiment", "logger"} <= set(rows) and missing == []
+
+
+if __name__ == "__main__":  # the runner of test_every_command_in_a_code_block_composes_or_prints_its_help
+    print(json.dumps(run_calls(json.loads(sys.stdin.read()))))
