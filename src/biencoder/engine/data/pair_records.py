@@ -51,7 +51,12 @@ def data_paths(data) -> dict[str, str]:
 
 def data_files(data) -> dict[str, dict]:
     """The provenance of a pair-file run: ``{role: {"path", "bytes", "sha256"}}`` per file (``{}`` for the ArguAna
-    layout). Raises :class:`PairsError` for a missing file."""
+    layout; a BEIR folder's: corpus, queries and each split's qrels, :func:`.beir.beir_files`). Raises
+    :class:`PairsError` for a missing pair file."""
+    if data.get("layout", "arguana") == "beir":
+        from .beir import beir_files  # beir reads pair_records: imported here, not at the top
+
+        return beir_files(data["root"])
     if data.get("layout", "arguana") != "pairs":
         return {}
     return {
