@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from .engine.data.arguana import EXTRACTED, CorpusError
-from .engine.data.beir import export_beir, read_beir
+from .engine.data.beir import read_beir
+from .engine.data.beir_export import export_beir
 from .engine.data.corpus import Corpus, read_corpus
 from .engine.data.pair_files import EXPORTED, PairFiles, export_pairs, read_pairs
 from .engine.data.pair_records import SUFFIXES

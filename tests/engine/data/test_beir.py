@@ -14,7 +14,8 @@ import torch
 
 from apps.test_bad_inputs import finished_folders
 from biencoder.engine.config.packaged import beir_demo
-from biencoder.engine.data.beir import BeirError, export_beir, read_beir
+from biencoder.engine.data.beir import BeirError, read_beir
+from biencoder.engine.data.beir_export import export_beir
 from biencoder.engine.data.corpus import run_splits
 from biencoder.engine.data.paired import seen_queries
 from biencoder.engine.retrieval.negatives import mine_negatives

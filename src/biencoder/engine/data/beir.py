@@ -14,7 +14,7 @@ document, each (query, relevant document) a training pair, the corpus the candid
 score 0 or less are read and dropped (BEIR's "not relevant"); a query judged only so is left out.
 
 What cannot be used is a :class:`BeirError`: one line naming the file, the line and the fix; nothing is written.
-:func:`export_beir` writes an ArguAna corpus in this layout.
+:func:`.beir_export.export_beir` writes an ArguAna corpus in this layout.
 """
 
 from __future__ import annotations
@@ -28,36 +28,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..config.packaged import beir_demo
 from ..config.schema import DataSchema
-from ..files import strict_json
 from .arguana import CorpusError
-from .pair_files import _write_atomic
-from .pair_records import _provenance
+from .pair_records import BEIR_FILES, beir_files
 from .paired import SPLIT_NAMES, JudgedSplit, split_name
 
 #: the qrels file of each split, as BEIR names them (``dev`` is the validation split)
-QRELS = {"train": "train.tsv", "val": "dev.tsv", "test": "test.tsv"}
+QRELS = {name: BEIR_FILES[name].removeprefix("qrels/") for name in SPLIT_NAMES}
 QRELS_HEADER = ("query-id", "corpus-id", "score")
 
 
 class BeirError(CorpusError):
     """A BEIR folder that cannot be used; the message names the file, the line, and the fix."""
-
-
-def file_record(path: Path) -> dict:
-    """Path, size and sha256 of a file read (a run folder records them as ``data_files``)."""
-    return _provenance(path, path.name, path.read_bytes())
-
-
-def beir_files(root: str | Path) -> dict[str, dict]:
-    """The provenance of a BEIR run: :func:`file_record` of corpus.jsonl, queries.jsonl and each qrels file there is
-    (``corpus``, ``queries``, ``train``, ``val``, ``test``); the files missing are left out (the reader names them)."""
-    from ..config.packaged import beir_demo
-
-    folder = Path(beir_demo() if str(root) == "beir_demo" else root).expanduser()
-    paths = {"corpus": folder / "corpus.jsonl", "queries": folder / "queries.jsonl"}
-    paths.update({name: folder / "qrels" / file for name, file in QRELS.items()})
-    return {role: file_record(path) for role, path in paths.items() if path.is_file()}
 
 
 # -- reading ------------------------------------------------------------------------------------------------------
@@ -149,8 +132,6 @@ def _qrels(path: Path, queries: dict[str, int], docs: dict[str, int], queries_fi
 def read_beir(root: str | Path) -> BeirData:
     """Read the BEIR folder ``root`` (``"beir_demo"``: the example shipped with the package) into a :class:`BeirData`
     with its official splits. Raises :class:`BeirError` on anything listed in the module docstring."""
-    from ..config.packaged import beir_demo
-
     folder = Path(beir_demo() if str(root) == "beir_demo" else root).expanduser()
     if not folder.is_dir():
         raise BeirError(
@@ -162,18 +143,17 @@ def read_beir(root: str | Path) -> BeirData:
     queries = _jsonl(queries_file, ("text",), "query")
     doc_at = {d: i for i, d in enumerate(corpus["_id"])}
     query_at = {q: i for i, q in enumerate(queries["_id"])}
-    qrels, files = {}, {}
+    qrels = {}
     for name, file in QRELS.items():
         path = folder / "qrels" / file
         if path.is_file():
             qrels[name] = _qrels(path, query_at, doc_at, queries_file, corpus_file)
-            files[name] = file_record(path)
     if not qrels:
         raise BeirError(
             f"'{folder / 'qrels'}' holds none of {', '.join(QRELS.values())}: write the judgements of each split "
             "there (query-id<TAB>corpus-id<TAB>score, a header row)"
         )
-    files.update(corpus=file_record(corpus_file), queries=file_record(queries_file))
+    files = beir_files(folder)
     title = corpus["title"].to_numpy(dtype=object)
     text = corpus["text"].to_numpy(dtype=object)
     documents = pd.DataFrame(
@@ -319,49 +299,3 @@ class BeirData:
         own_row = own.reindex(queries["_id"].to_numpy()).fillna(-1).to_numpy(dtype=np.int64)
         relevance = tuple(rel[c].to_numpy(dtype=np.int64) for c in ("pair", "row", "grade"))
         return JudgedSplit(name=name, table=table, pool=pool, n_queries=n, relevance=relevance, own=own_row)
-
-
-# -- export: an ArguAna corpus as a BEIR folder --------------------------------------------------------------------
-def argument_id(row) -> str:
-    """The ``_id`` an argument of an ArguAna corpus gets in :func:`export_beir`: its split folder, theme, debate,
-    side and number, ``a`` for a point and ``b`` for a counter (as its file is named)."""
-    return f"{row.split}/{row.theme}/{row.debate}/{row.stance}{row.number:02d}{'a' if row.kind == 'point' else 'b'}"
-
-
-def export_beir(corpus, folder: str | Path) -> dict[str, Path]:
-    """Write the official splits of ``corpus`` (an ArguAna :class:`~.corpus.Corpus`) into ``folder`` in the BEIR
-    layout, as BEIR's own ArguAna is: ``corpus.jsonl``, every argument that belongs to a pair (title empty, text the
-    argument's); ``queries.jsonl``, the points, each with its own argument's ``_id``; ``qrels/train.tsv``, ``dev.tsv``
-    and ``test.tsv``, each point's counter with score 1, in the corpus's pair order. Reading it back gives, with
-    ``data.pool=positives``, the paired splits' texts, relevance and candidates. Each file is written atomically; an
-    existing one is never overwritten (:class:`BeirError`)."""
-    folder = Path(folder)
-    if folder.exists() and not folder.is_dir():
-        raise BeirError(f"'{folder}' is a file: export into a folder")
-    names = ["corpus.jsonl", "queries.jsonl", *(f"qrels/{f}" for f in QRELS.values())]
-    taken = [folder / name for name in names if (folder / name).exists()]
-    if taken:
-        raise BeirError(f"'{taken[0]}' exists: export into a new or empty folder (nothing was written)")
-    args = corpus.arguments
-    pairs = corpus.pairs
-    ids = {i: argument_id(row) for i, row in zip(args.index, args.itertuples(), strict=True)}
-    in_pair = np.sort(np.concatenate([pairs["point_row"].to_numpy(), pairs["counter_row"].to_numpy()]))
-    corpus_lines = [
-        strict_json({"_id": ids[i], "title": "", "text": args.at[i, "text"]}, ensure_ascii=False) + "\n"
-        for i in in_pair
-    ]
-    query_lines = [
-        strict_json({"_id": ids[i], "text": args.at[i, "text"]}, ensure_ascii=False) + "\n" for i in pairs["point_row"]
-    ]
-    (folder / "qrels").mkdir(parents=True, exist_ok=True)
-    out = {
-        "corpus": _write_atomic(folder / "corpus.jsonl", "".join(corpus_lines)),
-        "queries": _write_atomic(folder / "queries.jsonl", "".join(query_lines)),
-    }
-    for split, file in QRELS.items():
-        p = corpus.split_pairs(split)
-        lines = ["\t".join(QRELS_HEADER) + "\n"] + [
-            f"{ids[q]}\t{ids[c]}\t1\n" for q, c in zip(p["point_row"], p["counter_row"], strict=True)
-        ]
-        out[split] = _write_atomic(folder / "qrels" / file, "".join(lines))
-    return out

@@ -21,6 +21,7 @@ import pandas as pd
 from ..config.packaged import demo_root
 from ..config.schema import DataSchema
 from .arguana import SPLITS, CorpusError, read_split, resolve_root
+from .beir import read_beir
 from .pair_files import PairFiles, read_pairs
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name
 
@@ -154,8 +155,6 @@ def run_splits(data) -> tuple[Corpus | PairFiles, dict[str, PairedSplit]]:
     take their schema defaults."""
     pool = data.get("pool", "all")
     if data.get("layout", "arguana") == "beir":
-        from .beir import read_beir  # beir imports pair_files, as this module does
-
         beir = read_beir(data["root"]).used(data["dedup"])
         return beir, {name: beir.paired(name, pool) for name in SPLIT_NAMES}
     if data.get("layout", "arguana") == "pairs":

@@ -93,8 +93,7 @@ def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1
 def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
     """[B, 2Q] bool: the false candidates of the per-epoch pool (``data.pool``; with ``all`` on ArguAna the epa task's)
     of the queries ``pairs`` [B] (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true
-    counter (and, a BEIR query, every document relevant to it: another relevant document never counts against the
-    first, :meth:`PairedSplit.is_relevant`)."""
+    counter and (a BEIR query) every document relevant to it, so that none counts against the first."""
     pairs = np.asarray(pairs)
     rows = np.broadcast_to(np.arange(len(split.table)), (len(pairs), len(split.table)))
     mask = split.is_candidate(rows, pairs)
@@ -255,7 +254,6 @@ def listed_ranks(rows: np.ndarray, true_rows: np.ndarray) -> np.ndarray:
     (nearest first, equal distances the lower row first: :func:`retrieve`), no classifier;
     :data:`~.metrics.NOT_LISTED` (0) where it is not in the shortlist."""
     is_true = rows == np.asarray(true_rows)[:, None]
-    # the listed rows before it (a place set to NONE, :func:`others_unlisted`, takes none)
     before = ((np.cumsum(is_true, axis=1) == 0) & (rows != NONE)).sum(axis=1)
     return np.where(is_true.any(axis=1), before + 1, NOT_LISTED)
 
@@ -285,20 +283,11 @@ def rerank_ranks(
         rows, _ = retrieve(emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs)
     [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
     true = split.counter[pairs]
-    ranked = others_unlisted(split, rows, pairs)
-    if ranked is not rows:
-        margins = np.where(ranked == NONE, np.float32(np.nan), margins)  # NaN: an unlisted place never counts
+    # a BEIR query's other relevant documents never count against its first (the highest grade): unlisted, NaN
+    other = split.is_relevant(rows, pairs) & (rows != true[:, None])
+    ranked, margins = np.where(other, NONE, rows), np.where(other, np.float32(np.nan), margins)
     rank, _ = shortlist_ranks(ranked, margins, true, split.name)
     return Ranks(rank, rows.shape[1]), Ranks(listed_ranks(ranked, true), rows.shape[1])
-
-
-def others_unlisted(split: PairedSplit, rows: np.ndarray, pairs: np.ndarray) -> np.ndarray:
-    """``rows`` [P, k] with the relevant documents of each query other than its first (:attr:`PairedSplit.counter`,
-    the highest grade) set to :data:`NONE`, so that they never count against it: a BEIR query's rank is that of its
-    first relevant document among the documents not relevant to it. The rows of a paired split, unchanged (its one
-    relevant row is its counter). Graded, multi-relevant metrics (nDCG) read :attr:`PairedSplit.relevant_pairs`."""
-    other = split.is_relevant(rows, pairs) & (rows != split.counter[pairs][:, None])
-    return np.where(other, NONE, rows) if other.any() else rows
 
 
 def retrieve_rerank(

@@ -100,6 +100,10 @@ class RunData:
                 )
         for role, f in self.files.items():
             log.info("data.%s: %s (%d bytes, sha256 %s)", role, f["path"], f["bytes"], f["sha256"])
+        self._log_what_was_read(data)
+
+    def _log_what_was_read(self, data: DataSchema) -> None:
+        """A BEIR folder's judgements, or pair files' repeated pairs and given negatives, with the per-epoch pool."""
         if isinstance(self.splits["test"], JudgedSplit):
             log.info(
                 "BEIR judgements per split (queries, judgements, queries with several relevant documents, graded) "
