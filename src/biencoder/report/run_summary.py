@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..engine.config.schema import SELECTION_BEFORE_RECORD, selection_label, untrained_classifier_note
-from ..engine.data.paired import POOL_TEXT
+from ..engine.data.paired import JUDGED_POOL_TEXT, POOL_TEXT
 from ..engine.retrieval.official_tasks import TASKS
 from .statistics import wilson
 
@@ -137,6 +137,8 @@ def _pool(final: dict) -> str:
     pool = final.get("pool", "all")
     if "data_files" not in final and pool == "all":
         return "every argument of the split, as in the epa task"
+    if "corpus" in final.get("data_files", {}):  # a BEIR folder: the candidates are its documents
+        return f"{JUDGED_POOL_TEXT[pool]}, data.pool={pool}"
     return f"{POOL_TEXT[pool]}, data.pool={pool}"
 
 
