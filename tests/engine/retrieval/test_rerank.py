@@ -10,14 +10,11 @@ import torch
 from biencoder.engine.modeling.encoding import TokenizedTexts, encode
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.official_tasks import candidate_types, evaluate_tasks, task_masks
+from biencoder.engine.retrieval.pools import fixed_pools, pool_ranks, pool_shortlists, query_ranks
 from biencoder.engine.retrieval.rerank import (
     NONE,
     NonFiniteMargins,
     Rerank,
-    fixed_pools,
-    pool_ranks,
-    pool_shortlists,
-    query_ranks,
     retrieve,
     retrieve_rerank,
     shortlist_margins,
