@@ -90,8 +90,8 @@ def test_the_collate_pads_to_the_bucket_and_says_whether_anything_is_padded(tmp_
 
 def test_padding_to_the_bucket_changes_no_number(tmp_path):
     """The masked positions take no part: the step's loss and gradients at the bucket width equal those at the batch's
-    own width (dropout off, so both draw nothing)."""
-    runner = Runner(compose_cfg(FAST), tmp_path)
+    own width (dropout off, so both draw nothing). On the CPU, where the batches are made (on a GPU too)."""
+    runner = Runner(compose_cfg(FAST + ["trainer.device=cpu"]), tmp_path)
     trainer, model = runner.trainer, runner.model
     model.eval()  # no dropout: the two widths would draw different masks
     split = runner.data.splits["train"]
@@ -115,7 +115,7 @@ def test_padding_to_the_bucket_changes_no_number(tmp_path):
 def test_an_eager_run_pads_as_before_and_says_why(tmp_path, caplog):
     """Where graphs do not run (here: the CPU) nothing changes: batches are padded to their own longest text."""
     with caplog.at_level("INFO", logger="biencoder"):
-        runner = Runner(compose_cfg(FAST), tmp_path)
+        runner = Runner(compose_cfg(FAST + ["trainer.device=cpu"]), tmp_path)
     assert not runner.trainer.mode.graphs and runner.trainer.graphed is None and runner.trainer.width is None
     assert "training step: eager: the step runs on cpu" in caplog.text
 
