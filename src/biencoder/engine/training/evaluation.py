@@ -54,7 +54,7 @@ class Evaluation:
     ):
         self.cfg, self.model, self.data, self.inputs = cfg, model, data, inputs
         self.encoding, self.rerank = encoding, rerank
-        self.metric = selection(cfg.loss.ce_weight)["metric"]  # the hits are this metric's
+        self.metric = selection(cfg.loss.ce_weight, cfg.eval.select)["metric"]  # the hits are this metric's
         self.pairs = self._pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
         self.rankings: dict[str, np.ndarray] = {}  # per split, the final ranking of its last evaluate_split
@@ -100,8 +100,9 @@ class Evaluation:
         """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``:
         :func:`~biencoder.engine.retrieval.metrics.epoch_metrics`, then on test the top-1 of the unseen and the seen
         queries with their counts; the hits [Q] bool are the top-1 outcome of the selection metric (:attr:`metric`):
-        reranked, or the nearest neighbour. The final ranking's rows [Q, d] (:attr:`EpochRanks.rows`) are kept in
-        :attr:`rankings` under ``name``. Raises :class:`Diverged` for non-finite embeddings or margins."""
+        reranked (the final ranking's), or the nearest neighbour. The final ranking's rows [Q, d]
+        (:attr:`EpochRanks.rows`) are kept in :attr:`rankings` under ``name``. Raises :class:`Diverged` for non-finite
+        embeddings or margins."""
         # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
         if not (torch.isfinite(emb.sim).all() and (self.inputs.frozen or torch.isfinite(emb.pooled).all())):
             raise Diverged(epoch, f"{name} embeddings")
@@ -118,7 +119,9 @@ class Evaluation:
         if seen is not None:
             metrics.update(group_top1(ranks.reranked, query_groups(seen), counts=True))
         self.rankings[name] = ranks.rows
-        return metrics, top1_hits({"top1": ranks.reranked, "retrieval_top1": ranks.retrieved}[self.metric])
+        # the top-1 outcome of the ranking the selection metric reads: the retrieval order's, else the reranked one's
+        # (the final ranking's first place is the reranked shortlist's)
+        return metrics, top1_hits(ranks.retrieved if self.metric == "retrieval_top1" else ranks.reranked)
 
     def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
         """The per-epoch retrieval rankings of split ``name`` (:func:`retrieve_ranking`, whose first k places are the

@@ -77,7 +77,8 @@ class Runner:
         self.device = self.runtime.device
         self.main = distributed.is_main()
         self.variant = variant_name(cfg, variant)
-        self.selection = selection(cfg.loss.ce_weight)  # what picks the best epoch (final.json's "selection")
+        # what picks the best epoch (final.json's "selection")
+        self.selection = selection(cfg.loss.ce_weight, cfg.eval.select)
         self._log_header()  # first, before the set-up's long phases (loading, encoding) say what they do
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
