@@ -41,6 +41,7 @@ CHOICES = {
     "RETRIEVE_SPACES": ("eval.retrieve",),
     "SCHEDULERS": ("trainer.scheduler",),
     "SCORES": ("eval.score",),
+    "SELECT_METRICS": ("eval.select",),
     "DEVICES": ("trainer.device",),
     "PRECISIONS": ("trainer.precision",),
     "INDEXES": ("negatives.index", "eval.index"),
