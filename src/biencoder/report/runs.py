@@ -67,7 +67,7 @@ class Run:
             return self.final["selection"]
         if self.complete:
             return SELECTION_BEFORE_RECORD
-        return selection(float(self.flat.get("loss.ce_weight", 1.0)))
+        return selection(float(self.flat.get("loss.ce_weight", 1.0)), self.flat.get("eval.select"))
 
     @property
     def status(self) -> str:

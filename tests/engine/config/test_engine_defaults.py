@@ -41,6 +41,7 @@ CHOICES = {
     "RETRIEVE_SPACES": ("eval.retrieve",),
     "SCHEDULERS": ("trainer.scheduler",),
     "SCORES": ("eval.score",),
+    "SELECT_METRICS": ("eval.select",),
     "DEVICES": ("trainer.device",),
     "PRECISIONS": ("trainer.precision",),
     "INDEXES": ("negatives.index", "eval.index"),
@@ -83,6 +84,9 @@ OWN_DEFAULT = {
     ),
     ("biencoder.engine.retrieval.rerank.shortlist_margins", "batch_size"): (
         "pairs per classifier block, not trainer.batch_size; a run passes Rerank.batch_size, the Retriever this one"
+    ),
+    ("biencoder.engine.retrieval.metrics.group_top1", "key"): (
+        "the prefix of the per-group record keys (top1_unseen, top1_seen), not the metric eval.select names"
     ),
     ("biencoder.engine.training.run.run", "experiment"): (
         "the MLflow experiment when logger.mlflow.experiment is null: the app passes the sweep's, runs otherwise"

@@ -28,14 +28,12 @@ from biencoder.engine.retrieval.official_tasks import (
     task_masks,
     tfidf_scores,
 )
+from biencoder.engine.retrieval.pools import pool_ranks, pool_shortlists, query_ranks
 from biencoder.engine.retrieval.rerank import (
     NONE,
     Rerank,
     pool_mask,
-    pool_ranks,
-    pool_shortlists,
     query_blocks,
-    query_ranks,
     retrieve,
     retrieve_rerank,
     shortlist_margins,

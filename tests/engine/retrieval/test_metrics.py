@@ -18,7 +18,7 @@ from biencoder.engine.retrieval.metrics import (
     top1,
     top1_hits,
 )
-from biencoder.engine.retrieval.rerank import listed_ranks, shortlist_ranks
+from biencoder.engine.retrieval.rerank import final_rows, listed_ranks, shortlist_ranks
 
 # five queries, shortlists of k=3 rows in retrieval order (nearest first) and the classifier's margin of each place
 ROWS = np.array([[10, 11, 12], [20, 21, 22], [30, 31, 32], [40, 41, 42], [50, 51, 52]])
@@ -41,7 +41,9 @@ def test_the_per_epoch_metrics_of_a_hand_made_shortlist():
     reranked, retrieved = Ranks(rank, 3), Ranks(listed_ranks(ROWS, TRUE), 3)
     assert top1_hits(reranked).tolist() == [True, False, False, False, True]
     assert top1_hits(retrieved).tolist() == [False, True, False, False, False]
-    metrics = epoch_metrics(reranked, retrieved)
+    final = final_rows(ROWS, MARGINS, TRUE)  # the shortlist is the whole listed ranking here
+    assert final.tolist() == [[11, 12, 10], [21, 20, 22], [30, 31, 32], [42, 40, 41], [52, 51, 50]]
+    metrics = epoch_metrics(reranked, retrieved, Ranks(listed_ranks(final, TRUE), 100))
     assert metrics == {
         "top1": 2 / 5,  # q2, outside the shortlist, is a miss over 5 queries, not a query left out (2 / 4)
         "retrieval_top1": 1 / 5,
@@ -49,8 +51,22 @@ def test_the_per_epoch_metrics_of_a_hand_made_shortlist():
         "mrr": (1 + 1 / 2 + 0 + 1 / 3 + 1) / 5,
         "queries": 5,
         "k": 3,
+        # the final ranking's places 1, 2, -, 3, 1: one relevant document of grade 1 each
+        "ndcg_at_10": (1 + 1 / np.log2(3) + 0 + 1 / np.log2(4) + 1) / 5,
+        "mrr_at_10": (1 + 1 / 2 + 0 + 1 / 3 + 1) / 5,
+        "recall_at_100": 4 / 5,
     }
-    assert list(metrics) == ["top1", "retrieval_top1", "recall_at_k", "mrr", "queries", "k"]  # metrics.jsonl's order
+    assert list(metrics) == [  # metrics.jsonl's order: today's keys first, as they were
+        "top1",
+        "retrieval_top1",
+        "recall_at_k",
+        "mrr",
+        "queries",
+        "k",
+        "ndcg_at_10",
+        "mrr_at_10",
+        "recall_at_100",
+    ]
 
 
 def test_every_query_counts_in_a_mean_over_more_than_a_block():
@@ -63,7 +79,7 @@ def test_every_query_counts_in_a_mean_over_more_than_a_block():
     assert recall_at(ranks, 1) == pytest.approx(10 / 37, abs=1e-15)
     assert recall_at(ranks, 6) == pytest.approx(19 / 37, abs=1e-15)
     assert recall_at(ranks, 7) == recall_at(ranks, 10) == pytest.approx(22 / 37, abs=1e-15)  # rank 7 is within 7
-    assert epoch_metrics(ranks, ranks)["queries"] == 37
+    assert epoch_metrics(ranks, ranks, Ranks(ranks.rank, 100))["queries"] == 37
 
 
 def test_whole_pool_ranks_give_the_tasks_accuracy_and_mrr():
@@ -135,6 +151,8 @@ def test_the_per_epoch_ranks_must_be_of_one_shortlist():
     ranks = Ranks(np.array([1, 2]), 3)
     for other in (Ranks(np.array([1, 2]), 4), Ranks(np.array([1, 2, 1]), 3)):
         with pytest.raises(ValueError, match="same queries"):
-            epoch_metrics(ranks, other)
+            epoch_metrics(ranks, other, Ranks(np.array([1, 2]), 100))
     with pytest.raises(ValueError, match="same queries"):
-        epoch_metrics(Ranks(np.array([1, 2])), Ranks(np.array([1, 2])))  # whole-pool ranks have no k
+        epoch_metrics(Ranks(np.array([1, 2])), Ranks(np.array([1, 2])), Ranks(np.array([1, 2]), 100))  # no k
+    with pytest.raises(ValueError, match="listed to 100 places or more"):  # R@100 of a 10-deep ranking: a recall@10
+        epoch_metrics(ranks, ranks, Ranks(np.array([1, 2]), 10))

@@ -10,14 +10,11 @@ import torch
 from biencoder.engine.modeling.encoding import TokenizedTexts, encode
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.official_tasks import candidate_types, evaluate_tasks, task_masks
+from biencoder.engine.retrieval.pools import fixed_pools, pool_ranks, pool_shortlists, query_ranks
 from biencoder.engine.retrieval.rerank import (
     NONE,
     NonFiniteMargins,
     Rerank,
-    fixed_pools,
-    pool_ranks,
-    pool_shortlists,
-    query_ranks,
     retrieve,
     retrieve_rerank,
     shortlist_margins,
@@ -75,6 +72,10 @@ def test_per_epoch_rerank_by_hand(line):
         "mrr": (1 + 1 + 1 / 2 + 0) / 4,
         "queries": 4,
         "k": 2,
+        # the final ranking: the reranked 2, then by distance; q3's pool C2 P2 | C1 P1 C3 P0 puts C3 at place 5
+        "ndcg_at_10": (1 + 1 + 1 / np.log2(3) + 1 / np.log2(6)) / 4,
+        "mrr_at_10": (1 + 1 + 1 / 2 + 1 / 5) / 4,
+        "recall_at_100": 1.0,
     }
 
 
@@ -324,6 +325,9 @@ def test_per_epoch_rerank_of_some_queries(line):
         "mrr": (1 + 1 / 2) / 2,
         "queries": 2,
         "k": 2,
+        "ndcg_at_10": (1 + 1 / np.log2(3)) / 2,
+        "mrr_at_10": (1 + 1 / 2) / 2,
+        "recall_at_100": 1.0,
     }
 
 

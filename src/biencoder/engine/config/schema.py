@@ -26,6 +26,8 @@ SIM_INITS = ("random", "pca")
 RETRIEVE_SPACES = ("sim", "encoder")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
+#: eval.select: the val metrics of a metrics.jsonl row that can pick the best epoch (null: :func:`selection`'s rule)
+SELECT_METRICS = ("top1", "retrieval_top1", "mrr", "ndcg_at_10", "mrr_at_10", "recall_at_100")
 
 #: the choices of trainer.device and trainer.precision (biencoder.engine.machine.runtime.decide reads them)
 DEVICES = ("auto", "cpu", "cuda")
@@ -228,6 +230,9 @@ class EvalSchema:
     # block of features stays in cache, 4096 on a GPU. Changes no result (tests/engine/retrieval/test_rerank.py; BLAS
     # may round a block's leftover rows in another way: 256 and 1024 gave the same numbers to the bit on the 2-core VM)
     pair_batch_size: int | None = None
+    # the val metric that picks the best epoch (final.json's "selection"): null = the rule, top1 (retrieval_top1 at
+    # loss.ce_weight=0) | top1 | retrieval_top1 | mrr | ndcg_at_10 | mrr_at_10 | recall_at_100 (a BEIR run: ndcg_at_10)
+    select: str | None = None
     index: str = "exact"  # nearest-neighbour search: exact (blocked torch top-k on the training device) | balltree
     # per-epoch metrics of a split on a fixed sample of N of its queries (rerank.query_sample: the same for every seed
     # and cell; the pool stays the whole split); null = all. train: the train curve (mining always uses every pair);
@@ -297,18 +302,29 @@ def flags_name(use_layernorm: bool, use_relu: bool) -> str:
 
 
 #: how people read the per-epoch metrics that can select a best epoch (final.json's ``selection.metric``)
-METRIC_LABELS = {"top1": "top-1 (reranked)", "retrieval_top1": "retrieval top-1"}
+METRIC_LABELS = {
+    "top1": "top-1 (reranked)",
+    "retrieval_top1": "retrieval top-1",
+    "mrr": "MRR (reranked)",
+    "ndcg_at_10": "nDCG@10",
+    "mrr_at_10": "MRR@10",
+    "recall_at_100": "recall@100",
+}
 #: what selected the best epoch of a finished run whose final.json has no ``selection`` (written before it existed)
 SELECTION_BEFORE_RECORD = {"split": "val", "metric": "top1"}
 
 
-def selection(ce_weight: float) -> dict[str, str]:
+def selection(ce_weight: float, metric: str | None = None) -> dict[str, str]:
     """The metric that picks a run's best epoch, as ``final.json`` records it (``"selection"``):
-    ``{"split": "val", "metric": m}``. ``m`` is the metric the run's numbers come from: the reranked ``top1`` when
-    the pair classifier trains (``loss.ce_weight`` > 0), else ``retrieval_top1`` (the nearest neighbour is the true
-    counter): with ``ce_weight=0`` the classifier gets no training signal, so its reranking is noise. The best
-    epoch decides ``best.pt``, ``final.json``'s ``best``, the 8 tasks and ``test_hits.npy`` (the per-query
-    outcome of ``m`` on test), so every table built on a run reads this one rule."""
+    ``{"split": "val", "metric": m}``. ``m`` is ``metric`` (``eval.select``) when one is given, else the metric the
+    run's numbers come from: the reranked ``top1`` when the pair classifier trains (``loss.ce_weight`` > 0), else
+    ``retrieval_top1`` (the nearest neighbour is the true counter): with ``ce_weight=0`` the classifier gets no
+    training signal, so its reranking is noise. ``eval.select=ndcg_at_10`` (a BEIR run's choice) picks by the val
+    nDCG@10 of the final ranking. The best epoch decides ``best.pt``, ``final.json``'s ``best``, the 8 tasks,
+    ``test_hits.npy`` (the per-query top-1 outcome on test of the ranking ``m`` reads: the retrieval order for
+    ``retrieval_top1``, else the reranked one) and ``test.run``, so every table built on a run reads this one rule."""
+    if metric is not None:
+        return {"split": "val", "metric": str(metric)}
     return {"split": "val", "metric": "top1" if ce_weight > 0 else "retrieval_top1"}
 
 

@@ -32,6 +32,7 @@ from .schema import (
     RETRIEVE_SPACES,
     SCHEDULERS,
     SCORES,
+    SELECT_METRICS,
     SIM_INITS,
     ColumnsSchema,
     LoggerSchema,
@@ -246,6 +247,13 @@ def _eval(cfg: DictConfig) -> None:
         if cfg.eval[f"{split}_queries"] is not None:
             _positive(cfg, f"eval.{split}_queries")
     _choice(cfg, "eval.score", SCORES)
+    if cfg.eval.get("select") is not None:
+        _choice(cfg, "eval.select", SELECT_METRICS)
+        if cfg.eval.select != "retrieval_top1" and float(cfg.loss.get("ce_weight", 1.0)) == 0:
+            raise ConfigError(
+                f"eval.select={cfg.eval.select} reads the classifier's reranking, which loss.ce_weight=0 leaves "
+                "untrained: select by retrieval_top1 (the rule's choice), or train the classifier"
+            )
 
 
 #: the data keys only pair files read (data.layout=pairs)

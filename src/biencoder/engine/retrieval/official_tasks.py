@@ -26,17 +26,8 @@ import torch
 from ..data.corpus import PairedSplit
 from ..modeling.model import BiModel, Embeddings
 from .metrics import Ranks, by_group, task_metrics
-from .rerank import (
-    BLOCK_CELLS,
-    SCHEMA_RERANK,
-    PoolMasks,
-    Rerank,
-    pool_mask,
-    pool_ranks,
-    query_blocks,
-    query_ranks,
-    shortlist_margins,
-)
+from .pools import PoolMasks, pool_ranks, query_ranks
+from .rerank import BLOCK_CELLS, SCHEMA_RERANK, Rerank, pool_mask, query_blocks, shortlist_margins
 from .search import distances
 
 TYPES = (
@@ -96,7 +87,7 @@ def task_masks(types: np.ndarray) -> dict[str, np.ndarray]:
 
 
 class TaskPools:
-    """The 8 tasks' pools block by block (:data:`biencoder.engine.retrieval.rerank.PoolMasks`): called with a block of
+    """The 8 tasks' pools block by block (:data:`biencoder.engine.retrieval.pools.PoolMasks`): called with a block of
     queries (indices of pairs [B]), task name → [B, 2Q] bool false candidates; ``candidates`` sums each task's false
     candidates over the blocks seen."""
 
@@ -205,7 +196,7 @@ def evaluate_tasks(
 
     Args:
         score: ``rerank`` (per task pool: k nearest in the ``rerank.space`` space, reordered by the classifier's
-            logit margin, the rest after them by distance; :func:`biencoder.engine.retrieval.rerank.pool_ranks`),
+            logit margin, the rest after them by distance; :func:`biencoder.engine.retrieval.pools.pool_ranks`),
             ``classifier`` (logit margin for every candidate), ``sim`` (negative sim distance), ``encoder_cosine``
             (cosine of pooled embeddings), ``tfidf``.
         model, emb: the model and the :class:`Embeddings` of all 2Q rows (not needed for ``tfidf``;

@@ -7,23 +7,23 @@ encoder's cosine with ``eval.retrieve=encoder``; :meth:`Embeddings.retrieval`) a
 rescores it by its logit margin l1 − l0 (which orders pairs as P(positive) does, without float32 ties). Equal
 distances keep the lower row first; a candidate that ties the true counter ranks above it.
 
-* :func:`retrieve` finds the shortlists of the per-epoch pool with a :class:`NeighbourIndex` (``eval.index``);
-  :func:`pool_shortlists` those of arbitrary pools (the 8 tasks) from a block of queries' distances to every row.
+* :func:`retrieve` finds the shortlists of the per-epoch pool with a :class:`NeighbourIndex` (``eval.index``),
+  :func:`retrieve_ranking` the first 100 places of the same pool in the same order (the final ranking's tail);
+  :mod:`.pools` ranks arbitrary pools (the 8 tasks) from a block of queries' distances to every row.
 * No [Q, 2Q] matrix is held: whatever scores a query against every row does so for a block of queries at a time
   (:func:`query_blocks`, at most :data:`BLOCK_CELLS` cells), so memory grows linearly with the split.
 * :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them after
-  reranking, :func:`listed_ranks` in their retrieval order.
-* :func:`rerank_ranks` gives the per-epoch ranks (the runner every epoch), :func:`retrieve_rerank` their metrics
-  (``scripts/bench.py``); :func:`pool_ranks` the 8 tasks' ``rerank`` score
-  (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever (:mod:`biencoder.retrieve`)
-  reranks its own shortlists with :func:`shortlist_margins`. How they run (k, retrieval space, index, classifier
-  batches, device) is a :class:`Rerank`, made once per run from ``eval`` and the runtime.
+  reranking, :func:`listed_ranks` in their retrieval order; :func:`final_rows` is the final ranking: the reranked
+  shortlist, then the retrieval order.
+* :func:`rerank_ranks` gives the per-epoch ranks and the final ranking (the runner every epoch),
+  :func:`retrieve_rerank` their metrics (``scripts/bench.py``); the Retriever (:mod:`biencoder.retrieve`) reranks
+  its own shortlists with :func:`shortlist_margins`. How they run (k, retrieval space, index, classifier batches,
+  device) is a :class:`Rerank`, made once per run from ``eval`` and the runtime.
 * The numbers reported from these ranks are :mod:`biencoder.engine.retrieval.metrics`'.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +34,9 @@ from ..data.corpus import PairedSplit
 from ..machine.runtime import Runtime, pair_batch_size
 from ..modeling.encoding import pair_margins
 from ..modeling.model import BiModel, Embeddings
-from .metrics import NOT_LISTED, Ranks, epoch_metrics, top1_hits
-from .search import SEARCH_BLOCK, NeighbourIndex, distances
+from .metrics import FINAL_DEPTH, NOT_LISTED, Ranks, epoch_metrics, top1_hits
+from .search import SEARCH_BLOCK, NeighbourIndex
 
-#: the false candidates of a block of queries: (indices of pairs [B]) -> name -> [B, 2Q] bool (:func:`pool_ranks`)
-PoolMasks = Callable[[np.ndarray], dict[str, np.ndarray]]
 NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
 #: the most query × row cells scored at once. A block holds a few [B, 2Q] matrices (float64 distances, the 8 tasks'
 #: int8 types and bool masks), whatever the split's size: numpy peaked at 153 MB in the 8 tasks' rerank and 70 MB in
@@ -121,22 +119,11 @@ class NonFiniteMargins(ValueError):
         super().__init__(f"{count} of {total} {what}{where} are not finite (NaN or inf): the classifier diverged")
 
 
-def _require_finite(values: np.ndarray, used: np.ndarray, split: str | None, what: str) -> None:
+def require_finite(values: np.ndarray, used: np.ndarray, split: str | None, what: str) -> None:
     """:class:`NonFiniteMargins` unless ``values`` is finite wherever ``used`` (bool, same shape) is true."""
     bad = used & ~np.isfinite(values)
     if bad.any():
         raise NonFiniteMargins(int(bad.sum()), int(used.sum()), split, what)
-
-
-# -- ranks of the whole pool ----------------------------------------------------------------------------------------
-def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray, split: str | None = None) -> np.ndarray:
-    """[Q] rank of each true counter given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns
-    [Q]; a candidate that ties the true counter ranks above it. A non-finite score of a candidate or of a true
-    counter is :class:`NonFiniteMargins` (``split`` names it), never a rank."""
-    true_score = scores[np.arange(len(true_col)), true_col]
-    _require_finite(scores, mask, split, "candidate scores")
-    _require_finite(true_score, np.ones(len(true_col), bool), split, "true-counter scores")
-    return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
 
 
 # -- shortlists -----------------------------------------------------------------------------------------------------
@@ -149,14 +136,31 @@ def retrieve(
     Args: sim [2Q, D] (the retrieval space); ``pairs``: the queries (indices of pairs; default all). Returns (rows
     [P, k'], distances [P, k']) nearest first, k' = min(k, smallest pool).
     """
+    return _nearest(sim, split, min(k, len(split.pool_rows) - split.search_extra()), index, device, pairs)
+
+
+def retrieve_ranking(
+    sim: np.ndarray, split: PairedSplit, depth: int, index: str, device="cpu", pairs: np.ndarray | None = None
+) -> np.ndarray:
+    """[P, d] the first ``depth`` places of each query's per-epoch pool in retrieval order (:func:`retrieve`'s
+    search, pool and ties), d = min(``depth``, the largest pool); :data:`NONE` past the end of a smaller pool, so that
+    every query lists min(``depth``, its pool) places. The first k' places are :func:`retrieve`'s rows for any
+    k ≤ ``depth`` (the search keeps its order however many neighbours it is asked for)."""
+    largest = len(split.pool_rows) - int(split.pool == "all")  # the query itself is searched but never a candidate
+    rows, _ = _nearest(sim, split, min(depth, largest), index, device, pairs)
+    return rows
+
+
+def _nearest(
+    sim: np.ndarray, split: PairedSplit, k: int, index: str, device="cpu", pairs: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """(rows [P, k], distances [P, k]): the first ``k`` pool members of each query by distance, nearest first (equal
+    distances the lower row first); :data:`NONE` (distance inf) past the end of a pool of fewer than k."""
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     pool = split.pool_rows  # data.pool=positives: only the positives are searched
-    # what a search may find that the pool leaves out: the query itself (when it is searched), its true counter's twins
-    # (a BEIR split: the documents with the query's text or id, the copies of a relevant one; PairedSplit.search_extra)
     extra = split.search_extra()
     sim = np.asarray(sim, dtype=np.float64)
     searched = sim if len(pool) == len(sim) else sim[pool]
-    k = min(k, len(searched) - extra)
     tree = NeighbourIndex(searched, index, device)
     rows, dist = [], []
     # a block of queries at a time: each query's neighbours are its own (both indexes search row by row), and the
@@ -165,7 +169,7 @@ def retrieve(
     for block in query_blocks(len(pairs), 1, SEARCH_BLOCK):
         d, found = tree.query(sim[split.query[pairs[block]]], k + extra)
         r = found if searched is sim else pool[found]
-        # at most `extra` of the k + extra neighbours are dropped, so each query keeps at least k, nearest first
+        # at most `extra` of the k + extra neighbours are dropped, so a query whose pool has k members keeps k
         r, d = first_kept(r, d, split.is_candidate(r, pairs[block]), k)
         rows.append(r)
         dist.append(d)
@@ -181,20 +185,6 @@ def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> 
         np.where(kept, np.take_along_axis(rows, order, 1), NONE),
         np.where(kept, np.take_along_axis(dist, order, 1), np.inf),
     )
-
-
-def pool_shortlists(dist: np.ndarray, pools: dict[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
-    """Per pool, the rows [P, min(k, N)] of its k nearest members (distances ``dist`` [P, N]), nearest first, equal
-    distances lower row first; :data:`NONE` fills the places of a pool with fewer than k members.
-
-    ``pools``: name → [P, N] bool, the pool of each query (true counter included)."""
-    out = {}
-    for name, pool in pools.items():
-        d = np.where(pool, dist, np.inf)
-        kk = min(k, d.shape[1])
-        rows = np.argsort(d, axis=1, kind="stable")[:, :kk]
-        out[name] = np.where(np.take_along_axis(pool, rows, 1), rows, NONE)
-    return out
 
 
 # -- rerank ---------------------------------------------------------------------------------------------------------
@@ -242,7 +232,7 @@ def shortlist_ranks(
     """
     is_true = rows == true_rows[:, None]
     in_k = is_true.any(axis=1)
-    _require_finite(margins, rows != NONE, split, "classifier margins")
+    require_finite(margins, rows != NONE, split, "classifier margins")
     true_margin = np.where(in_k, np.where(is_true, margins, 0).sum(axis=1), np.inf)
     # NaN (empty places, NONE) compares False: never above the true counter
     rank = 1 + ((margins >= true_margin[:, None]) & ~is_true).sum(axis=1)
@@ -258,6 +248,43 @@ def listed_ranks(rows: np.ndarray, true_rows: np.ndarray) -> np.ndarray:
     return np.where(is_true.any(axis=1), before + 1, NOT_LISTED)
 
 
+def final_rows(rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray) -> np.ndarray:
+    """[P, d] each query's final ranking: its shortlist (the first k places of its retrieval ranking ``rows``
+    [P, d]) reordered by the classifier's ``margins`` [P, k] (finite at every listed place), highest first, then the
+    rest of ``rows`` in retrieval order; :data:`NONE` stays in place after every listed row.
+
+    Among equal margins a candidate comes before the true counter ``true_rows`` [P] (ties count against it, as in
+    :func:`shortlist_ranks`, whose rank is thus the true counter's place here), and otherwise keeps its retrieval
+    order."""
+    k = margins.shape[1]
+    short = rows[:, :k]
+    is_true = short == np.asarray(true_rows)[:, None]
+    highest_first = -np.where(short == NONE, -np.inf, margins.astype(np.float64))
+    place = np.broadcast_to(np.arange(k), short.shape)
+    order = np.lexsort((place, is_true, highest_first), axis=-1)  # the last key sorts first
+    return np.concatenate([np.take_along_axis(short, order, 1), rows[:, k:]], axis=1)
+
+
+@dataclass(frozen=True)
+class EpochRanks:
+    """The per-epoch ranks of a split's queries (:func:`rerank_ranks`), each [P].
+
+    Attributes:
+        reranked: the true counter's rank after the classifier reranks its shortlist (:func:`shortlist_ranks`: ties
+            count against it), listed to the shortlist's depth k' (k, or the smallest pool).
+        retrieved: its place in the shortlist's retrieval order (:func:`listed_ranks`), to the same depth.
+        final: its place in the final ranking :attr:`rows`, listed to max(k, :data:`~.metrics.FINAL_DEPTH`) places
+            (a pool with fewer candidates lists all of them).
+        rows: [P, d] the final ranking (:func:`final_rows`): the reranked shortlist, then the retrieval order;
+            :data:`NONE` past the end of a pool of fewer than d.
+    """
+
+    reranked: Ranks
+    retrieved: Ranks
+    final: Ranks
+    rows: np.ndarray
+
+
 def rerank_ranks(
     model: BiModel,
     emb: Embeddings,
@@ -265,29 +292,45 @@ def rerank_ranks(
     rerank: Rerank = SCHEMA_RERANK,
     pairs: np.ndarray | None = None,
     rows: np.ndarray | None = None,
-) -> tuple[Ranks, Ranks]:
+) -> EpochRanks:
     """The per-epoch ranks of every query of ``split`` (or of the queries of ``pairs``, indices of pairs).
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
     of every query is always the whole split. ``rerank``: k, where the k come from (``rerank.space``: ``sim``, the sim
     head, or ``encoder``, the encoder's own cosine; see :meth:`Embeddings.retrieval`), the index, the classifier's
-    batches and device. ``rows``: the shortlists [P, k'] when they are known already (:func:`retrieve` of the same
-    vectors: a frozen encoder's own space is the same every epoch).
-    Returns (reranked, retrieved), both listed to the shortlist's depth k' (k, or the smallest pool): the true
-    counter's rank after the classifier reranks its shortlist (:func:`shortlist_ranks`: ties count against it), and
-    its place in the shortlist's retrieval order (:func:`listed_ranks`).
+    batches and device. ``rows``: the retrieval rankings [P, d] when they are known already
+    (:func:`retrieve_ranking` of the same vectors to :func:`ranking_depth`: a frozen encoder's own space is the same
+    every epoch).
+    Returns :class:`EpochRanks`: the classifier reranks the first k' places of each retrieval ranking (k' = min(k,
+    smallest pool), :func:`retrieve`'s shortlist); the final ranking puts them before the rest.
     Raises: :class:`NonFiniteMargins` for a classifier margin that is NaN or infinite.
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     if rows is None:
-        rows, _ = retrieve(emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs)
-    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
+        space = emb.retrieval(rerank.space).numpy()
+        rows = retrieve_ranking(space, split, ranking_depth(rerank.k), rerank.index, rerank.device, pairs)
+    short = rows[:, : min(rerank.k, len(split.pool_rows) - split.search_extra())]
+    [margins] = shortlist_margins(model, emb, split.query[pairs], [short], rerank.batch_size, rerank.device)
     true = split.counter[pairs]
     # a BEIR query's other relevant documents never count against its first (the highest grade): unlisted, NaN
-    other = split.is_relevant(rows, pairs) & (rows != true[:, None])
-    ranked, margins = np.where(other, NONE, rows), np.where(other, np.float32(np.nan), margins)
-    rank, _ = shortlist_ranks(ranked, margins, true, split.name)
-    return Ranks(rank, rows.shape[1]), Ranks(listed_ranks(ranked, true), rows.shape[1])
+    other = split.is_relevant(short, pairs) & (short != true[:, None])
+    ranked = np.where(other, NONE, short)
+    rank, _ = shortlist_ranks(ranked, np.where(other, np.float32(np.nan), margins), true, split.name)
+    final = final_rows(rows, margins, true)
+    first = np.where(split.is_relevant(final, pairs) & (final != true[:, None]), NONE, final)
+    k = short.shape[1]
+    return EpochRanks(
+        Ranks(rank, k),
+        Ranks(listed_ranks(ranked, true), k),
+        Ranks(listed_ranks(first, true), ranking_depth(rerank.k)),
+        final,
+    )
+
+
+def ranking_depth(k: int) -> int:
+    """How many places of each query's pool the per-epoch retrieval ranks for a shortlist of ``k``: the places the
+    field's metrics read (:data:`~.metrics.FINAL_DEPTH`), or the shortlist when it is deeper."""
+    return max(k, FINAL_DEPTH)
 
 
 def retrieve_rerank(
@@ -300,51 +343,7 @@ def retrieve_rerank(
 ) -> tuple[dict[str, float | int | None], np.ndarray]:
     """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``), with :func:`rerank_ranks`'
     arguments. Returns (metrics, hits): :func:`~.metrics.epoch_metrics` of the ranks (``top1``, ``retrieval_top1``,
-    ``recall_at_k``, ``mrr``, ``queries``, ``k``), and ``hits`` [P] bool, the reranked top-1 outcome per query."""
-    reranked, retrieved = rerank_ranks(model, emb, split, rerank, pairs, rows)
-    return epoch_metrics(reranked, retrieved), top1_hits(reranked)
-
-
-def pool_ranks(
-    model: BiModel, emb: Embeddings, split: PairedSplit, pools: PoolMasks, rerank: Rerank = SCHEMA_RERANK
-) -> dict[str, np.ndarray]:
-    """Per pool, [Q] the rank of each query's true counter when its pool is retrieved, then reranked: the k
-    nearest (true counter included) by their margins, the rest after them by distance (ties count against).
-
-    ``pools(pairs)``: for the queries ``pairs`` [B] (indices of pairs), name → [B, 2Q] bool, the false candidates of
-    each (the 8 tasks': :class:`biencoder.engine.retrieval.official_tasks.TaskPools`; :func:`fixed_pools` wraps whole
-    [Q, 2Q] masks). ``rerank``: k, the retrieval space, the classifier's batches and device, and ``cells``. ``pools``
-    is called once per block of queries (:func:`query_blocks`, at most ``rerank.cells`` cells): the distances, masks
-    and the count of pool members ahead of the true counter live for one block; only the [Q, k] shortlists outlive it,
-    and they are reranked in one classifier pass, as one [Q, 2Q] pass would.
-    """
-    vectors = emb.retrieval(rerank.space).double()  # distances() reads it as it is, once for every block
-    shortlists: dict[str, list[np.ndarray]] = {}
-    behind: dict[str, list[np.ndarray]] = {}
-    for pairs in query_blocks(split.n_pairs, len(split.table), rerank.cells):
-        masks, true, at = pools(pairs), split.counter[pairs], np.arange(len(pairs))
-        dist = distances(vectors, split.query[pairs])
-        true_dist = dist[at, true][:, None]
-        for name, mask in masks.items():
-            with_true = mask.copy()
-            with_true[at, true] = True
-            [rows] = pool_shortlists(dist, {name: with_true}, rerank.k).values()
-            listed = np.zeros_like(mask)
-            np.put_along_axis(listed, np.where(rows == NONE, true[:, None], rows), True, axis=1)
-            shortlists.setdefault(name, []).append(rows)
-            # not in the shortlist: after all of it, then by distance among the rest of the pool
-            behind.setdefault(name, []).append(
-                (rows != NONE).sum(axis=1) + 1 + (mask & ~listed & (dist <= true_dist)).sum(axis=1)
-            )
-    rows_of = {name: np.concatenate(parts) for name, parts in shortlists.items()}
-    margins = shortlist_margins(model, emb, split.query, list(rows_of.values()), rerank.batch_size, rerank.device)
-    ranks = {}
-    for (name, rows), m in zip(rows_of.items(), margins, strict=False):
-        rank, in_k = shortlist_ranks(rows, m, split.counter, split.name)
-        ranks[name] = np.where(in_k, rank, np.concatenate(behind[name]))
-    return ranks
-
-
-def fixed_pools(masks: dict[str, np.ndarray]) -> PoolMasks:
-    """:func:`pool_ranks`'s ``pools`` from whole masks (name → [Q, 2Q] bool): each block reads its rows."""
-    return lambda pairs: {name: mask[pairs] for name, mask in masks.items()}
+    ``recall_at_k``, ``mrr``, ``queries``, ``k``, ``ndcg_at_10``, ``mrr_at_10``, ``recall_at_100``), and ``hits`` [P]
+    bool, the reranked top-1 outcome per query."""
+    ranks = rerank_ranks(model, emb, split, rerank, pairs, rows)
+    return epoch_metrics(ranks.reranked, ranks.retrieved, ranks.final), top1_hits(ranks.reranked)

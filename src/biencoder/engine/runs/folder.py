@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from ...errors import ConfigError
 from ..config.settings import is_non_result_key, resume_folder, resume_requested, run_settings
 from ..data.pair_records import data_files
-from ..files import BackgroundWriter, save_atomic, save_npy_atomic, write_json_atomic
+from ..files import BackgroundWriter, save_atomic, save_npy_atomic, write_json_atomic, write_text_atomic
 from ..machine.runtime import Runtime
 from .lock import announce_lock, claim, created_lock, own_lock_file, release, writes_run_folders
 from .records import RunFolderError, append_rows, is_done, read_final, truncate_metrics
@@ -204,7 +204,8 @@ class RunFolder:
     """One run's folder and the files in it (see the README's "Where results go").
 
     ``metrics.jsonl`` (appended, fsynced per epoch), ``config_resolved.yaml``, ``last.pt`` (full training state),
-    ``best.pt`` (best-by-val weights + what is needed to use them), ``test_hits.npy``, ``final.json``, ``train.log``.
+    ``best.pt`` (best-by-val weights + what is needed to use them), ``test_hits.npy``, ``test.run`` and
+    ``test.qrels`` (:mod:`.trec`), ``final.json``, ``train.log``.
     :attr:`last_writer` (a :class:`~biencoder.engine.files.BackgroundWriter`) writes ``last.pt`` for
     :meth:`save_state`; its ``wait()`` and :meth:`finish` wait for this object's writes, not another's.
     """
@@ -320,13 +321,23 @@ class RunFolder:
             ) from None
 
     # -- ending -------------------------------------------------------------------------------------------------
-    def finish(self, final: dict, arrays: dict[str, np.ndarray], checkpoint: dict | None, keep_last: bool) -> None:
+    def finish(
+        self,
+        final: dict,
+        arrays: dict[str, np.ndarray],
+        checkpoint: dict | None,
+        keep_last: bool,
+        texts: dict[str, str] | None = None,
+    ) -> None:
         """Wait for the ``last.pt`` write in flight (raising its error; the writer lets go of its memory), then
-        ``<name>.npy`` per array (test_hits, test_seen) and ``best.pt``, then ``final.json`` (status done), so it
-        vouches for the rest; then ``last.pt`` goes unless ``keep_last``."""
+        ``<name>.npy`` per array (test_hits, test_seen), each text file of ``texts`` (name → content: ``test.run``,
+        ``test.qrels``) and ``best.pt``, then ``final.json`` (status done), so it vouches for the rest; then
+        ``last.pt`` goes unless ``keep_last``. Every file is written atomically."""
         self.last_writer.close()
         for name, array in arrays.items():
             save_npy_atomic(self.path / f"{name}.npy", array)
+        for name, text in (texts or {}).items():
+            write_text_atomic(self.path / name, text)
         if checkpoint is not None:
             save_atomic(checkpoint, self.path / "best.pt")
         write_json_atomic(self.final, final)

@@ -1,8 +1,9 @@
 """What a run is scored by: each epoch the retrieve-k-then-rerank top-1 of every split
 (:meth:`Evaluation.evaluate_split`: the ranks of :mod:`biencoder.engine.retrieval.rerank`, the numbers of
 :mod:`biencoder.engine.retrieval.metrics`; the within-group top-1 of pair files with groups), and at the end the 8
-official tasks with the best-by-val weights (:meth:`Evaluation.tasks`) and the zero-shot and TF-IDF baselines on the
-same queries (:meth:`Evaluation.baselines`).
+official tasks with the best-by-val weights (:meth:`Evaluation.tasks`), the zero-shot and TF-IDF baselines on the
+same queries (:meth:`Evaluation.baselines`) and the best epoch's test ranking as TREC files
+(:meth:`Evaluation.trec_files`).
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from ..modeling.model import BiModel, Embeddings
 from ..retrieval.groups import group_rerank
 from ..retrieval.metrics import Ranks, epoch_metrics, group_top1, query_groups, top1, top1_hits
 from ..retrieval.official_tasks import baseline_ranks, evaluate_tasks
-from ..retrieval.rerank import NonFiniteMargins, Rerank, query_sample, rerank_ranks, retrieve
+from ..retrieval.rerank import NonFiniteMargins, Rerank, query_sample, ranking_depth, rerank_ranks, retrieve_ranking
 from ..runs.best import BestEpoch
+from ..runs.trec import ranking_files
 from .epoch import Diverged
 from .inputs import EncoderInputs, RunData
 
@@ -52,9 +54,10 @@ class Evaluation:
     ):
         self.cfg, self.model, self.data, self.inputs = cfg, model, data, inputs
         self.encoding, self.rerank = encoding, rerank
-        self.metric = selection(cfg.loss.ce_weight)["metric"]  # the hits are this metric's
+        self.metric = selection(cfg.loss.ce_weight, cfg.eval.select)["metric"]  # the hits are this metric's
         self.pairs = self._pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
+        self.rankings: dict[str, np.ndarray] = {}  # per split, the final ranking of its last evaluate_split
         self.zero_shot = self._zero_shot()
 
     def _pairs(self) -> dict[str, np.ndarray | None]:
@@ -97,7 +100,9 @@ class Evaluation:
         """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``:
         :func:`~biencoder.engine.retrieval.metrics.epoch_metrics`, then on test the top-1 of the unseen and the seen
         queries with their counts; the hits [Q] bool are the top-1 outcome of the selection metric (:attr:`metric`):
-        reranked, or the nearest neighbour. Raises :class:`Diverged` for non-finite embeddings or margins."""
+        reranked (the final ranking's), or the nearest neighbour. The final ranking's rows [Q, d]
+        (:attr:`EpochRanks.rows`) are kept in :attr:`rankings` under ``name``. Raises :class:`Diverged` for non-finite
+        embeddings or margins."""
         # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
         if not (torch.isfinite(emb.sim).all() and (self.inputs.frozen or torch.isfinite(emb.pooled).all())):
             raise Diverged(epoch, f"{name} embeddings")
@@ -105,27 +110,31 @@ class Evaluation:
         rows = self.fixed_shortlists(name, emb)
         seen = self.seen if name == "test" else None
         try:
-            reranked, retrieved = rerank_ranks(self.model, emb, split, rerank, pairs, rows)
-            metrics = epoch_metrics(reranked, retrieved)
+            ranks = rerank_ranks(self.model, emb, split, rerank, pairs, rows)
+            metrics = epoch_metrics(ranks.reranked, ranks.retrieved, ranks.final)
             if split.groups is not None:  # pair files with a group column: the within-group top-1 too
                 metrics.update(group_rerank(self.model, emb, split, rerank, pairs, seen)[0])
         except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
             raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
         if seen is not None:
-            metrics.update(group_top1(reranked, query_groups(seen), counts=True))
-        return metrics, top1_hits({"top1": reranked, "retrieval_top1": retrieved}[self.metric])
+            metrics.update(group_top1(ranks.reranked, query_groups(seen), counts=True))
+        self.rankings[name] = ranks.rows
+        # the top-1 outcome of the ranking the selection metric reads: the retrieval order's, else the reranked one's
+        # (the final ranking's first place is the reranked shortlist's)
+        return metrics, top1_hits(ranks.retrieved if self.metric == "retrieval_top1" else ranks.reranked)
 
     def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
-        """The per-epoch shortlists of split ``name`` when they cannot change: a frozen encoder's own space
-        (``eval.retrieve=encoder``) is the same every epoch, so it is searched once per run; else None."""
+        """The per-epoch retrieval rankings of split ``name`` (:func:`retrieve_ranking`, whose first k places are the
+        shortlists) when they cannot change: a frozen encoder's own space (``eval.retrieve=encoder``) is the same
+        every epoch, so it is searched once per run; else None."""
         if not (self.inputs.frozen and self.rerank.space == "encoder"):
             return None
         if name not in self.shortlists:
             rerank = self.rerank
-            self.shortlists[name], _ = retrieve(
+            self.shortlists[name] = retrieve_ranking(
                 emb.retrieval("encoder").numpy(),
                 self.data.splits[name],
-                rerank.k,
+                ranking_depth(rerank.k),
                 rerank.index,
                 rerank.device,
                 self.pairs[name],
@@ -144,6 +153,15 @@ class Evaluation:
         if self.zero_shot is not None:
             scores["baselines"] = self.baselines()
         return scores
+
+    def trec_files(self, best: BestEpoch, tag: str) -> dict[str, str]:
+        """``test.run`` and ``test.qrels`` (name → content, :mod:`biencoder.engine.runs.trec`) of the best epoch's
+        final test ranking, the run named ``tag``; none, with a warning, when that ranking is unknown (the best epoch
+        came from a ``last.pt`` written before rankings were kept)."""
+        if best.ranking is None:
+            log.warning("no test.run: the test ranking of the best epoch (%d) was not kept by its last.pt", best.epoch)
+            return {}
+        return ranking_files(self.data.splits["test"], self.pairs["test"], best.ranking, tag)
 
     def tasks(self, best: BestEpoch) -> dict:
         """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""

@@ -77,7 +77,8 @@ class Runner:
         self.device = self.runtime.device
         self.main = distributed.is_main()
         self.variant = variant_name(cfg, variant)
-        self.selection = selection(cfg.loss.ce_weight)  # what picks the best epoch (final.json's "selection")
+        # what picks the best epoch (final.json's "selection")
+        self.selection = selection(cfg.loss.ce_weight, cfg.eval.select)
         self._log_header()  # first, before the set-up's long phases (loading, encoding) say what they do
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
@@ -245,6 +246,7 @@ class Runner:
                 metrics,
                 self.phase("keep best", self._weights_on_cpu),
                 hits["test"],
+                self.evaluation.rankings["test"],
                 embs={n: embs[n] for n in ("val", "test")},
             )
         self.phase("log", lambda: self._append(rows))
@@ -281,7 +283,7 @@ class Runner:
 
     # -- the end ----------------------------------------------------------------------------------------------
     def _finish(self, best: BestEpoch) -> dict:
-        """8 tasks with the best-by-val weights; best.pt, test_hits.npy, then final.json (status done)."""
+        """8 tasks with the best-by-val weights; best.pt, test_hits.npy, test.run, then final.json (status done)."""
         self.model.load_state_dict(best.state)
         final = self._final(best)
         checkpoint = self._best_checkpoint(best) if self.cfg.trainer.save_checkpoint else None
@@ -290,7 +292,8 @@ class Runner:
         test_pairs = self.evaluation.pairs["test"]
         if test_pairs is not None:  # which test pairs the hits are of (eval.test_queries)
             arrays["test_queries"] = test_pairs
-        self.folder.finish(final, arrays, checkpoint, keep_last=self.cfg.trainer.keep_last)
+        texts = self.evaluation.trec_files(best, f"biencoder-{self.variant}-s{self.cfg.seed}")
+        self.folder.finish(final, arrays, checkpoint, keep_last=self.cfg.trainer.keep_last, texts=texts)
         self.tracker.finish(final)
         return final
 
