@@ -67,7 +67,9 @@ class Run:
             return self.final["selection"]
         if self.complete:
             return SELECTION_BEFORE_RECORD
-        return selection(float(self.flat.get("loss.ce_weight", 1.0)), self.flat.get("eval.select"))
+        return selection(
+            float(self.flat.get("loss.ce_weight", 1.0)), self.flat.get("eval.select"), self.flat.get("data.layout")
+        )
 
     @property
     def status(self) -> str:

@@ -27,6 +27,11 @@ def test_the_rule():
     assert selection(1.0) == {"split": "val", "metric": "top1"}
     assert selection(0.5) == {"split": "val", "metric": "top1"}
     assert selection(0.0) == {"split": "val", "metric": "retrieval_top1"}
+    # a BEIR folder is compared by nDCG@10; eval.select, where given, wins everywhere
+    assert selection(1.0, None, "beir") == {"split": "val", "metric": "ndcg_at_10"}
+    assert selection(0.0, None, "beir") == {"split": "val", "metric": "retrieval_top1"}
+    assert selection(1.0, "top1", "beir") == {"split": "val", "metric": "top1"}
+    assert selection(1.0, None, "arguana") == selection(1.0, None, "pairs") == {"split": "val", "metric": "top1"}
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ split), its bad files refused in one line, mining that never draws a relevant do
 demo through both layouts giving the same numbers where the protocols coincide (data.pool=positives)."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,9 +19,11 @@ from biencoder.engine.data.beir import BeirError, read_beir
 from biencoder.engine.data.beir_export import export_beir
 from biencoder.engine.data.corpus import run_splits
 from biencoder.engine.data.paired import seen_queries
+from biencoder.engine.retrieval.metrics import judged_ranks, ndcg_at
 from biencoder.engine.retrieval.negatives import mine_negatives
 from biencoder.engine.retrieval.official_tasks import baseline_ranks
 from biencoder.engine.retrieval.rerank import pool_mask
+from biencoder.engine.runs.trec import ranking_files
 from biencoder.engine.training.triplets import triplet_rows
 from conftest import compose_cfg
 
@@ -89,6 +92,28 @@ def test_judgements_several_relevant_graded_and_the_corpus_as_candidates(tmp_pat
     # seen: a test query whose text is a training or dev query's (q4 asks what q1 asks; q3 is a dev query)
     test = beir.paired("test", "all")
     assert seen_queries(test, [train, beir.paired("val", "all")]).tolist() == [True, True]
+
+
+def test_a_query_is_judged_by_every_relevant_document_with_its_grade(tmp_path):
+    """The final ranking's metrics and the qrels file read each relevant document with its grade: q1 has d1 (2) and d2
+    (1), q2 has d3 (1); nDCG@10 by hand from planted rankings."""
+    train = read_beir(write_beir(tmp_path / "b")).paired("train", "all")
+    relevant, grade = train.judgements()
+    ids = train.table["pair_id"].to_numpy()
+    assert [[ids[r] for r, g in zip(rr, gg, strict=True) if g] for rr, gg in zip(relevant, grade, strict=True)] == [
+        ["d1", "d2"],
+        ["d3"],
+    ]
+    assert grade.tolist() == [[2, 1], [1, 0]]
+    row = {name: i for i, name in enumerate(ids) if i >= train.n_pairs}
+    # q1's ranking: d2, d3, d1; q2's: d1, d2, d3, d4
+    final = np.array([[row["d2"], row["d3"], row["d1"], -1], [row["d1"], row["d2"], row["d3"], row["d4"]]])
+    ranks = judged_ranks(final, relevant, grade, 100)
+    assert ranks.rank.tolist() == [[3, 1], [3, 0]]
+    q1 = (2 / math.log2(4) + 1 / math.log2(2)) / (2 / math.log2(2) + 1 / math.log2(3))
+    assert ndcg_at(ranks, 10) == pytest.approx((q1 + 1 / math.log2(4)) / 2)
+    qrels = ranking_files(train, None, final, "t")["test.qrels"]
+    assert qrels.splitlines() == ["q1 0 d1/document 2", "q1 0 d2/document 1", "q2 0 d3/document 1"]
 
 
 def test_a_split_without_qrels_is_absent_and_named_when_a_run_needs_it(tmp_path):

@@ -314,18 +314,21 @@ METRIC_LABELS = {
 SELECTION_BEFORE_RECORD = {"split": "val", "metric": "top1"}
 
 
-def selection(ce_weight: float, metric: str | None = None) -> dict[str, str]:
+def selection(ce_weight: float, metric: str | None = None, layout: str | None = None) -> dict[str, str]:
     """The metric that picks a run's best epoch, as ``final.json`` records it (``"selection"``):
     ``{"split": "val", "metric": m}``. ``m`` is ``metric`` (``eval.select``) when one is given, else the metric the
     run's numbers come from: the reranked ``top1`` when the pair classifier trains (``loss.ce_weight`` > 0), else
     ``retrieval_top1`` (the nearest neighbour is the true counter): with ``ce_weight=0`` the classifier gets no
-    training signal, so its reranking is noise. ``eval.select=ndcg_at_10`` (a BEIR run's choice) picks by the val
-    nDCG@10 of the final ranking. The best epoch decides ``best.pt``, ``final.json``'s ``best``, the 8 tasks,
-    ``test_hits.npy`` (the per-query top-1 outcome on test of the ranking ``m`` reads: the retrieval order for
-    ``retrieval_top1``, else the reranked one) and ``test.run``, so every table built on a run reads this one rule."""
+    training signal, so its reranking is noise. A BEIR folder (``layout``, ``data.layout``, is ``beir``) is compared
+    by nDCG@10 in its field, so there the classifier's runs pick by the val ``ndcg_at_10`` of the final ranking. The
+    best epoch decides ``best.pt``, ``final.json``'s ``best``, the 8 tasks, ``test_hits.npy`` (the per-query top-1
+    outcome on test of the ranking ``m`` reads: the retrieval order for ``retrieval_top1``, else the reranked one)
+    and ``test.run``, so every table built on a run reads this one rule."""
     if metric is not None:
         return {"split": "val", "metric": str(metric)}
-    return {"split": "val", "metric": "top1" if ce_weight > 0 else "retrieval_top1"}
+    if ce_weight <= 0:
+        return {"split": "val", "metric": "retrieval_top1"}
+    return {"split": "val", "metric": "ndcg_at_10" if layout == "beir" else "top1"}
 
 
 def selection_label(chosen: dict) -> str:

@@ -149,6 +149,19 @@ class PairedSplit:
         pairs = np.arange(self.n_pairs)
         return pairs, self.counter, np.ones(self.n_pairs, dtype=np.int64)
 
+    def judgements(self, pairs: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(rows [P, R], grade [P, R]): the relevant rows of each query of ``pairs`` (default all) and their grades,
+        in :attr:`relevant_pairs`' order, R the most any of them has; a query with fewer is padded with row -1 and
+        grade 0. Here [P, 1]: each query's counter, grade 1."""
+        pairs = np.arange(self.n_pairs) if pairs is None else np.asarray(pairs)
+        pair, row, grade = self.relevant_pairs
+        start = np.searchsorted(pair, pairs)
+        count = np.searchsorted(pair, pairs, side="right") - start
+        width = np.arange(max(int(count.max(initial=0)), 1))
+        valid = width < count[:, None]
+        take = np.minimum(start[:, None] + width, max(len(row) - 1, 0))
+        return np.where(valid, row[take], -1), np.where(valid, grade[take], 0)
+
     @property
     def qrels(self) -> dict[int, dict[int, int]]:
         """{query (index of the pair): {table row: grade}}: the relevance judgements of :attr:`relevant_pairs` as a

@@ -99,6 +99,15 @@ class Ranks:
         return self.rank, self.grade
 
 
+def judged_ranks(rows: np.ndarray, relevant: np.ndarray, grade: np.ndarray, depth: int | None) -> Ranks:
+    """Graded :class:`Ranks` of rankings ``rows`` [P, d] (table rows, best first; -1 past a ranking's end) judged by
+    ``relevant`` [P, R] rows with ``grade`` [P, R] (0: padding): each relevant row's place from 1, or
+    :data:`NOT_LISTED` where the ranking does not list it; listed to ``depth`` places."""
+    rows, relevant, grade = np.asarray(rows), np.asarray(relevant), np.asarray(grade)
+    hit = (rows[:, None, :] == relevant[:, :, None]) & (grade > 0)[:, :, None]
+    return Ranks(np.where(hit.any(axis=2), hit.argmax(axis=2) + 1, NOT_LISTED), depth, grade)
+
+
 def _check_grades(rank: np.ndarray, grade: np.ndarray) -> np.ndarray:
     """[Q, R] bool, where a relevant document is (grade > 0), after checking ``grade`` against ``rank`` [Q, R]
     (:class:`Ranks`' rules); ValueError naming the first rule broken."""

@@ -34,7 +34,7 @@ from ..data.corpus import PairedSplit
 from ..machine.runtime import Runtime, pair_batch_size
 from ..modeling.encoding import pair_margins
 from ..modeling.model import BiModel, Embeddings
-from .metrics import FINAL_DEPTH, NOT_LISTED, Ranks, epoch_metrics, top1_hits
+from .metrics import FINAL_DEPTH, NOT_LISTED, Ranks, epoch_metrics, judged_ranks, top1_hits
 from .search import SEARCH_BLOCK, NeighbourIndex
 
 NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
@@ -317,14 +317,10 @@ def rerank_ranks(
     ranked = np.where(other, NONE, short)
     rank, _ = shortlist_ranks(ranked, np.where(other, np.float32(np.nan), margins), true, split.name)
     final = final_rows(rows, margins, true)
-    first = np.where(split.is_relevant(final, pairs) & (final != true[:, None]), NONE, final)
     k = short.shape[1]
-    return EpochRanks(
-        Ranks(rank, k),
-        Ranks(listed_ranks(ranked, true), k),
-        Ranks(listed_ranks(first, true), ranking_depth(rerank.k)),
-        final,
-    )
+    # the final ranking is judged by every relevant document with its grade (nDCG's gains; a counter alone: grade 1)
+    final_ranks = judged_ranks(final, *split.judgements(pairs), ranking_depth(rerank.k))
+    return EpochRanks(Ranks(rank, k), Ranks(listed_ranks(ranked, true), k), final_ranks, final)
 
 
 def ranking_depth(k: int) -> int:

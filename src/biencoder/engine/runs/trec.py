@@ -70,12 +70,12 @@ def qrels_text(query_ids: list[str], doc_ids: list[str], relevant: np.ndarray, g
 
 def ranking_files(split: PairedSplit, pairs: np.ndarray | None, rows: np.ndarray, tag: str) -> dict[str, str]:
     """{``test.run``: ..., ``test.qrels``: ...} of the final rankings ``rows`` [P, d] of the queries ``pairs``
-    (indices of pairs of ``split``; None: all) judged by their true counters, grade 1."""
+    (indices of pairs of ``split``; None: all) judged by their relevant documents and grades
+    (:meth:`~biencoder.engine.data.paired.PairedSplit.judgements`: an ArguAna query's true counter, grade 1)."""
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     queries, docs = split_ids(split)
     query_ids = [queries[p] for p in pairs.tolist()]
-    true = split.counter[pairs][:, None]
     return {
         RUN_FILE: run_text(query_ids, docs, rows, trec_id(tag)),
-        QRELS_FILE: qrels_text(query_ids, docs, true, np.ones_like(true)),
+        QRELS_FILE: qrels_text(query_ids, docs, *split.judgements(pairs)),
     }

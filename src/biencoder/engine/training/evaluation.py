@@ -54,7 +54,9 @@ class Evaluation:
     ):
         self.cfg, self.model, self.data, self.inputs = cfg, model, data, inputs
         self.encoding, self.rerank = encoding, rerank
-        self.metric = selection(cfg.loss.ce_weight, cfg.eval.select)["metric"]  # the hits are this metric's
+        self.metric = selection(cfg.loss.ce_weight, cfg.eval.select, cfg.data.layout)[
+            "metric"
+        ]  # the hits are this metric's
         self.pairs = self._pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
         self.rankings: dict[str, np.ndarray] = {}  # per split, the final ranking of its last evaluate_split

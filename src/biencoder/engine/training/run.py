@@ -95,7 +95,11 @@ def _record_end(folder: RunFolder, runner: Runner, status: str, **fields) -> Non
 
 def _run_fields(cfg: DictConfig, variant: str) -> dict:
     """What every ``final.json`` of a run that did not finish says of the run: its cell, seed and selection rule."""
-    return {"variant": variant, "seed": int(cfg.seed), "selection": selection(cfg.loss.ce_weight, cfg.eval.select)}
+    return {
+        "variant": variant,
+        "seed": int(cfg.seed),
+        "selection": selection(cfg.loss.ce_weight, cfg.eval.select, cfg.data.layout),
+    }
 
 
 def _error(err: BaseException) -> str:

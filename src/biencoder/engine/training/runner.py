@@ -78,7 +78,7 @@ class Runner:
         self.main = distributed.is_main()
         self.variant = variant_name(cfg, variant)
         # what picks the best epoch (final.json's "selection")
-        self.selection = selection(cfg.loss.ce_weight, cfg.eval.select)
+        self.selection = selection(cfg.loss.ce_weight, cfg.eval.select, cfg.data.layout)
         self._log_header()  # first, before the set-up's long phases (loading, encoding) say what they do
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
