@@ -25,7 +25,7 @@ def summary_text(final: dict, out_dir: Path) -> str:
     # the selection metric first, with its interval: the run's result
     columns = sorted(COLUMNS, key=lambda c: c[0] != chosen["metric"])
     lines = [header_line(final)]
-    if chosen["metric"] != "top1":
+    if chosen["metric"] == "retrieval_top1":  # the rule of selection() for an untrained classifier
         lines.append(untrained_classifier_note(final.get("tasks", {}).get("score", "")))
     lines += _metric_table(final, columns)
     lines.append(_legend(final))

@@ -327,6 +327,9 @@ def test_the_summary_says_what_its_numbers_are_against(demo_run, demo_corpus):
     low, high = wilson(round(final["best"]["test"]["top1"] * 32), 32)
     assert f"[{low:.3f}, {high:.3f}]" in text and "zero-shot" in text and "R@k: it is among the k" in text
     assert f"best epoch {final['best_epoch']} of 0-1, by val top-1 (reranked)" in text.splitlines()[0]
+    # a run that picks by nDCG@10 (a BEIR run's rule) trained its classifier: no "not trained" note
+    ndcg = summary_text({**final, "selection": {"split": "val", "metric": "ndcg_at_10"}}, out)
+    assert "by val nDCG@10" in ndcg.splitlines()[0] and "not trained" not in ndcg
 
 
 def test_wilson_interval_known_values():
