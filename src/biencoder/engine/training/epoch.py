@@ -24,8 +24,9 @@ from tqdm.auto import tqdm
 from ..machine import distributed
 from ..machine.runtime import Runtime
 from ..modeling.encoding import to_device
+from ..modeling.head import HEAD_STATISTIC_NAMES, head_statistics_vector
 from ..modeling.loss import build_loss
-from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, head_statistics_vector
+from ..modeling.model import BiModel
 from ..retrieval.negatives import MinedNegatives, Mining, mine_negatives, random_rate
 from .flat_params import FlatParameters, flat_state, per_parameter_state
 from .step_graph import GraphedStep, bucket_width, step_mode
@@ -309,7 +310,7 @@ class EpochTrainer:
             self.optimizer.zero_grad(set_to_none=False)  # the flat gradient is zeroed in place: backward adds into it
             out.total.backward()
         sums.add(
-            out.parts, lambda: torch.cat([head_statistics_vector(out.features, out.head_input), self.grad_norms()])
+            out.parts, lambda: torch.cat([head_statistics_vector(out.head_pre, out.head_post), self.grad_norms()])
         )
         if self.graphed is None:
             self.optimizer.step()

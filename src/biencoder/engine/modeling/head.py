@@ -1,0 +1,177 @@
+"""The pair head: the classifier over the fused features of two texts, built from a
+:class:`~biencoder.engine.config.heads.HeadSpec` (docs/heads.md), and the statistics of what its output layer reads.
+
+The head is a stack of linear layers, the hidden ones (``model.head.hidden``) and then the output layer
+``Linear(width, 2)``; in front of each, in this order, the norm, the activation and dropout (each only when set).
+With no hidden layer it is the card's head: features → LayerNorm? → ReLU? → ``Linear(F, 2)``. :class:`PairHead` is
+the one definition, held by :class:`~biencoder.engine.modeling.model.BiModel` as ``model.head`` and loaded alone by
+:func:`biencoder.engine.inference.export.load_pair_classifier`.
+
+Built-in components are torch's modules with their defaults (``LayerNorm``, ``RMSNorm``, ``BatchNorm1d``; ``ReLU``,
+``GELU``, ``Tanh``, ``SiLU``).
+BatchNorm normalises by the batch in training (each process's own batch under DDP) and by its running statistics in
+eval mode, which every evaluation uses.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Protocol
+
+import torch
+from torch import Tensor, nn
+
+from ..config.heads import HeadSpec
+
+#: the embeddings each ``model.fusion`` puts in the pair features, in order; each adds [a, b, |a − b|] of it
+FUSION_PARTS = {"concat": ("sim", "pooled"), "sim": ("sim",), "cls": ("pooled",)}
+#: the built-in norms (called with the width) and activations (called with nothing) by config name
+NORM_MODULES = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm, "batchnorm": nn.BatchNorm1d}
+ACTIVATION_MODULES = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
+
+
+class PairEmbeddings(Protocol):
+    """What the head reads of a text's embeddings (:class:`~biencoder.engine.modeling.model.Embeddings`)."""
+
+    sim: Tensor  # [N, sim_dim]
+    pooled: Tensor  # [N, encoder width]
+
+
+def component(key: str, value: str, width: int) -> nn.Module | None:
+    """The module ``model.head.<key>`` = ``value`` names for inputs [B, ``width``] (None for ``none``)."""
+    if value == "none":
+        return None
+    return NORM_MODULES[value](width) if key == "norm" else ACTIVATION_MODULES[value]()
+
+
+class _Inputs(nn.Module):
+    """What comes in front of a linear layer: the norm, the activation and dropout, each registered only when set
+    (so a head without them has no module to call and no state-dict key for them)."""
+
+    def _make_inputs(self, spec: HeadSpec, width: int) -> None:
+        self.norm = component("norm", spec.norm, width)
+        self.act = component("activation", spec.activation, width)
+        self.drop = nn.Dropout(spec.dropout) if spec.dropout else None
+
+    def _normed(self, x: Tensor) -> Tensor:
+        if self.norm is not None:
+            x = self.norm(x)
+        return x if self.act is None else self.act(x)
+
+
+class HiddenLayer(_Inputs):
+    """One hidden layer: norm → activation → dropout → ``Linear(width_in, width_out)``."""
+
+    def __init__(self, spec: HeadSpec, width_in: int, width_out: int):
+        super().__init__()
+        self._make_inputs(spec, width_in)
+        self.linear = nn.Linear(width_in, width_out)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self._normed(x)
+        return self.linear(x if self.drop is None else self.drop(x))
+
+
+class PairHead(_Inputs):
+    """The pair classifier: the fused features of (a, b) [B, F] → the hidden layers → norm → activation → dropout →
+    ``Linear(width, 2)`` (class 1: b counters a).
+
+    Args:
+        fusion: which embeddings make the features (:data:`FUSION_PARTS`).
+        sim_dim, encoder_width: the widths of the sim and pooled embeddings.
+        spec: the head (:func:`~biencoder.engine.config.heads.head_spec` of a ``model.head`` config).
+
+    State-dict keys: ``hidden.<i>.{norm,act,linear}.*`` for each hidden layer, then ``norm.*`` and ``out.*`` (the
+    keys of the card's head, unchanged).
+    """
+
+    def __init__(self, fusion: str, sim_dim: int, encoder_width: int, spec: HeadSpec):
+        super().__init__()
+        self.fusion, self.spec = fusion, spec
+        self.n_features = sum(3 * {"sim": sim_dim, "pooled": encoder_width}[part] for part in FUSION_PARTS[fusion])
+        widths = [self.n_features, *spec.hidden]
+        # before the output layer: the hidden layers' weights are drawn first, then the output layer's
+        self.hidden = nn.ModuleList(HiddenLayer(spec, a, b) for a, b in pairwise(widths))
+        self._make_inputs(spec, widths[-1])
+        self.out = nn.Linear(widths[-1], 2)
+
+    def pair_features(self, a: PairEmbeddings, b: PairEmbeddings) -> Tensor:
+        """Fused features [B, n_features] of the pairs (a[i], b[i])."""
+        parts = []
+        for part in FUSION_PARTS[self.fusion]:
+            x, y = getattr(a, part), getattr(b, part)
+            parts += [x, y, (x - y).abs()]
+        return torch.cat(parts, dim=-1)
+
+    def gather_pair_features(self, emb: PairEmbeddings, rows_a: Tensor, rows_b: Tensor, out: Tensor) -> Tensor:
+        """:meth:`pair_features` of (emb[rows_a[i]], emb[rows_b[i]]) written into ``out`` [≥ B, n_features] (no
+        autograd; ``out`` of the embeddings' dtype): the rows are gathered straight into their places, with no
+        intermediate tensors; the same values. Returns ``out[:B]``; raises ValueError when ``out`` cannot hold them."""
+        if out.shape[0] < len(rows_a) or out.shape[1] != self.n_features:
+            raise ValueError(
+                f"a buffer of {tuple(out.shape)} cannot hold the features of {len(rows_a)} pairs "
+                f"({self.n_features} each)"
+            )
+        out, start = out[: len(rows_a)], 0
+        for part in FUSION_PARTS[self.fusion]:
+            table = getattr(emb, part)
+            x, y, diff = out[:, start : start + 3 * table.shape[1]].chunk(3, dim=1)
+            torch.index_select(table, 0, rows_a, out=x)
+            torch.index_select(table, 0, rows_b, out=y)
+            torch.sub(x, y, out=diff).abs_()
+            start += 3 * table.shape[1]
+        return out
+
+    def forward(self, features: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Features [B, F] → (``pre`` [B, W], ``post`` [B, W], logits [B, 2]). ``pre`` is what the output layer's norm
+        reads (the last hidden layer's output; the features themselves without hidden layers), ``post`` the same after
+        the norm and the activation, before dropout: the tensors of the head statistics
+        (:func:`head_statistics_vector`)."""
+        pre = features
+        for layer in self.hidden:
+            pre = layer(pre)
+        post = self._normed(pre)
+        return pre, post, self.out(post if self.drop is None else self.drop(post))
+
+    def classify_pair(self, point: PairEmbeddings, candidate: PairEmbeddings) -> Tensor:
+        """Logits [B, 2] for (point[i], candidate[i]); class 1 = the candidate counters the point."""
+        return self(self.pair_features(point, candidate))[2]
+
+
+#: what :func:`head_statistics` reports per tensor (``pre``, ``post``), in the order of its [2, 6] table
+HEAD_STATISTICS = ("sample_mean", "sample_mean_std", "sample_var", "sample_var_std", "feature_var_std", "zero_share")
+#: the names of :func:`head_statistics_vector`'s 12 values
+HEAD_STATISTIC_NAMES = tuple(f"head_{tag}_{name}" for tag in ("pre", "post") for name in HEAD_STATISTICS)
+
+
+def head_statistics_vector(pre: Tensor, post: Tensor) -> Tensor:
+    """:func:`head_statistics` as [12] float32 values on the inputs' device (both [B, W]), named by
+    :data:`HEAD_STATISTIC_NAMES`; computed without a host read."""
+    # both tensors at once: each statistic is one op for the two
+    x = torch.stack([pre.detach(), post.detach()]).float()  # [2, B, W]
+    mean = x.mean(dim=-1)  # [2, B]
+    # variances from centred squares: torch's var() takes a slow path on a CPU for these shapes
+    var = (x - mean[..., None]).square_().mean(dim=-1)
+    feature_var = (x - x.mean(dim=-2, keepdim=True)).square_().mean(dim=-2)  # [2, W]
+    return torch.stack(
+        [
+            mean.mean(dim=-1),
+            mean.std(dim=-1, unbiased=False),
+            var.mean(dim=-1),
+            var.std(dim=-1, unbiased=False),
+            feature_var.std(dim=-1, unbiased=False),
+            (x == 0).float().mean(dim=(-2, -1)),
+        ],
+        dim=-1,
+    ).flatten()  # [2, 6] → [12]
+
+
+def head_statistics(pre: Tensor, post: Tensor) -> dict[str, Tensor]:
+    """Statistics of what the output layer reads, before (``pre``) and after (``post``) its norm and activation
+    (:meth:`PairHead.forward`; without hidden layers ``pre`` is the pair features).
+
+    Both tensors are [B, W]. Per-sample mean/variance (averaged over samples, and their std across samples),
+    the spread (std) of per-feature variances, and the share of exact zeros. Values are 0-d tensors on the
+    input's device, keyed ``head_{pre|post}_{name}`` (name in :data:`HEAD_STATISTICS`).
+    """
+    return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(pre, post).unbind(), strict=True))
