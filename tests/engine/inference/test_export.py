@@ -107,7 +107,8 @@ def _trained_like(model, seed: int = 7):
     "head",
     [
         {"use_layernorm": True, "use_relu": True},
-        {"use_layernorm": True, "use_relu": False},
+        {"norm": "batchnorm", "activation": "gelu", "hidden": [16, 8], "dropout": 0.2},
+        {"norm": "rmsnorm", "activation": "silu", "hidden": [12]},
     ],
 )
 def test_the_exported_classifier_rebuilds_the_head_and_its_logits(

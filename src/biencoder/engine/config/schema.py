@@ -3,10 +3,10 @@
 The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
 ``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
 what differs from these defaults (``tests/engine/config/test_config_defaults.py``). Also here: the choices of the keys
-that take one, the embedding cache's default folder, and the rules that name a run's cell (:func:`variant_name`) and
-pick its best epoch (:func:`selection`). A run's flat settings and which keys change results are :mod:`.settings`; the
-packaged paths and their resolvers, :mod:`.packaged`. Hydra-free and torch-free: imports only OmegaConf and
-:mod:`.packaged`, so every engine module (and the plot) may import it.
+that take one, the embedding cache's default folder, and the rule that picks a run's best epoch (:func:`selection`).
+What the head keys say together and the name of a run's cell are :mod:`.heads`; a run's flat settings and which keys
+change results, :mod:`.settings`; the packaged paths and their resolvers, :mod:`.packaged`. Hydra-free and
+torch-free: imports only OmegaConf and :mod:`.packaged`, so every engine module (and the plot) may import it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ SIM_INITS = ("random", "pca")
 RETRIEVE_SPACES = ("sim", "encoder")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
+#: the built-in components of the pair head (model.head.norm, model.head.activation; engine/modeling/head.py builds
+#: them); a factory of the user's own is named by import path instead (docs/heads.md)
+NORMS = ("none", "layernorm", "rmsnorm", "batchnorm")
+ACTIVATIONS = ("none", "relu", "gelu", "tanh", "silu")
 
 #: the choices of trainer.device and trainer.precision (biencoder.engine.machine.runtime.decide reads them)
 DEVICES = ("auto", "cpu", "cuda")
@@ -66,8 +70,20 @@ class EncoderSchema:
 
 @dataclass
 class HeadSchema:
-    use_layernorm: bool = False
-    use_relu: bool = False
+    """The pair classifier's head (docs/heads.md): before each linear layer (the hidden ones, then the output layer)
+    the norm, then the activation, then dropout. How the flags and the keys relate: :mod:`.heads`."""
+
+    # the card's flags: true = the norm is LayerNorm / the activation ReLU; false = it is not; null = not said
+    use_layernorm: bool | None = None
+    use_relu: bool | None = None
+    # none | layernorm | rmsnorm | batchnorm | module:factory (your own, called with the width); null = what
+    # use_layernorm says (none when nothing does)
+    norm: str | None = None
+    # none | relu | gelu | tanh | silu | module:factory (called with the width); null = what use_relu says
+    activation: str | None = None
+    dropout: float = 0.0  # the probability of zeroing a value before each linear layer, in training
+    # widths of the hidden layers between the pair features and the output layer; empty = the output layer alone
+    hidden: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -275,22 +291,6 @@ class Schema:
 
 
 register_resolvers()  # the defaults above name the packaged paths: resolvable once this module is imported
-
-
-def variant_name(cfg, choice: str | None = None) -> str:
-    """A run's variant: ``choice`` (the ``+variant=`` option it was composed with) when given, else the ablation cell
-    its head flags describe (:func:`flags_name`). The one rule for the run folder's name (``${variant_name:}``), the
-    apps and the runner."""
-    if choice:
-        return str(choice)
-    return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
-
-
-def flags_name(use_layernorm: bool, use_relu: bool) -> str:
-    """The ablation cell a pair of head flags belongs to: ln_relu, ln, relu or plain."""
-    return {(True, True): "ln_relu", (True, False): "ln", (False, True): "relu"}.get(
-        (bool(use_layernorm), bool(use_relu)), "plain"
-    )
 
 
 #: how people read the per-epoch metrics that can select a best epoch (final.json's ``selection.metric``)

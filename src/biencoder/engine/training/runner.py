@@ -28,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..config.schema import selection, untrained_classifier_note, variant_name
+from ..config.heads import variant_name
+from ..config.schema import selection, untrained_classifier_note
 from ..machine import distributed
 from ..machine.rng import rng_states
 from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
@@ -56,7 +57,7 @@ class Runner:
 
     ``runtime``: the start-up decision of device, precision and process group (:func:`start_up`, made here when
     None); the runner never asks torch again. ``variant``: the cell's name (the app passes Hydra's ``+variant=``
-    choice; default: named after the head flags, :func:`schema.variant_name`). The config is trusted:
+    choice; default: named after the head flags, :func:`heads.variant_name`). The config is trusted:
     :func:`biencoder.engine.training.run.run` validates it once.
     """
 
