@@ -119,6 +119,12 @@ CASES = [
         "model.head.use_layernorm=true and model.head.norm=rmsnorm contradict each other",
     ),
     (
+        "a head part that is not installed",
+        lambda t: [*module("train"), *FAST, "model.head.norm=no_such_pkg.norms:ScaleNorm"],
+        None,
+        "needs the module 'no_such_pkg', which is not installed here",
+    ),
+    (
         "a misspelt head part",
         lambda t: [*module("train"), *FAST, "model.head.norm=rmsnrom"],
         None,

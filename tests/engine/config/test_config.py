@@ -274,6 +274,7 @@ def test_one_helper_composes_the_configs():
         (["model.head.norm=rmsnorm", "model.head.activation=gelu"], "rmsnorm_gelu"),
         (["model.head.hidden=[256,64]", "model.head.dropout=0.1", "model.head.use_relu=true"], "h256x64_relu_drop0.1"),
         (["model.head.norm=batchnorm", "model.head.use_layernorm=false"], "batchnorm"),
+        (["model.head.activation=mypkg.acts:Swish"], "mypkg.acts.Swish"),  # a folder's name: no colon
         (["model.head.norm=rmsnorm", "model.head.use_layernorm=true"], "invalid-head"),  # validation refuses it
     ],
 )

@@ -1,6 +1,8 @@
 """model.head: the rule relating the card's flags and the head keys, the head's name, and the one-line refusals of a
 bad head (engine/config/heads.py, validation.py; docs/heads.md)."""
 
+import sys
+
 import pytest
 from omegaconf import OmegaConf
 
@@ -27,6 +29,7 @@ from conftest import compose_cfg
         # false says "not LayerNorm" / "not ReLU": true of an RMSNorm / a GELU head (+variant=plain norm=rmsnorm)
         ({"use_layernorm": False, "norm": "rmsnorm", "use_relu": False, "activation": "gelu"}, ("rmsnorm", "gelu")),
         ({"use_layernorm": True, "use_relu": False, "activation": "silu"}, ("layernorm", "silu")),
+        ({"norm": "mypkg.norms:ScaleNorm", "use_layernorm": False}, ("mypkg.norms:ScaleNorm", "none")),
     ],
 )
 def test_the_flags_and_the_keys_describe_one_head(head, spec):
@@ -70,6 +73,7 @@ def test_dropout_and_hidden_default_to_the_schema_s_and_are_read_as_numbers():
         ({"norm": "batchnorm", "activation": "tanh", "dropout": 0.1}, "batchnorm_tanh_drop0.1"),
         ({"hidden": [256], "activation": "gelu"}, "h256_gelu"),
         ({"hidden": [512, 128], "norm": "rmsnorm"}, "h512x128_rmsnorm"),
+        ({"norm": "mypkg.norms:ScaleNorm", "activation": "silu"}, "mypkg.norms.ScaleNorm_silu"),
     ],
 )
 def test_a_head_is_named_by_its_parts_and_the_card_s_heads_keep_their_names(head, name):
@@ -96,12 +100,12 @@ def test_each_head_key_works_alone_on_the_default_config():
         (
             ["model.head.norm=rmsnrom"],
             "model.head.norm='rmsnrom' is not valid (did you mean rmsnorm?): use one of none, layernorm, rmsnorm, "
-            "batchnorm (docs/heads.md)",
+            "batchnorm, or a factory of your own as module:name (docs/heads.md)",
         ),
         (
             ["model.head.activation=GELU"],
             "model.head.activation='GELU' is not valid (did you mean gelu?): use one of none, relu, gelu, tanh, "
-            "silu (docs/heads.md)",
+            "silu, or a factory of your own as module:name (docs/heads.md)",
         ),
         (["model.head.dropout=1.0"], "model.head.dropout=1.0 is not valid: it must be a probability in [0, 1)"),
         (["model.head.dropout=-0.1"], "model.head.dropout=-0.1 is not valid: it must be a probability in [0, 1)"),
@@ -110,6 +114,15 @@ def test_each_head_key_works_alone_on_the_default_config():
             ["+variant=ln", "model.head.norm=rmsnorm"],
             "model.head.use_layernorm=true and model.head.norm=rmsnorm contradict each other: drop one of them (a "
             "variant file's flag: add model.head.use_layernorm=null), docs/heads.md",
+        ),
+        (
+            ["model.head.norm=no_such_package.norms:ScaleNorm"],
+            "model.head.norm='no_such_package.norms:ScaleNorm' needs the module 'no_such_package', which is not "
+            "installed here: install the package that provides it, or put its folder on PYTHONPATH",
+        ),
+        (
+            ["model.head.activation=math:no_such_function"],
+            "model.head.activation='math:no_such_function': module 'math' has no callable 'no_such_function'",
         ),
     ],
 )
@@ -140,3 +153,14 @@ def test_a_variant_file_with_only_the_keys_it_changes(tmp_path):
     validate(cfg)
     assert head_spec(cfg.model.head) == HeadSpec("rmsnorm", "gelu", 0.1, ())
     assert compose_cfg(overrides, hydra_config=True).hydra.run.dir.endswith("_rms_gelu_s0")
+
+
+def test_a_component_of_the_user_s_own_is_imported_when_validated(tmp_path, monkeypatch):
+    """An import path names a factory of the user's own package (here a module written outside src/, on
+    sys.path): validation imports it, so a typo in its name fails before anything runs."""
+    (tmp_path / "userheads_v.py").write_text("import torch\n\ndef Scale(width):\n    return torch.nn.Identity()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    validate(compose_cfg(["model.head.norm=userheads_v:Scale"]))
+    assert "userheads_v" in sys.modules
+    with pytest.raises(ConfigError, match="has no callable 'Scal'"):
+        validate(compose_cfg(["model.head.norm=userheads_v:Scal"]))

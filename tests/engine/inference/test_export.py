@@ -7,6 +7,7 @@ import torch
 from biencoder.engine.modeling.encoding import Encoding, TokenizedTexts, encode
 from biencoder.engine.runs.checkpoint import load_checkpoint
 from biencoder.engine.training.run import run
+from biencoder.errors import ConfigError
 from conftest import FAST, compose_cfg
 
 st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
@@ -167,3 +168,34 @@ def test_an_export_from_before_the_head_keys_loads_as_the_same_head(tmp_path, ti
     a, b = Embeddings(torch.randn(6, 128), torch.randn(6, 32)), Embeddings(torch.randn(6, 128), torch.randn(6, 32))
     with torch.no_grad():
         torch.testing.assert_close(classifier.classify_pair(a, b), model.head.classify_pair(a, b), rtol=0, atol=0)
+
+
+def test_an_export_whose_component_is_not_installed_says_what_to_install(tmp_path, monkeypatch):
+    """A classifier whose head names a factory of the user's own: loaded where its module is importable, refused in
+    one line naming the module where it is not."""
+    import json
+    import sys
+
+    from safetensors.torch import save_file
+
+    from biencoder.engine.config.heads import head_spec
+    from biencoder.engine.modeling.head import PairHead
+
+    (tmp_path / "userheads_x.py").write_text("import torch\n\ndef Half(width):\n    return torch.nn.Identity()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = head_spec({"activation": "userheads_x:Half"})
+    folder = tmp_path / "st" / "pair_classifier"
+    folder.mkdir(parents=True)
+    save_file(PairHead("sim", 4, 2, spec).state_dict(), str(folder / "model.safetensors"))
+    config = {"fusion": "sim", "sim_dim": 4, "hidden": 2, "head": spec.as_config(), "pooling": "mean"}
+    (folder / "config.json").write_text(json.dumps({**config, "max_length": 64, "run": {}}))
+    assert type(load_pair_classifier(tmp_path / "st").act).__name__ == "Identity"
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "userheads_x")
+    with pytest.raises(ConfigError) as err:
+        load_pair_classifier(tmp_path / "st")
+    assert str(err.value) == (
+        f"the pair classifier in '{folder}': model.head.activation='userheads_x:Half' needs the module "
+        "'userheads_x', which is not installed here: install the package that provides it, or put its folder on "
+        "PYTHONPATH"
+    )

@@ -14,6 +14,7 @@ from biencoder.engine.config.heads import HeadSpec, head_spec
 from biencoder.engine.modeling.encoding import pair_margins
 from biencoder.engine.modeling.head import PairHead
 from biencoder.engine.modeling.model import BiModel, Embeddings, renamed_head_keys
+from biencoder.errors import ConfigError
 
 SIM, WIDTH = 8, 4  # features: 3 * 8 + 3 * 4 = 36 with fusion=concat
 
@@ -129,6 +130,32 @@ def test_a_batchnorm_head_ranks_the_same_pairs_the_same_in_any_block(tiny_model_
     for other in margins[1:]:  # equal but for a BLAS's rounding by block shape; by the batch they differ by ~1
         np.testing.assert_allclose(other, margins[0], rtol=1e-5, atol=1e-6)
     assert model.training  # eval_mode restores the mode it found
+
+
+def test_a_component_of_the_user_s_own_by_import_path(tmp_path, monkeypatch):
+    """model.head.norm=<module>:<factory> with the module outside src/ (written here, put on sys.path): the factory
+    is called with the width, its module sits where the norm does, and its parameters train and load like any."""
+    (tmp_path / "userheads_m.py").write_text(
+        "import torch\n"
+        "class ScaleNorm(torch.nn.Module):\n"
+        "    def __init__(self, width):\n"
+        "        super().__init__()\n"
+        "        self.width = width\n"
+        "        self.g = torch.nn.Parameter(torch.ones(1))\n"
+        "    def forward(self, x):\n"
+        "        return self.g * x / x.norm(dim=-1, keepdim=True).clamp(min=1e-5)\n"
+        "def not_a_module(width):\n"
+        "    return width\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    head = make_head(norm="userheads_m:ScaleNorm", hidden=[16])
+    assert [type(m).__name__ for m in (head.hidden[0].norm, head.norm)] == ["ScaleNorm", "ScaleNorm"]
+    assert (head.hidden[0].norm.width, head.norm.width) == (36, 16)
+    assert "norm.g" in head.state_dict() and "hidden.0.norm.g" in head.state_dict()
+    _, post, _ = head(torch.randn(3, 36))
+    torch.testing.assert_close(post.norm(dim=-1), torch.ones(3))
+    with pytest.raises(ConfigError, match=r"returned a int, not a torch.nn.Module"):
+        make_head(norm="userheads_m:not_a_module")
 
 
 # -- the layout before the head was a component ---------------------------------------------------------------------

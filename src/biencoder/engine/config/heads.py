@@ -1,5 +1,5 @@
-"""The pair head's specification: what ``model.head.*`` says together (:func:`head_spec`) and the name it gives a
-cell (:func:`head_name`, :func:`variant_name`).
+"""The pair head's specification: what ``model.head.*`` says together (:func:`head_spec`), the name it gives a cell
+(:func:`head_name`, :func:`variant_name`) and a user's own component by import path (:func:`component_factory`).
 
 The one rule relating the card's flags and the head keys (docs/heads.md): every key that is set must be true of the
 head. ``norm`` and ``activation`` name a component (null: not said); ``use_layernorm=true`` says the norm is
@@ -8,12 +8,13 @@ LayerNorm and ``false`` that it is not; ``use_relu`` says the same of ReLU and t
 ``activation=relu``) is refused in one line. So the four card variants, which set both flags, build what they always
 built, and ``model.head.norm=rmsnorm`` works alone on the default config, where both flags are null.
 
-Torch-free and Hydra-free like :mod:`.schema`.
+Torch-free and Hydra-free like :mod:`.schema`: a user's component is imported (``importlib``) but never called here.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -28,8 +29,8 @@ SHORT_NAMES = {"layernorm": "ln"}
 
 @dataclass(frozen=True)
 class HeadSpec:
-    """A resolved head: ``norm`` (one of :data:`~.schema.NORMS`), ``activation`` (one of
-    :data:`~.schema.ACTIVATIONS`), ``dropout`` (a probability) and ``hidden`` (the widths of the
+    """A resolved head: ``norm`` (one of :data:`~.schema.NORMS` or an import path), ``activation`` (one of
+    :data:`~.schema.ACTIVATIONS` or an import path), ``dropout`` (a probability) and ``hidden`` (the widths of the
     hidden layers, in order; empty: the output layer alone). :func:`head_spec` makes one of a config."""
 
     norm: str
@@ -66,9 +67,10 @@ def head_spec(head: Mapping | None) -> HeadSpec:
 def head_name(spec: HeadSpec) -> str:
     """The name of a head, as cells and run folders show it: its hidden widths (``h256``, ``h512x128``), norm
     (``ln`` for LayerNorm), activation and dropout (``drop0.1``) joined by ``_``, each left out when absent, and
-    ``plain`` for none of them. So the card's heads are named ``ln_relu``, ``ln``, ``relu`` and ``plain``."""
+    ``plain`` for none of them. So the card's heads are named ``ln_relu``, ``ln``, ``relu`` and ``plain``; a user's
+    component by its import path (``mypkg.norms.ScaleNorm``: ``:`` becomes ``.``, so the name fits a folder's)."""
     parts = [f"h{'x'.join(map(str, spec.hidden))}"] if spec.hidden else []
-    parts += [SHORT_NAMES.get(v, v) for v in (spec.norm, spec.activation) if v != "none"]
+    parts += [SHORT_NAMES.get(v, v).replace(":", ".") for v in (spec.norm, spec.activation) if v != "none"]
     if spec.dropout:
         parts.append(f"drop{spec.dropout:g}")
     return "_".join(parts) or "plain"
@@ -87,13 +89,51 @@ def variant_name(cfg, choice: str | None = None) -> str:
         return "invalid-head"
 
 
+def is_import_path(value: str) -> bool:
+    """A value of ``model.head.norm`` or ``.activation`` that names a factory of the user's own (``pkg.mod:factory``
+    or ``pkg.mod.factory``) rather than a built-in component."""
+    return "." in value or ":" in value
+
+
 def check_component(key: str, value, choices: tuple[str, ...]) -> None:
-    """Refuse ``model.head.<key>=value`` unless it is null or one of ``choices``, in one line naming the key, the
-    allowed values and the closest choice."""
+    """Refuse ``model.head.<key>=value`` unless it is null, one of ``choices`` or an importable factory, in one line
+    naming the key, the allowed values and the closest choice."""
     if value is None or value in choices:
+        return
+    if isinstance(value, str) and is_import_path(value):
+        component_factory(f"model.head.{key}", value)
         return
     close = difflib.get_close_matches(str(value).lower(), choices, n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]}?)" if close else ""
     raise ConfigError(
-        f"model.head.{key}={value!r} is not valid{hint}: use one of {', '.join(choices)} (docs/heads.md)"
+        f"model.head.{key}={value!r} is not valid{hint}: use one of {', '.join(choices)}, or a factory of your own "
+        "as module:name (docs/heads.md)"
     )
+
+
+def component_factory(key: str, path: str):
+    """The callable that ``path`` (``pkg.mod:factory``, ``pkg.mod:Class.factory`` or ``pkg.mod.factory``) names,
+    imported now. Raises :class:`ConfigError` in one line when its module is not installed (naming what to install)
+    or has no such callable. ``key`` names the config key for the message."""
+    module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"{key}={path!r} is not an import path: write it as module:factory, e.g. mypkg.norms:ScaleNorm"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        missing = err.name or module_name
+        raise ConfigError(
+            f"{key}={path!r} needs the module '{missing}', which is not installed here: install the package that "
+            f"provides it, or put its folder on PYTHONPATH"
+        ) from None
+    found = module
+    for part in attr.split("."):
+        found = getattr(found, part, None)
+    if not callable(found):
+        raise ConfigError(
+            f"{key}={path!r}: module '{module_name}' has no callable '{attr}': name a factory that takes the width "
+            "and returns a torch.nn.Module (docs/heads.md)"
+        )
+    return found

@@ -8,7 +8,7 @@ the one definition, held by :class:`~biencoder.engine.modeling.model.BiModel` as
 :func:`biencoder.engine.inference.export.load_pair_classifier`.
 
 Built-in components are torch's modules with their defaults (``LayerNorm``, ``RMSNorm``, ``BatchNorm1d``; ``ReLU``,
-``GELU``, ``Tanh``, ``SiLU``).
+``GELU``, ``Tanh``, ``SiLU``); a user's component is the module its factory returns when called with the width.
 BatchNorm normalises by the batch in training (each process's own batch under DDP) and by its running statistics in
 eval mode, which every evaluation uses.
 """
@@ -21,7 +21,8 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ..config.heads import HeadSpec
+from ...errors import ConfigError
+from ..config.heads import HeadSpec, component_factory
 
 #: the embeddings each ``model.fusion`` puts in the pair features, in order; each adds [a, b, |a − b|] of it
 FUSION_PARTS = {"concat": ("sim", "pooled"), "sim": ("sim",), "cls": ("pooled",)}
@@ -38,10 +39,21 @@ class PairEmbeddings(Protocol):
 
 
 def component(key: str, value: str, width: int) -> nn.Module | None:
-    """The module ``model.head.<key>`` = ``value`` names for inputs [B, ``width``] (None for ``none``)."""
+    """The module ``model.head.<key>`` = ``value`` names for inputs [B, ``width``] (None for ``none``): a built-in, or
+    what a user's factory (an import path) returns when called with ``width``. Raises :class:`ConfigError` in one line
+    for a factory that cannot be imported or does not return a module."""
     if value == "none":
         return None
-    return NORM_MODULES[value](width) if key == "norm" else ACTIVATION_MODULES[value]()
+    builtins = NORM_MODULES if key == "norm" else ACTIVATION_MODULES
+    if value in builtins:
+        return builtins[value](width) if key == "norm" else builtins[value]()
+    made = component_factory(f"model.head.{key}", value)(width)
+    if not isinstance(made, nn.Module):
+        raise ConfigError(
+            f"model.head.{key}={value!r} returned a {type(made).__name__}, not a torch.nn.Module: make the factory "
+            "return a module that maps [B, width] to [B, width] (docs/heads.md)"
+        )
+    return made
 
 
 class _Inputs(nn.Module):
