@@ -170,6 +170,9 @@ class EpochTrainer:
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 # with cls/mean pooling the encoder's pooler computes an output no loss uses
                 find_unused_parameters=not self.frozen and self.cfg.model.pooling != "pooler",
+                # rank 0's buffers to every rank before each forward: a BatchNorm head trains from and is evaluated
+                # with rank 0's running statistics, its batch statistics each process's own (docs/heads.md)
+                broadcast_buffers=True,
             )
         return torch.compile(step) if self.cfg.trainer.compile else step
 
