@@ -107,8 +107,8 @@ def paired_comparisons(
     by_cell: dict[str, list[Run]] = {}
     for r in complete:
         by_cell.setdefault(r.cell, []).append(r)
-    # a cell's identity: its variant and the settings that separate cells (of every run: finished or not)
-    identity = {r.cell: (r.variant, tuple(sorted(r.settings.items()))) for r in runs}
+    # a cell's identity: its name (variant, head) and the settings that separate cells (of every run: finished or not)
+    identity = {r.cell: (r.name, tuple(sorted(r.settings.items()))) for r in runs}
     cell_of = {v: k for k, v in identity.items()}
     if strict:
         _check_references(references, identity, cell_of)

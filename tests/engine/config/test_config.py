@@ -288,7 +288,7 @@ def test_the_variant_is_the_choice_else_the_name_of_the_head(overrides, name):
 
 def test_one_function_names_the_variant(monkeypatch):
     """The run folder's name, the app's variant and the runner's default come from
-    engine.config.heads.variant_name; a head's name is made by head_name alone."""
+    engine.config.heads.variant_name; a head's name is made by head_name alone, which the report's cells call too."""
     from biencoder import hydra_glue
     from biencoder.engine.config import heads
     from conftest import REPO
@@ -297,7 +297,7 @@ def test_one_function_names_the_variant(monkeypatch):
     cfg = compose_cfg(["+variant=ln"], hydra_config=True)
     assert cfg.hydra.run.dir.endswith("_named-ln_s0") and hydra_glue.variant_name(cfg) == "named-None"
     callers = sorted(p.name for p in (REPO / "src" / "biencoder").rglob("*.py") if "head_name(" in p.read_text())
-    assert callers == ["heads.py"]
+    assert callers == ["heads.py", "runs.py"]
 
 
 def test_one_default_folder_for_the_real_corpus(monkeypatch):

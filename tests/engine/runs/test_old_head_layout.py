@@ -105,7 +105,7 @@ def test_an_old_run_folder_resumes_loads_retrieves_exports_and_keeps_its_cell(tm
     runs = find_runs([tmp_path / "whole", old])
     assert len(runs) == 1 and assign_cells(runs) == [] and runs[0].cell == "ln_relu"
     (alone,) = find_runs([old])
-    assert assign_cells([alone]) == [] and alone.cell == "ln_relu"
+    assert assign_cells([alone]) == [] and alone.cell == "ln_relu" and alone.name == "ln_relu"
 
     # biencoder-export of the old folder: the classifier gives the run's logits
     pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
