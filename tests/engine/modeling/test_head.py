@@ -33,36 +33,34 @@ def make_head(seed=0, **kwargs) -> PairHead:
     list(itertools.product(["none", "layernorm", "rmsnorm", "batchnorm"], ["none", "relu", "gelu", "tanh", "silu"])),
 )
 def test_every_norm_and_activation_builds_and_keeps_the_width(norm, activation):
-    head = make_head(norm=norm, activation=activation, hidden=[16])
+    head = make_head(norm=norm, activation=activation, hidden=[16, 8])
     x = torch.randn(6, head.n_features)
     for mode in (True, False):
         head.train(mode)
         pre, post, logits = head(x)
-        assert pre.shape == post.shape == (6, 16) and logits.shape == (6, 2) and torch.isfinite(logits).all()
+        assert pre.shape == post.shape == (6, 8) and logits.shape == (6, 2) and torch.isfinite(logits).all()
     kinds = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm, "batchnorm": nn.BatchNorm1d}
     acts = {"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "silu": nn.SiLU}
-    for block in (head.hidden[0], head):  # in front of the hidden layer and of the output layer alike
+    assert head.hidden[0].norm is None and head.hidden[0].act is None  # the first reads the features as they are
+    for block in (head.hidden[1], head):  # after each hidden layer: in front of the next, and of the output layer
         assert (block.norm is None) == (norm == "none") and (block.act is None) == (activation == "none")
         assert norm == "none" or type(block.norm) is kinds[norm]
         assert activation == "none" or type(block.act) is acts[activation]
 
 
-def test_the_layers_run_norm_activation_dropout_linear_in_that_order():
-    """hidden=[16, 8], LayerNorm and tanh: each linear layer reads tanh(LayerNorm(its input)); ``pre`` is what the
-    output layer's norm reads (the last hidden layer's output), ``post`` that after the norm and the activation. A
-    head that applied them after each linear layer instead (Linear → norm → act) gives other numbers."""
+def test_each_hidden_layer_is_linear_then_norm_activation_dropout():
+    """hidden=[16, 8], LayerNorm and tanh: features → Linear → LayerNorm → tanh → Linear → LayerNorm → tanh →
+    output layer. ``pre`` is the last hidden layer's output (what the output layer's norm reads), ``post`` that after
+    the norm and the activation. A head that put the norm and the activation in front of the first hidden layer too
+    (normalising the raw features) gives other numbers."""
     head = make_head(norm="layernorm", activation="tanh", hidden=[16, 8]).eval()
     with torch.no_grad():  # non-trivial affine parameters, so that a norm left out or misplaced shows
         for p in head.parameters():
             p.add_(torch.randn_like(p) * 0.3)
     x = torch.randn(5, head.n_features) * 3 + 1
-
-    def block(layer_norm, linear, x):
-        return linear(torch.tanh(layer_norm(x)))
-
     with torch.no_grad():
-        h1 = block(head.hidden[0].norm, head.hidden[0].linear, x)
-        h2 = block(head.hidden[1].norm, head.hidden[1].linear, h1)
+        h1 = head.hidden[0].linear(x)
+        h2 = head.hidden[1].linear(torch.tanh(head.hidden[1].norm(h1)))
         pre, post, logits = head(x)
         torch.testing.assert_close(pre, h2)
         torch.testing.assert_close(post, torch.tanh(head.norm(h2)))
@@ -72,6 +70,38 @@ def test_the_layers_run_norm_activation_dropout_linear_in_that_order():
         (8, 16),
         (2, 8),
     ]
+    assert [k for k in head.state_dict() if not k.endswith("bias")] == [
+        "hidden.0.linear.weight",
+        "hidden.1.norm.weight",
+        "hidden.1.linear.weight",
+        "norm.weight",
+        "out.weight",
+    ]
+
+
+@pytest.mark.parametrize("fusion", ["concat", "sim", "cls"])
+def test_the_first_layer_by_its_terms_is_the_layer_over_the_features(fusion):
+    """pair_outputs (training) and pair_scorer (evaluation) compute the first hidden layer as a term of a, one of b
+    and one of |a − b| per part: the same outputs and gradients as forward over the concatenated features, up to
+    float rounding."""
+    torch.manual_seed(0)
+    head = PairHead(fusion, SIM, WIDTH, spec(norm="layernorm", activation="gelu", hidden=[16, 8]))
+    sim, pooled = torch.randn(10, SIM, requires_grad=True), torch.randn(10, WIDTH)
+    emb = Embeddings(sim, pooled)
+    rows_a, rows_b = torch.tensor([0, 3, 3, 9, 5, 1]), torch.tensor([1, 2, 7, 0, 5, 8])
+    a, b = emb.index(rows_a), emb.index(rows_b)
+    direct = head(head.pair_features(a, b))
+    by_terms = head.pair_outputs(a, b)
+    for x, y in zip(direct, by_terms, strict=True):
+        torch.testing.assert_close(x, y)
+    wrt = [sim, *head.parameters()] if fusion != "cls" else list(head.parameters())  # cls: the sim part unused
+    grads = [torch.autograd.grad(out[2].square().sum(), wrt, retain_graph=True) for out in (direct, by_terms)]
+    for x, y in zip(*grads, strict=True):
+        torch.testing.assert_close(x, y)
+    with torch.no_grad():
+        scored = head.pair_scorer(emb, 6)(rows_a, rows_b)
+        torch.testing.assert_close(scored, direct[2])
+        torch.testing.assert_close(head.classify_pair(a, b), direct[2])
 
 
 def test_without_hidden_layers_pre_is_the_features_and_the_weights_are_drawn_as_before():
@@ -148,10 +178,10 @@ def test_a_component_of_the_user_s_own_by_import_path(tmp_path, monkeypatch):
         "    return width\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    head = make_head(norm="userheads_m:ScaleNorm", hidden=[16])
-    assert [type(m).__name__ for m in (head.hidden[0].norm, head.norm)] == ["ScaleNorm", "ScaleNorm"]
-    assert (head.hidden[0].norm.width, head.norm.width) == (36, 16)
-    assert "norm.g" in head.state_dict() and "hidden.0.norm.g" in head.state_dict()
+    head = make_head(norm="userheads_m:ScaleNorm", hidden=[16, 8])
+    assert [type(m).__name__ for m in (head.hidden[1].norm, head.norm)] == ["ScaleNorm", "ScaleNorm"]
+    assert (head.hidden[1].norm.width, head.norm.width) == (16, 8)
+    assert "norm.g" in head.state_dict() and "hidden.1.norm.g" in head.state_dict()
     _, post, _ = head(torch.randn(3, 36))
     torch.testing.assert_close(post.norm(dim=-1), torch.ones(3))
     with pytest.raises(ConfigError, match=r"returned a int, not a torch.nn.Module"):

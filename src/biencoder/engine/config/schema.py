@@ -70,8 +70,8 @@ class EncoderSchema:
 
 @dataclass
 class HeadSchema:
-    """The pair classifier's head (docs/heads.md): before each linear layer (the hidden ones, then the output layer)
-    the norm, then the activation, then dropout. How the flags and the keys relate: :mod:`.heads`."""
+    """The pair classifier's head (docs/heads.md): the norm, then the activation, then dropout, in front of the output
+    layer and after each hidden layer. How the flags and the keys relate: :mod:`.heads`."""
 
     # the card's flags: true = the norm is LayerNorm / the activation ReLU; false = it is not; null = not said
     use_layernorm: bool | None = None
@@ -81,7 +81,8 @@ class HeadSchema:
     norm: str | None = None
     # none | relu | gelu | tanh | silu | module:factory (called with the width); null = what use_relu says
     activation: str | None = None
-    dropout: float = 0.0  # the probability of zeroing a value before each linear layer, in training
+    # the probability of zeroing a value in training, in front of the output layer and after each hidden layer
+    dropout: float = 0.0
     # widths of the hidden layers between the pair features and the output layer; empty = the output layer alone
     hidden: list[int] = field(default_factory=list)
 

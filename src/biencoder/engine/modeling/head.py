@@ -1,11 +1,17 @@
 """The pair head: the classifier over the fused features of two texts, built from a
 :class:`~biencoder.engine.config.heads.HeadSpec` (docs/heads.md), and the statistics of what its output layer reads.
 
-The head is a stack of linear layers, the hidden ones (``model.head.hidden``) and then the output layer
-``Linear(width, 2)``; in front of each, in this order, the norm, the activation and dropout (each only when set).
-With no hidden layer it is the card's head: features → LayerNorm? → ReLU? → ``Linear(F, 2)``. :class:`PairHead` is
-the one definition, held by :class:`~biencoder.engine.modeling.model.BiModel` as ``model.head`` and loaded alone by
+In front of the output layer ``Linear(width, 2)`` sit, in this order, the norm, the activation and dropout (each only
+when set): with no hidden layer that is the card's head, features → LayerNorm? → ReLU? → ``Linear(F, 2)``. Each hidden
+layer (``model.head.hidden``) is a linear layer followed by the norm, the activation and dropout, the usual MLP:
+features → ``Linear(F, h1)`` → norm → activation → dropout → ... → ``Linear(h_last, 2)``. :class:`PairHead` is the one
+definition, held by :class:`~biencoder.engine.modeling.model.BiModel` as ``model.head`` and loaded alone by
 :func:`biencoder.engine.inference.export.load_pair_classifier`.
+
+The first hidden layer reads the pair features as they are, [a, b, |a − b|] per embedding, so its output is a term
+of a, a term of b and a term of |a − b|. Scoring many pairs of one table (:meth:`PairHead.pair_scorer`: every
+evaluation) computes the terms of a text once per text, not once per pair: the same values as the layer over the
+concatenated features, up to float rounding.
 
 Built-in components are torch's modules with their defaults (``LayerNorm``, ``RMSNorm``, ``BatchNorm1d``; ``ReLU``,
 ``GELU``, ``Tanh``, ``SiLU``); a user's component is the module its factory returns when called with the width.
@@ -72,11 +78,15 @@ class _Inputs(nn.Module):
 
 
 class HiddenLayer(_Inputs):
-    """One hidden layer: norm → activation → dropout → ``Linear(width_in, width_out)``."""
+    """One hidden layer: ``Linear(width_in, width_out)`` over the norm → activation → dropout of its input, which
+    belong to the hidden layer before it (the first reads the pair features as they are: ``first``)."""
 
-    def __init__(self, spec: HeadSpec, width_in: int, width_out: int):
+    def __init__(self, spec: HeadSpec, width_in: int, width_out: int, first: bool):
         super().__init__()
-        self._make_inputs(spec, width_in)
+        if first:
+            self.norm = self.act = self.drop = None
+        else:
+            self._make_inputs(spec, width_in)
         self.linear = nn.Linear(width_in, width_out)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -85,25 +95,28 @@ class HiddenLayer(_Inputs):
 
 
 class PairHead(_Inputs):
-    """The pair classifier: the fused features of (a, b) [B, F] → the hidden layers → norm → activation → dropout →
-    ``Linear(width, 2)`` (class 1: b counters a).
+    """The pair classifier: the fused features of (a, b) [B, F] → the hidden layers, each ``Linear`` → norm →
+    activation → dropout → ... → ``Linear(width, 2)`` (class 1: b counters a); with no hidden layer, the features →
+    norm → activation → dropout → ``Linear(F, 2)``.
 
     Args:
         fusion: which embeddings make the features (:data:`FUSION_PARTS`).
         sim_dim, encoder_width: the widths of the sim and pooled embeddings.
         spec: the head (:func:`~biencoder.engine.config.heads.head_spec` of a ``model.head`` config).
 
-    State-dict keys: ``hidden.<i>.{norm,act,linear}.*`` for each hidden layer, then ``norm.*`` and ``out.*`` (the
-    keys of the card's head, unchanged).
+    State-dict keys: ``hidden.0.linear.*``, then ``hidden.<i>.{norm,act}.*`` (what follows hidden layer i − 1) and
+    ``hidden.<i>.linear.*`` for each further hidden layer, then ``norm.*`` (what follows the last hidden layer, or
+    normalises the features) and ``out.*``: the keys of the card's head are those it always had.
     """
 
     def __init__(self, fusion: str, sim_dim: int, encoder_width: int, spec: HeadSpec):
         super().__init__()
         self.fusion, self.spec = fusion, spec
+        self._part_widths = tuple({"sim": sim_dim, "pooled": encoder_width}[part] for part in FUSION_PARTS[fusion])
         self.n_features = sum(3 * {"sim": sim_dim, "pooled": encoder_width}[part] for part in FUSION_PARTS[fusion])
         widths = [self.n_features, *spec.hidden]
         # before the output layer: the hidden layers' weights are drawn first, then the output layer's
-        self.hidden = nn.ModuleList(HiddenLayer(spec, a, b) for a, b in pairwise(widths))
+        self.hidden = nn.ModuleList(HiddenLayer(spec, a, b, i == 0) for i, (a, b) in enumerate(pairwise(widths)))
         self._make_inputs(spec, widths[-1])
         self.out = nn.Linear(widths[-1], 2)
 
@@ -145,9 +158,69 @@ class PairHead(_Inputs):
         post = self._normed(pre)
         return pre, post, self.out(post if self.drop is None else self.drop(post))
 
+    def pair_outputs(self, a: PairEmbeddings, b: PairEmbeddings) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`forward` of :meth:`pair_features` of the pairs (a[i], b[i]): (``pre``, ``post``, logits)."""
+        return self(self.pair_features(a, b))
+
     def classify_pair(self, point: PairEmbeddings, candidate: PairEmbeddings) -> Tensor:
         """Logits [B, 2] for (point[i], candidate[i]); class 1 = the candidate counters the point."""
-        return self(self.pair_features(point, candidate))[2]
+        return self.pair_outputs(point, candidate)[2]
+
+    def pair_scorer(self, emb: PairEmbeddings, batch_size: int):
+        """A function (rows_a, rows_b) → logits [P, 2] of the pairs (emb[rows_a[i]], emb[rows_b[i]]), P at most
+        ``batch_size``, for scoring many pairs of one table without autograd. Without hidden layers it gathers each
+        block's features into one buffer (:meth:`gather_pair_features`) and runs :meth:`forward`; with them the first
+        layer's text terms are computed once for every row of ``emb`` and gathered per pair, beside the pair's
+        difference terms."""
+        if not self.hidden:
+            first_part = getattr(emb, self._parts[0])
+            buffer = torch.empty(batch_size, self.n_features, dtype=first_part.dtype, device=first_part.device)
+            return lambda rows_a, rows_b: self(self.gather_pair_features(emb, rows_a, rows_b, buffer))[2]
+        terms_a = self._text_terms(emb, 0) + self.hidden[0].linear.bias
+        terms_b = self._text_terms(emb, 1)
+
+        def score(rows_a: Tensor, rows_b: Tensor) -> Tensor:
+            tables = [getattr(emb, part) for part in self._parts]
+            pairs = [(table.index_select(0, rows_a), table.index_select(0, rows_b)) for table in tables]
+            first = terms_a.index_select(0, rows_a) + terms_b.index_select(0, rows_b)
+            return self._after_first(first + self._difference_terms(pairs))[2]
+
+        return score
+
+    @property
+    def _parts(self) -> tuple[str, ...]:
+        return FUSION_PARTS[self.fusion]
+
+    def _first_weights(self, side: int) -> list[Tensor]:
+        """The first hidden layer's weight columns that read side ``side`` of each part (0: a, 1: b, 2: |a − b|)."""
+        weight, start, out = self.hidden[0].linear.weight, 0, []
+        for width in self._part_widths:
+            out.append(weight[:, start + side * width : start + (side + 1) * width])
+            start += 3 * width
+        return out
+
+    def _text_terms(self, emb: PairEmbeddings, side: int) -> Tensor:
+        """[N, h1]: the first hidden layer's term of each row of ``emb`` as side ``side`` of a pair (no bias)."""
+        terms = [
+            nn.functional.linear(getattr(emb, p), w)
+            for p, w in zip(self._parts, self._first_weights(side), strict=True)
+        ]
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+    def _difference_terms(self, pairs: list[tuple[Tensor, Tensor]]) -> Tensor:
+        """[P, h1]: the first hidden layer's term of |a − b| of each part's (a rows, b rows)."""
+        terms = [
+            nn.functional.linear((x - y).abs(), w) for (x, y), w in zip(pairs, self._first_weights(2), strict=True)
+        ]
+        return terms[0] if len(terms) == 1 else terms[0] + terms[1]
+
+    def _after_first(self, first: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """(``pre``, ``post``, logits) from the first hidden layer's output."""
+        pre = first
+        for layer in self.hidden[1:]:
+            pre = layer(pre)
+        post = self._normed(pre)
+        return pre, post, self.out(post if self.drop is None else self.drop(post))
 
 
 #: what :func:`head_statistics` reports per tensor (``pre``, ``post``), in the order of its [2, 6] table

@@ -51,11 +51,10 @@ def _pair_cross_entropy(model: BiModel, point: Embeddings, counter: Embeddings, 
     """
     batch = point.sim.shape[0]
     # positives and negatives go through the head in one call so its statistics (and a BatchNorm's) see both
-    features = model.head.pair_features(
+    pre, post, logits = model.head.pair_outputs(
         Embeddings(torch.cat([point.sim, point.sim]), torch.cat([point.pooled, point.pooled])),
         Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
     )
-    pre, post, logits = model.head(features)
     ce = F.cross_entropy(logits.float(), _pair_labels(batch, logits.device), reduction="none")
     return ce[:batch].mean(), ce[batch:].mean(), pre, post
 
