@@ -48,8 +48,10 @@ class SweepSummary(Callback):
         print(f"\n== sweep finished: {sweep}", flush=True)
         if any(sweep.rglob("final.json")):
             main([str(sweep)])  # the same settings as plot_top1.py, so both print the same p-values and verdicts
+        # the installed command and an absolute folder: the line works from any directory, unlike the repository's
+        # scripts/plot_top1.py
         print(
-            f"compare again (other options: --internals, --x KEY, --reference ...): "
-            f"python scripts/plot_top1.py {sweep}",
+            f"compare again (other options: --internals, --x KEY, --reference ..., --factors ...): "
+            f"biencoder-plot {sweep.resolve()}",
             flush=True,
         )

@@ -85,7 +85,7 @@ def stats(args: argparse.Namespace) -> int:
         )
     columns = dict(c.split("=", 1) for c in args.column)
     data = pair_sources(args.paths, args.format, columns)
-    corpus: Corpus | PairFiles = read_pairs(data) if data else read_corpus(args.paths[0])
+    corpus: Corpus | PairFiles = read_pairs(data, option="--column ") if data else read_corpus(args.paths[0])
     overlap = corpus.overlap()
     dropped = corpus.deduplicated(check=False).dropped if data else corpus.deduplicated().dropped
     if args.json:

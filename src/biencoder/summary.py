@@ -5,13 +5,15 @@ loss beside it), and prints and saves a Markdown/CSV table: per cell the seeds, 
 epoch (picked by the run's own selection metric, ``final.json``'s ``selection``) with a 95 % bootstrap CI, the best
 epoch (counted from 0, as everywhere), the 8-task test accuracies, and a paired bootstrap comparison against ``plain``
 (p with its Monte Carlo range; :data:`biencoder.report.statistics.N_BOOT` resamples unless ``--n-boot`` says).
-``--x KEY``: results against a swept key instead; ``--baselines``: every cell against zero-shot and TF-IDF too. The
-work is done in :mod:`biencoder.report`; this module is the command line.
+``top1.md`` goes on with every cell against zero-shot and TF-IDF (``--no-baselines``: not), and, when the cells
+cross two or more factors, their main effects and interactions (``--factors``: which keys). ``--x KEY``: results
+against a swept key instead. The work is done in :mod:`biencoder.report`; this module is the command line.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -19,8 +21,10 @@ import pandas as pd
 
 from .engine.config.schema import METRIC_LABELS
 from .engine.config.settings import is_non_result_key
-from .errors import command
+from .errors import BiencoderError, command
 from .report import SummaryError
+from .report.design import Design, find_design
+from .report.factorial import factorial_markdown, factorial_table
 from .report.figures import plot, plot_internals
 from .report.runs import METRICS, QUERY_GROUPS, SPLITS, Run, assign_cells, find_runs
 from .report.stability import outcome_metric, plot_against, run_outcomes, stability_markdown, stability_tables
@@ -28,9 +32,12 @@ from .report.statistics import N_BOOT
 from .report.tables import paired_comparisons, summary_table, to_markdown
 from .report.trackers import attach
 
+log = logging.getLogger("biencoder")
+
 
 def parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="plot_top1.py", description="Compare biencoder runs: figure + tables.")
+    """The command line of ``biencoder-plot`` (and ``scripts/plot_top1.py``, ``python -m biencoder.summary``)."""
+    parser = argparse.ArgumentParser(prog="biencoder-plot", description="Compare biencoder runs: figure + tables.")
     parser.add_argument("paths", nargs="+", help="logs folder(s) or run folders, searched recursively")
     parser.add_argument("--out", type=Path, help="PNG path (default: <first path>/<metric>.png); tables go beside it")
     parser.add_argument(
@@ -43,6 +50,26 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", nargs="+", default=list(SPLITS), choices=SPLITS, help="splits to draw")
     parser.add_argument("--internals", action="store_true", help="also draw the head statistics (<out>_internals.png)")
     parser.add_argument(
+        "--x",
+        metavar="KEY",
+        help="a swept config key (e.g. trainer.head_lr): plot best val and test "
+        "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)",
+    )
+    parser.add_argument(
+        "--allow-unfinished",
+        action="store_true",
+        help="draw the curves even when no run has finished (e.g. during the first sweep)",
+    )
+    _comparison_options(parser)
+    _baseline_options(parser)
+    return parser
+
+
+def _comparison_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the tables that pair each run's test_hits.npy (references, factors, resamples), as one group
+    of ``parser``'s help."""
+    group = parser.add_argument_group("comparisons (test top-1, paired per query)")
+    group.add_argument(
         "--reference",
         action="append",
         metavar="VARIANT|KEY=VALUE[,KEY=VALUE]",
@@ -51,34 +78,44 @@ def parser() -> argparse.ArgumentParser:
         "(loss.name=triplet_ce,trainer.head_lr=3e-4); repeat it for one table with one Holm "
         "adjustment over all",
     )
-    parser.add_argument(
+    group.add_argument(
         "--n-boot",
         type=int,
         default=N_BOOT,
         help=f"bootstrap resamples (default {N_BOOT}, the setting of every table, the sweep-end one included)",
     )
-    parser.add_argument(
-        "--x",
-        metavar="KEY",
-        help="a swept config key (e.g. trainer.head_lr): plot best val and test "
-        "top-1 against it per cell, and tabulate the range of good values (<out stem>_vs_<key>.png/.md/.csv)",
+    group.add_argument(
+        "--factors",
+        nargs="+",
+        metavar="KEY[=REFERENCE]",
+        help="read the cells as a factorial design of these config keys (default: every key that separates the "
+        "cells, when two or more do); =REFERENCE sets a factor's reference level. Writes <out stem>_factorial.csv "
+        "and a section of <out stem>.md",
     )
-    parser.add_argument(
+
+
+def _baseline_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the section of cells against the baselines (on by default), as one group of ``parser``'s
+    help."""
+    group = parser.add_argument_group("baselines (zero-shot and TF-IDF on the same test queries)")
+    group.add_argument(
         "--baselines",
         nargs="?",
         const="all",
         choices=QUERY_GROUPS,
         metavar="all|unseen|seen",
-        help="also test every cell against zero-shot and TF-IDF on the same test queries (all, or "
-        "those unseen / seen in training), each from the cell's own config "
-        "(<out stem>_baselines.md/.csv)",
+        help="test every cell against zero-shot and TF-IDF on the same test queries (all, or those unseen / seen "
+        "in training), each from the cell's own config: a section of <out stem>.md, and <out stem>_baselines.md/"
+        ".csv. On by default on all test queries, where a baseline that cannot be computed is a warning; asked "
+        "for, it is an error",
     )
-    parser.add_argument(
-        "--allow-unfinished",
-        action="store_true",
-        help="draw the curves even when no run has finished (e.g. during the first sweep)",
+    group.add_argument("--no-baselines", action="store_true", help="leave the baselines out (no encoder is loaded)")
+    group.add_argument("--data-root", help="the baselines' corpus folder, when the runs' data.root is not here")
+    group.add_argument(
+        "--encoder",
+        help="the baselines' untrained encoder (folder or Hugging Face id), when the runs' "
+        "model.encoder.name_or_path is not here",
     )
-    return parser
 
 
 #: the figure formats --out takes (matplotlib writes them all; the tables go beside the figure as .md and .csv)
@@ -113,64 +150,103 @@ def main(argv: list[str] | None = None) -> int:
     runs = find_runs(args.paths)
     args.metric = args.metric or _selection_metric(runs)
     statuses = pd.Series([r.status for r in runs]).value_counts().to_dict()
-    if not any(r.complete for r in runs) and not args.allow_unfinished:
-        raise SummaryError(
-            f"no finished run under {', '.join(args.paths)} ({_counts(statuses)}): wait for the runs, "
-            "resume them with trainer.resume=true, or pass --allow-unfinished to draw them anyway"
-        )
-    if args.x and args.baselines:
-        raise SummaryError("--baselines goes with the per-cell table: run it without --x")
-    if args.reference and (args.x or args.metric not in METRIC_LABELS):
-        raise SummaryError(
-            "--reference pairs test top-1 per query (each run's test_hits.npy): use it without --x "
-            "and with --metric top1 or retrieval_top1"
-        )
+    _check_args(args, runs, statuses)
     out = _figure_path(args.out) if args.out else Path(args.paths[0]) / f"{args.metric}.png"
     if args.x:
         return _main_against(runs, args.x, out, statuses)
     varying = assign_cells(runs)
-    # before anything is written: a --reference that pairs nothing stops here
+    paired = args.metric in METRIC_LABELS  # the tables that pair each run's test_hits.npy
+    # before anything is written: a --reference or --factors that reads nothing stops here
     comparisons = (
         paired_comparisons(runs, args.reference or ["plain"], args.n_boot, strict=bool(args.reference))
-        if args.metric in METRIC_LABELS
+        if paired
         else pd.DataFrame()
     )
+    design, note = find_design(runs, args.factors) if paired else (None, "")
     plot(runs, out, args.metric, args.split)
     table = summary_table(runs, args.metric, args.n_boot)
-    markdown = to_markdown(table, comparisons, args.metric)
-    out.with_suffix(".md").write_text(markdown + "\n")
-    table.to_csv(out.with_suffix(".csv"), index=False)
+    files = [out, out.with_suffix(".md"), out.with_suffix(".csv")]
     if len(comparisons):
         comparisons.to_csv(out.with_name(out.stem + "_paired.csv"), index=False)
+        files.append(out.with_name(out.stem + "_paired.csv"))
+    sections = [to_markdown(table, comparisons, args.metric)]
+    for section, written in (_baseline_section(runs, args, out), _factorial_section(runs, design, note, args, out)):
+        sections += [section] if section else []
+        files += written
+    markdown = "\n\n".join(sections)
+    out.with_suffix(".md").write_text(markdown + "\n")
+    table.to_csv(out.with_suffix(".csv"), index=False)
     print(
         f"{len(runs)} runs ({_counts(statuses)}) in {table.shape[0]} cells"
         + (f"; cells also differ in: {', '.join(varying)}" if varying else "")
     )
     print(markdown)
-    files = [out, out.with_suffix(".md"), out.with_suffix(".csv")]
-    if len(comparisons):
-        files.append(out.with_name(out.stem + "_paired.csv"))
     if args.internals:
         files.append(plot_internals(runs, out.with_name(out.stem + "_internals.png")))
-    if args.baselines:
-        files += _baselines(runs, args.baselines, out, args.n_boot)
     print(f"\nfigure: {files[0]}\ntables: {', '.join(map(str, files[1:]))}")
     attach(runs, files)
     return 0
 
 
-def _baselines(runs: list[Run], queries: str, out: Path, n_boot: int) -> list[Path]:
-    """``--baselines``: the table of every cell against zero-shot and TF-IDF, printed and saved; returns its files."""
-    # imported here: only this option loads the encoder (transformers), which a plot does not otherwise need
+def _check_args(args: argparse.Namespace, runs: list[Run], statuses: dict) -> None:
+    """Raise :class:`SummaryError` for options that cannot work together or on these runs, before any work."""
+    if not any(r.complete for r in runs) and not args.allow_unfinished:
+        raise SummaryError(
+            f"no finished run under {', '.join(args.paths)} ({_counts(statuses)}): wait for the runs, "
+            "resume them with trainer.resume=true, or pass --allow-unfinished to draw them anyway"
+        )
+    if args.baselines and args.no_baselines:
+        raise SummaryError("--baselines and --no-baselines ask for opposite things: pass one of them")
+    for option, given in (("--baselines", args.baselines), ("--factors", args.factors)):
+        if args.x and given:
+            raise SummaryError(f"{option} goes with the per-cell table: run it without --x")
+    if (args.reference or args.factors) and (args.x or args.metric not in METRIC_LABELS):
+        raise SummaryError(
+            f"{'--reference' if args.reference else '--factors'} pairs test top-1 per query (each run's "
+            "test_hits.npy): use it without --x and with --metric top1 or retrieval_top1"
+        )
+
+
+def _baseline_section(runs: list[Run], args: argparse.Namespace, out: Path) -> tuple[str, list[Path]]:
+    """The section of every cell against zero-shot and TF-IDF (``<out stem>_baselines.md/.csv`` too), and its files.
+
+    On by default; ``--no-baselines`` leaves it out. Asked for with ``--baselines``, a baseline that cannot be
+    computed (no corpus or encoder at the runs' paths) is an error; by default it is a warning line, and the
+    section says why it is missing."""
+    if args.no_baselines:
+        return "", []
+    # imported here: only the baselines load the encoder (transformers), which the rest of a plot does not need
     from .report.baselines import baseline_markdown, baseline_table
 
-    table = baseline_table(runs, queries, n_boot)
+    queries = args.baselines or "all"
+    heading = f"### Against zero-shot and TF-IDF ({queries} test queries)\n\n"
+    try:
+        table = baseline_table(runs, queries, args.n_boot, args.data_root, args.encoder)
+    except BiencoderError as err:
+        if args.baselines:
+            raise
+        log.warning("baselines not computed: %s (--no-baselines leaves them out)", err)
+        return heading + f"Not computed: {err}", []
     markdown = baseline_markdown(table, queries)
     stem = out.with_name(f"{out.stem}_baselines")
     stem.with_suffix(".md").write_text(markdown + "\n")
     table.to_csv(stem.with_suffix(".csv"), index=False)
-    print(f"\n{markdown}")
-    return [stem.with_suffix(".md"), stem.with_suffix(".csv")]
+    return heading + markdown, [stem.with_suffix(".md"), stem.with_suffix(".csv")]
+
+
+def _factorial_section(
+    runs: list[Run], design: Design | None, note: str, args: argparse.Namespace, out: Path
+) -> tuple[str, list[Path]]:
+    """The factorial section (``<out stem>_factorial.csv`` too) when the cells cross two or more factors, the note
+    that says why not when they differ in two or more without crossing them, else nothing."""
+    if design is None:
+        return (f"### Factorial effects\n\n{note}" if note else ""), []
+    table = factorial_table(runs, design, args.n_boot)
+    if table.empty:
+        return factorial_markdown(table, design), []
+    path = out.with_name(f"{out.stem}_factorial.csv")
+    table.to_csv(path, index=False)
+    return factorial_markdown(table, design), [path]
 
 
 def _main_against(runs: list[Run], key: str, out: Path, statuses: dict) -> int:

@@ -170,7 +170,8 @@ CASES = [
         None,
         "not a readable",
     ),
-    ("missing checkpoint", lambda t: [*module("evaluate"), "eval.checkpoint=/no/run"], None, "has no best.pt"),
+    ("missing checkpoint", lambda t: [*module("evaluate"), "eval.checkpoint=/no/run"], None, "does not exist"),
+    ("checkpoint without best.pt", lambda t: [*module("evaluate"), f"eval.checkpoint={t}"], None, "has no best.pt"),
     (
         "corrupt last.pt on resume",
         lambda t: [*module("train"), *FAST, f"trainer.resume={corrupt_last(t)}"],

@@ -195,4 +195,4 @@ def test_a_sweep_ends_with_its_folder_and_table(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     tail = proc.stdout[proc.stdout.index("== sweep finished") :]
     assert str(sweep) in tail and "| ln | 1 |" in tail and "| plain | 1 |" in tail
-    assert f"python scripts/plot_top1.py {sweep}" in tail and (sweep / "top1.png").is_file()
+    assert f"biencoder-plot {sweep.resolve()}" in tail and (sweep / "top1.png").is_file()

@@ -147,6 +147,7 @@ def test_cli_outputs(trained, tmp_path, capsys):
         ),
         ("not utf-8", lambda t, run: [run, "--candidates", str(t / "latin1.txt"), "--query", "q"], "is not UTF-8"),
         ("no best.pt", lambda t, run: [str(t), "--corpus", "demo", "--query", "q"], "has no best.pt"),
+        ("no such run", lambda t, run: [str(t / "nowhere"), "--corpus", "demo", "--query", "q"], "does not exist"),
         ("bad k", lambda t, run: [run, "--corpus", "demo", "--query", "q", "-k", "0"], "-k 0 is not valid"),
     ],
 )

@@ -39,7 +39,7 @@ def rows_of(folder: Path):
 
 @pytest.mark.slow
 def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
-    epochs = "trainer.max_epochs=40"
+    epochs = "trainer.max_epochs=10"
     cmd, env = train_cli(*RUN, epochs, f"hydra.run.dir={tmp_path / 'whole'}")
     subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=REPO)
 
@@ -57,14 +57,14 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(tmp_path):
     assert proc.returncode == -signal.SIGKILL, "the run ended before it could be killed"
     assert not (killed / "final.json").exists() and (killed / "last.pt").exists()
     logged = {r["epoch"] for r in read_metrics(metrics)[0]}
-    assert 1 <= max(logged) < 39
+    assert 1 <= max(logged) < 9
 
     cmd, env = train_cli(*RUN, epochs, f"trainer.resume={killed}")
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr
     resumed, whole = rows_of(killed), rows_of(tmp_path / "whole")
     keys = [(r["epoch"], r["split"]) for r in resumed]
-    assert len(keys) == len(set(keys)) == 40 * 3  # no epoch logged twice, none missing
+    assert len(keys) == len(set(keys)) == 10 * 3  # no epoch logged twice, none missing
     assert stable(resumed) == stable(whole)  # bit-identical numbers on the CPU
     final, reference = (json.loads((d / "final.json").read_text()) for d in (killed, tmp_path / "whole"))
     assert final["status"] == "done" and stable([final]) == stable([reference])

@@ -160,3 +160,38 @@ def test_a_repeated_seed_is_one_run_not_two_seeds(tmp_path, caplog):
     assign_cells(runs)
     row = summary_table(runs, n_boot=100).iloc[0]
     assert (row["seeds"], row["incomplete"], row["test_top1_mean"]) == (2, 2, 0.4)  # seed 0 at 0.3, seed 1 at 0.5
+
+
+def test_a_corrupt_run_is_left_out_with_one_line_and_the_others_are_read(tmp_path, caplog):
+    """A bad line before the last of metrics.jsonl, a config that is not YAML, a test_hits.npy that cannot be loaded
+    or that has another length than the test query count metrics.jsonl records: each folder is left out with one
+    warning line naming it and the file, the others are read; with nothing left, the one error names the first."""
+    import pytest
+
+    from biencoder.report import SummaryError
+
+    good = [write_run(tmp_path / "ok" / f"plain_s{s}", "plain", s, [0.2], [0.3], np.ones(10, bool)) for s in (0, 1)]
+    torn_inside = write_run(tmp_path / "bad" / "a", "ln", 0, [0.1, 0.2], [0.1, 0.2], np.ones(10, bool))
+    lines = (torn_inside / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (torn_inside / "metrics.jsonl").write_text(lines[0][:20] + "\n" + "".join(lines[1:]))
+    not_yaml = write_run(tmp_path / "bad" / "b", "ln", 1, [0.1], [0.1], np.ones(10, bool))
+    (not_yaml / ".hydra" / "config.yaml").write_text("model: [\n")
+    cut = write_run(tmp_path / "bad" / "c", "ln", 2, [0.1], [0.1], np.ones(10, bool))
+    (cut / "test_hits.npy").write_bytes((cut / "test_hits.npy").read_bytes()[:-4])
+    other_length = write_run(tmp_path / "bad" / "d", "ln", 3, [0.1], [0.1], np.ones(7, bool))
+    rows = [json.loads(line) for line in (other_length / "metrics.jsonl").read_text().splitlines()]
+    (other_length / "metrics.jsonl").write_text("".join(json.dumps({**r, "queries": 10}) + "\n" for r in rows))
+    with caplog.at_level("WARNING", logger="biencoder"):
+        runs = find_runs([tmp_path])
+    assert sorted(r.path for r in runs) == good
+    skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+    assert len(skipped) == 4 and all("\n" not in m for m in skipped)
+    for folder, why in (
+        (torn_inside, "metrics.jsonl line 1 is not JSON"),
+        (not_yaml, "config.yaml is not YAML"),
+        (cut, "test_hits.npy cannot be read"),
+        (other_length, "test_hits.npy holds (7,) values where metrics.jsonl has [10] test queries"),
+    ):
+        assert sum(m.startswith(f"{folder}: skipped, ") and why in m for m in skipped) == 1, why
+    with pytest.raises(SummaryError, match=r"4 skipped; the first: .*bad/a/metrics.jsonl line 1 is not JSON"):
+        find_runs([tmp_path / "bad"])

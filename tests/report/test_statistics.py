@@ -1,6 +1,7 @@
 """The statistics of the comparisons (biencoder.report.statistics) on inputs whose answers are known."""
 
 import inspect
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -8,13 +9,16 @@ from omegaconf import OmegaConf
 
 import biencoder.summary
 from biencoder.callbacks import SweepSummary
+from biencoder.report import SummaryError
 from biencoder.report.baselines import baseline_table
+from biencoder.report.factorial import factorial_table
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import (
     AT_THE_LINE,
     N_BOOT,
     _bootstrap_stats,
     bootstrap_ci,
+    contrast_bootstrap,
     holm,
     holm_ranges,
     p_range,
@@ -131,7 +135,15 @@ def test_a_planted_comparison_at_alpha_is_never_called_better(tmp_path):
 def test_every_table_resamples_the_same_number_of_times(tmp_path, monkeypatch):
     """One default, written once: the statistics, the tables, the plot command and the sweep-end summary (which
     calls the plot command with no --n-boot of its own) all use N_BOOT."""
-    for fn in (bootstrap_ci, paired_bootstrap, summary_table, paired_comparisons, baseline_table):
+    for fn in (
+        bootstrap_ci,
+        paired_bootstrap,
+        contrast_bootstrap,
+        summary_table,
+        paired_comparisons,
+        baseline_table,
+        factorial_table,
+    ):
         assert inspect.signature(fn).parameters["n_boot"].default == N_BOOT, fn.__name__
     assert biencoder.summary.parser().parse_args(["logs"]).n_boot == N_BOOT
     calls = []
@@ -202,6 +214,34 @@ def test_p_value_by_hand():
     diff, low, high, p = paired_bootstrap(np.array([1.0, 0, 0, 0]), np.zeros(4), n_boot=20000)
     assert diff == 0.25 and (low, high) == (0.0, 0.75)
     assert p == pytest.approx(2 * 0.75**4, abs=0.02)
+
+
+def test_a_contrast_is_the_paired_bootstrap_of_its_two_sides():
+    """A difference of two cells as a contrast (1, −1) is paired_bootstrap's result, number for number; a contrast of
+    four cells with weights ±1/2 is in the units of the cell means: one query of four is 1 in the first cell and 0
+    elsewhere, so the effect is 1/2 · 1/4 with the interval [0, 3/8] and the p of test_p_value_by_hand."""
+    rng = np.random.default_rng(5)
+    a, b = rng.integers(0, 2, (5, 300)).astype(float), rng.integers(0, 2, (5, 300)).astype(float)
+    assert contrast_bootstrap([a, b], [1, -1], n_boot=2000) == paired_bootstrap(a, b, n_boot=2000)
+    first, zero = np.array([1.0, 0, 0, 0]), np.zeros(4)
+    half = Fraction(1, 2)
+    effect, low, high, p = contrast_bootstrap([first, zero, zero, zero], [half, -half, -half, half], n_boot=20000)
+    assert (effect, low, high) == (1 / 8, 0.0, 3 / 8)
+    assert p == pytest.approx(2 * 0.75**4, abs=0.02)
+
+
+def test_a_contrast_of_equal_cells_is_exactly_zero_whatever_its_weights():
+    """Ten equal cells at 1/10 each against the same cell at −1: in floats 10 × 0.1 is not 1 and every resample
+    would fall below 0 (p = 0); the weights are scaled to integers, so the effect is 0 and p is 1."""
+    hits = np.random.default_rng(6).integers(0, 2, (3, 200)).astype(float)
+    assert contrast_bootstrap([hits] * 11, [Fraction(1, 10)] * 10 + [-1], n_boot=1000) == (0.0, 0.0, 0.0, 1.0)
+
+
+def test_a_contrast_of_cells_on_other_queries_is_refused():
+    with pytest.raises(SummaryError, match="cannot contrast cells of shapes"):
+        contrast_bootstrap([np.zeros((2, 5)), np.zeros((2, 6))], [1, -1])
+    with pytest.raises(SummaryError, match="with 3 weights"):
+        contrast_bootstrap([np.zeros(5), np.zeros(5)], [1, -1, 0])
 
 
 def test_unmatched_seeds_compare_the_seed_means():

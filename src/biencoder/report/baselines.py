@@ -24,6 +24,7 @@ from ..engine.data.corpus import run_splits
 from ..engine.machine.runtime import set_seed_everywhere
 from ..engine.modeling.encoding import TextEncoder, pooled_vectors
 from ..engine.modeling.model import build_model
+from ..engine.retrieval.metrics import Ranks, top1_hits
 from ..engine.retrieval.official_tasks import BASELINES, baseline_ranks
 from ..engine.retrieval.rerank import query_sample
 from . import SummaryError
@@ -60,6 +61,10 @@ def _key(run: Run) -> str:
     )
 
 
+#: the keys of a run's config the baselines read beyond those with a schema default (a hand-made config may lack them)
+NEEDED = ("model.encoder.name_or_path", "model.max_length", "trainer.cache_dir")
+
+
 def baseline_hits(
     run: Run,
     memo: dict[str, dict[str, np.ndarray]] | None = None,
@@ -69,8 +74,15 @@ def baseline_hits(
     """``{"encoder_cosine": [P] bool, "tfidf": [P] bool}``: whether each test query of ``run``'s split (all, or its
     ``eval.test_queries`` sample, as its ``test_hits.npy``) has its true counter first under the baseline. ``memo``
     (key: :func:`_key`) shares the work between runs. ``data_root`` and ``encoder`` replace the run's ``data.root``
-    and ``model.encoder.name_or_path`` (runs copied from another machine, whose paths do not exist here)."""
+    and ``model.encoder.name_or_path`` (runs copied from another machine, whose paths do not exist here). Raises
+    :class:`SummaryError` when the run's config lacks a key of :data:`NEEDED`."""
     memo = {} if memo is None else memo
+    missing = [k for k in NEEDED if k not in run.flat and not (encoder and k == "model.encoder.name_or_path")]
+    if missing:
+        raise SummaryError(
+            f"{run.path}: its config has no {', '.join(missing)}, which the baselines need (biencoder.train writes "
+            "them in config_resolved.yaml)"
+        )
     key = _key(run)
     if key not in memo:
         data, model_cfg = _group(run, "data."), _group(run, "model.")
@@ -83,7 +95,7 @@ def baseline_hits(
             encoder = TextEncoder(model, tokenizer, model_cfg["max_length"], cache_dir=run.flat["trainer.cache_dir"])
             pooled = pooled_vectors(encoder, split.texts)
         pairs = query_sample(split.n_pairs, run.flat.get("eval.test_queries"))  # the run's own test queries
-        memo[key] = {name: ranks == 1 for name, ranks in baseline_ranks(split, pooled, pairs).items()}
+        memo[key] = {name: top1_hits(Ranks(rank)) for name, rank in baseline_ranks(split, pooled, pairs).items()}
     return memo[key]
 
 

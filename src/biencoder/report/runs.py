@@ -22,7 +22,7 @@ import yaml
 from ..engine.config.heads import head_name, head_spec
 from ..engine.config.schema import SELECTION_BEFORE_RECORD, selection
 from ..engine.config.settings import HEAD, is_non_result_key, run_settings
-from ..engine.runs.records import read_final, read_metrics
+from ..engine.runs.records import RunFolderError, read_final, read_metrics
 from . import SummaryError
 
 log = logging.getLogger("biencoder")
@@ -94,11 +94,12 @@ class Run:
 def find_runs(paths: list[str | Path]) -> list[Run]:
     """Every run folder (``metrics.jsonl`` beside its config) under ``paths``, recursively.
 
-    The config is the runner's ``config_resolved.yaml`` or, failing that, Hydra's ``.hydra/config.yaml``. Raises
-    :class:`SummaryError` (nothing to read) or :class:`~biencoder.engine.runs.records.RunFolderError` (a corrupt
-    metrics.jsonl).
+    The config is the runner's ``config_resolved.yaml`` or, failing that, Hydra's ``.hydra/config.yaml``. A folder
+    whose files cannot be read (:func:`read_run`: a corrupt line, config or ``test_hits.npy``) is left out with one
+    warning line naming it and why, and the others are compared. Raises :class:`SummaryError` when no run folder
+    is left (naming the first one left out, if any).
     """
-    runs = []
+    runs, skipped = [], []
     for root in map(Path, paths):
         if not root.exists():
             raise SummaryError(f"'{root}' does not exist: pass the logs folder (e.g. logs/) or run folders")
@@ -106,37 +107,78 @@ def find_runs(paths: list[str | Path]) -> list[Run]:
             [root / "metrics.jsonl"] if (root / "metrics.jsonl").is_file() else sorted(root.rglob("metrics.jsonl"))
         )
         for metrics_file in candidates:
-            folder = metrics_file.parent
-            config_file = next(
-                (f for f in (folder / "config_resolved.yaml", folder / ".hydra" / "config.yaml") if f.is_file()), None
-            )
-            if config_file is None:
+            try:
+                run = read_run(metrics_file.parent)
+            except RunFolderError as err:
+                log.warning("%s: skipped, %s", metrics_file.parent, err)
+                skipped.append(str(err))
                 continue
-            lines, _ = read_metrics(metrics_file)  # a torn last line (killed run) is skipped with a warning
-            if not lines:
-                continue
-            hits_file, seen_file = folder / "test_hits.npy", folder / "test_seen.npy"
-            config = yaml.safe_load(config_file.read_text())
-            metrics = pd.DataFrame(lines)
-            runs.append(
-                Run(
-                    path=folder,
-                    config=config,
-                    metrics=metrics,
-                    final=read_final(folder),
-                    hits=np.load(hits_file) if hits_file.is_file() else None,
-                    seen=np.load(seen_file) if seen_file.is_file() else None,
-                    variant=str(metrics["variant"].iloc[0]),
-                    seed=int(metrics["seed"].iloc[0]),
-                    flat=run_settings(config),
-                )
-            )
+            if run is not None:
+                runs.append(run)
     if not runs:
         raise SummaryError(
-            f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}: "
-            "train some with python -m biencoder.train"
+            f"no run folders (metrics.jsonl + config) under {', '.join(map(str, paths))}"
+            + (f" that can be read ({len(skipped)} skipped; the first: {skipped[0]})" if skipped else "")
+            + ": train some with python -m biencoder.train"
         )
     return one_run_per_seed(runs)
+
+
+def read_run(folder: Path) -> Run | None:
+    """The run in ``folder``, or None when it is not one yet (no config, or no whole line in ``metrics.jsonl``: a
+    run killed before its first epoch). Raises :class:`~biencoder.engine.runs.records.RunFolderError` naming the
+    file for a corrupt one: a bad line before the last of ``metrics.jsonl`` (a torn last line is skipped with a
+    warning), rows without ``variant`` and ``seed``, a config that is not a YAML mapping, or a ``test_hits.npy`` /
+    ``test_seen.npy`` that cannot be loaded, or whose length differs from the test query count ``metrics.jsonl``
+    records."""
+    config_file = next(
+        (f for f in (folder / "config_resolved.yaml", folder / ".hydra" / "config.yaml") if f.is_file()), None
+    )
+    if config_file is None:
+        return None
+    lines, _ = read_metrics(folder / "metrics.jsonl")
+    if not lines:
+        return None
+    if not all(key in lines[0] for key in ("variant", "seed")):
+        raise RunFolderError(f"{folder / 'metrics.jsonl'} line 1 names no variant and seed: not a biencoder run")
+    try:
+        config = yaml.safe_load(config_file.read_text())
+    except yaml.YAMLError as err:
+        raise RunFolderError(f"{config_file} is not YAML ({str(err).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise RunFolderError(f"{config_file} is not a mapping of config keys")
+    metrics = pd.DataFrame(lines)
+    hits, seen = _array(folder / "test_hits.npy", metrics), _array(folder / "test_seen.npy", metrics)
+    return Run(
+        path=folder,
+        config=config,
+        metrics=metrics,
+        final=read_final(folder),
+        hits=hits,
+        seen=seen,
+        variant=str(metrics["variant"].iloc[0]),
+        seed=int(metrics["seed"].iloc[0]),
+        flat=run_settings(config),
+    )
+
+
+def _array(file: Path, metrics: pd.DataFrame) -> np.ndarray | None:
+    """The per-test-query array in ``file`` ([Q]), None when absent. Raises :class:`RunFolderError` when it cannot
+    be loaded or when ``metrics`` record another test query count (a file from another run, or a partial copy)."""
+    if not file.is_file():
+        return None
+    try:
+        values = np.load(file)
+    except (ValueError, OSError, EOFError) as err:
+        reason = str(err).split(". ")[0]  # numpy's first sentence says what is wrong; the rest is advice on pickles
+        raise RunFolderError(f"{file} cannot be read ({reason}): copy it again or delete the run folder") from None
+    recorded = "queries" in metrics and "split" in metrics
+    counts = set(metrics.loc[metrics["split"] == "test", "queries"].dropna()) if recorded else set()
+    if values.ndim != 1 or (counts and len(values) not in counts):
+        raise RunFolderError(
+            f"{file} holds {values.shape} values where metrics.jsonl has {sorted(map(int, counts))} test queries"
+        )
+    return values
 
 
 def one_run_per_seed(runs: list[Run]) -> list[Run]:
@@ -184,12 +226,14 @@ def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
     named = {k[: -len(".name")] for k in varying if k.endswith(".name")}
     shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
     for run in runs:
-        run.cell = " ".join([run.name] + [f"{_label_key(k, shown)}={_label_value(run.flat.get(k), k)}" for k in shown])
+        run.cell = " ".join([run.name] + [f"{label_key(k, shown)}={label_value(run.flat.get(k), k)}" for k in shown])
         run.settings = {k: run.flat.get(k) for k in varying}
     return varying
 
 
-def _label_key(key: str, keys: list[str]) -> str:
+def label_key(key: str, keys: list[str]) -> str:
+    """``key`` as a cell label or table names it among ``keys``: its last part when no other key ends the same,
+    a config group for its ``.name``, the split and hash of a pair file's ``data_files`` key."""
     if key.startswith("data_files."):
         return key[len("data_files.") :]  # train.sha256: which file's contents differ
     if key.endswith(".name"):
@@ -197,7 +241,8 @@ def _label_key(key: str, keys: list[str]) -> str:
     return key.split(".")[-1] if _unique_leaf(key, keys) else key
 
 
-def _label_value(value, key: str = "") -> str:
+def label_value(value, key: str = "") -> str:
+    """A config value of ``key`` as a label shows it: floats with ``:g``, a file hash cut to 12 digits."""
     if key.endswith(".sha256") and isinstance(value, str):
         return value[:12]  # a data file's hash: 12 hex digits tell versions apart in a label
     return f"{value:g}" if isinstance(value, float) else str(value)

@@ -1,6 +1,6 @@
 """Statistics of the run comparisons, in plain numpy: bootstrap intervals (one or two levels), the paired bootstrap
-test with the Monte Carlo range of its p-value, Holm's adjustment, the verdict in words, and the Wilson interval of
-one run's top-1.
+test with the Monte Carlo range of its p-value (of a difference of two cells, or of a contrast of several: the
+factorial effects), Holm's adjustment, the verdict in words, and the Wilson interval of one run's top-1.
 
 Inputs are arrays of per-query outcomes: [Q] for one run, [S, Q] for S seeds (rows) of one cell. Nothing here
 reads files or knows about runs; :mod:`biencoder.report.tables` feeds it.
@@ -12,6 +12,9 @@ range (:func:`p_range`) is printed beside it, and a verdict whose Holm-adjusted 
 """
 
 from __future__ import annotations
+
+import math
+from fractions import Fraction
 
 import numpy as np
 
@@ -124,6 +127,36 @@ def paired_bootstrap(
     stats = _bootstrap_stats(d, n_boot, seed, two_level)
     p = min(1.0, 2 * min((stats <= 0).mean(), (stats >= 0).mean()))
     return float(d.mean()), float(np.quantile(stats, 0.025)), float(np.quantile(stats, 0.975)), float(p)
+
+
+def contrast_bootstrap(
+    values: list[np.ndarray], weights: list[Fraction | int], n_boot: int = N_BOOT, seed: int = 0
+) -> tuple[float, float, float, float]:
+    """A contrast of cell means, Σ_c w_c · mean(values_c): (effect, low, high, p), by :func:`paired_bootstrap`.
+
+    ``values``: one array per cell, [Q] or [S, Q] per-query outcomes, all of one shape (seeds matched row by row,
+    the same queries); ``weights``: one rational weight per cell (ints or :class:`~fractions.Fraction`), e.g. 1, −1
+    for a difference (then the result is ``paired_bootstrap(a, b)``'s, number for number). The cells of positive
+    weight make one side of a paired comparison and those of negative weight the other, each the sum of its hits
+    times its weight scaled by the weights' common denominator: integer outcomes stay exact sums, so a resampled
+    effect of exactly 0 counts as 0, never as a rounding error of either sign. Queries (and, with
+    :data:`MIN_SEEDS_FOR_SEED_LEVEL`+ seeds, seeds) are resampled jointly for every cell. Returns the effect with
+    its 95 % interval (in the units of ``values``) and the two-sided bootstrap p of "no effect". Raises
+    :class:`SummaryError` when the cells' shapes differ.
+    """
+    arrays = [np.atleast_2d(np.asarray(v, dtype=float)) for v in values]
+    if len(arrays) != len(weights) or len({a.shape for a in arrays}) != 1:
+        raise SummaryError(
+            f"cannot contrast cells of shapes {sorted({a.shape for a in arrays})} (seeds × test queries) with "
+            f"{len(weights)} weights: the runs used different test splits or seeds"
+        )
+    fractions = [Fraction(w) for w in weights]
+    scale = math.lcm(*(f.denominator for f in fractions))
+    sides = [np.zeros_like(arrays[0]), np.zeros_like(arrays[0])]
+    for w, a in zip(fractions, arrays, strict=True):
+        sides[int(w < 0)] += abs(int(w * scale)) * a
+    effect, low, high, p = paired_bootstrap(sides[0], sides[1], n_boot, seed)
+    return effect / scale, low / scale, high / scale, p
 
 
 def holm(p_values) -> np.ndarray:

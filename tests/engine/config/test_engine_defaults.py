@@ -22,7 +22,7 @@ import pkgutil
 import textwrap
 import types
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pytest
 import torch
@@ -365,9 +365,21 @@ def test_the_settings_objects_are_found():
     assert {cls.__name__ for cls in SETTINGS} >= {"Rerank", "Mining", "Encoding"}
 
 
-@pytest.mark.parametrize("cls", SETTINGS, ids=lambda c: c.__name__)
+def _defaults(cls: type) -> list[bool]:
+    """Per field of a settings class: whether it has a default."""
+    return [f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING for f in fields(cls)]
+
+
+@pytest.mark.parametrize("cls", [c for c in SETTINGS if all(_defaults(c))], ids=lambda c: c.__name__)
 def test_settings_built_with_no_arguments_are_what_a_run_of_the_schema_builds(cls):
     assert _plain(cls()) == _plain(of_schema(cls))
+
+
+def test_settings_that_cannot_be_built_with_no_arguments_have_no_defaults_at_all():
+    """A settings object is either all schema defaults (the tests above) or all given (TrainingSettings: only its
+    ``of_run`` makes one): no field's default can drift from the schema's."""
+    partly = [c.__name__ for c in SETTINGS if any(_defaults(c)) and not all(_defaults(c))]
+    assert partly == [] and [c.__name__ for c in SETTINGS if not any(_defaults(c))] == ["TrainingSettings"]
 
 
 def test_settings_given_as_a_default_are_what_a_run_of_the_schema_builds():

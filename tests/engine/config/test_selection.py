@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from biencoder.engine.config.schema import selection
-from biencoder.engine.runs.checkpoint import selected_by_rule
+from biencoder.engine.runs.best import BestEpoch
 from biencoder.engine.training.evaluation import Evaluation
 from biencoder.engine.training.run import run
 from biencoder.report.run_summary import summary_text
@@ -86,8 +86,8 @@ def test_a_resumed_best_from_before_the_field_is_valued_by_this_run_s_metric():
         "hits": None,
     }
     for metric, value in (("retrieval_top1", 0.3), ("top1", 0.4)):
-        best = selected_by_rule(dict(old), metric, "last.pt")
-        assert (best["epoch"], best["metric"], best["value"]) == (2, metric, value) and "val_top1" not in best
+        best = BestEpoch.from_saved(dict(old)).valued_by(metric, "last.pt")
+        assert (best.epoch, best.metric, best.value) == (2, metric, value) and "val_top1" not in best.saved()
 
 
 def _write(folder: Path, seed: int, final: dict | None, ce_weight: float = 0.0) -> Path:

@@ -31,6 +31,8 @@ def test_fixture_counts_and_tables(make_corpus):
         "duplicated_texts": 1,
     }
     assert corpus.counts["test"]["pairs"] == 16
+    assert corpus.unpaired == ("training/theme0/debate00/pro03: point without a counter",)
+    assert corpus.deduplicated().unpaired == corpus.unpaired  # what the run reads says what it left out
     arg = corpus.arguments.set_index("path").loc[str(root / "training/theme0/debate00/pro/pro01a-point.txt")]
     assert (arg["conclusion"], arg["premise"], arg["kind"], arg["number"]) == (
         "training t0 d0 pro0 point",
@@ -178,7 +180,7 @@ def test_planted_cross_split_duplicates(make_corpus):
     """A debate filed twice (another theme, another split): exact overlap counts, exactly the planted pairs dropped
     (test untouched), and the seen/unseen split of the test queries."""
     from biencoder.engine.data.corpus import seen_queries
-    from biencoder.engine.retrieval.rerank import seen_unseen
+    from biencoder.engine.retrieval.metrics import Ranks, group_top1, query_groups
 
     layout = grid_layout()
     test_pro = layout["test"]["theme0"]["debate00"]["pro"]
@@ -216,10 +218,10 @@ def test_planted_cross_split_duplicates(make_corpus):
     seen_ids = set(test.table.loc[test.query[seen], "pair_id"])
     assert seen_ids == {"theme0/debate00/pro01", "theme0/debate00/pro02"}
     assert not seen_queries(dedup.paired("test"), [dedup.paired("train"), dedup.paired("val")]).any()
-    hits = np.zeros(test.n_pairs, dtype=bool)
-    hits[np.flatnonzero(seen)] = True  # a model that gets exactly the seen queries right
-    hits[np.flatnonzero(~seen)[:3]] = True  # and 3 of the 14 unseen ones
-    assert seen_unseen(hits, seen) == {
+    rank = np.full(test.n_pairs, 2)
+    rank[np.flatnonzero(seen)] = 1  # a model that gets exactly the seen queries right
+    rank[np.flatnonzero(~seen)[:3]] = 1  # and 3 of the 14 unseen ones
+    assert group_top1(Ranks(rank), query_groups(seen), counts=True) == {
         "top1_unseen": 3 / 14,
         "queries_unseen": 14,
         "top1_seen": 1.0,

@@ -1,6 +1,10 @@
 """biencoder.export: the sentence-transformers folder reproduces the run's sim embeddings, the exported classifier
 its logits; for the pooler (tiny BERT), mean pooling and a frozen encoder alike."""
 
+import os
+import stat
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -60,11 +64,26 @@ def test_round_trip(tmp_path, extra):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_an_export_has_the_permissions_the_umask_gives(tmp_path):
+    """Made in a private temporary folder, an export still ends as any output does: 0755 folders and 0644 files under
+    umask 022 (it was drwx------ with -rw------- weights)."""
+    out = tmp_path / "run"
+    run(compose_cfg(FAST + ["+variant=ln", "eval.tasks=false", "trainer.max_epochs=1"]), out)
+    old = os.umask(0o022)
+    try:
+        exported = export(out, tmp_path / "st")
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(exported): stat.S_IMODE(p.stat().st_mode) for p in [exported, *exported.rglob("*")]}
+    assert modes[Path(".")] == 0o755 and any(p.suffix == ".safetensors" for p in modes)
+    assert all(mode == (0o755 if (exported / p).is_dir() else 0o644) for p, mode in modes.items()), modes
+
+
 def test_export_refuses_a_used_folder_and_leaves_it(tmp_path, capsys):
     (tmp_path / "st").mkdir()
     (tmp_path / "st" / "mine.txt").write_text("keep me")
     assert main([str(tmp_path / "no-run"), str(tmp_path / "other")]) == 2
-    assert "has no best.pt" in capsys.readouterr().err and not (tmp_path / "other").exists()
+    assert "no-run' does not exist" in capsys.readouterr().err and not (tmp_path / "other").exists()
     out = tmp_path / "run"
     run(compose_cfg(FAST + ["+variant=ln", "eval.tasks=false", "trainer.max_epochs=1"]), out)
     assert main([str(out), str(tmp_path / "st")]) == 2

@@ -367,16 +367,3 @@ def test_a_k_above_the_smallest_pool_is_cut_to_it(line):
     assert rows[1].tolist() == [5, 4, 7, 0, 2, 6] and dist[1].tolist() == [3.0, 9.0, 9.5, 10.0, 10.0, 10.5]
     metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=10, index="exact"))
     assert metrics["k"] == 6 and metrics["recall_at_k"] == 1.0
-
-
-def test_top1_of_the_unseen_and_the_seen_queries_by_hand():
-    from biencoder.engine.retrieval.rerank import seen_unseen
-
-    hits, seen = np.array([True, False, True, True, False]), np.array([True, True, False, False, False])
-    assert seen_unseen(hits, seen) == {"top1_unseen": 2 / 3, "queries_unseen": 3, "top1_seen": 0.5, "queries_seen": 2}
-    assert seen_unseen(hits, np.zeros(5, bool)) == {
-        "top1_unseen": 0.6,
-        "queries_unseen": 5,
-        "top1_seen": None,
-        "queries_seen": 0,
-    }

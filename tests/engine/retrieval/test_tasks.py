@@ -202,13 +202,6 @@ def test_the_task_table_gives_each_splits_own_pool_size():
     assert format_tasks({"test": results(20, 5)}).splitlines()[2] == "| sdoc | 20.0 | 0.500 | 0.750 |"
 
 
-def test_rank_summary_by_hand():
-    from biencoder.engine.retrieval.rerank import rank_summary
-
-    assert rank_summary(np.array([1, 2, 4])) == {"accuracy_at_1": 1 / 3, "mrr": (1 + 1 / 2 + 1 / 4) / 3}
-    assert rank_summary(np.array([], dtype=int)) == {"accuracy_at_1": None, "mrr": None}
-
-
 def test_an_unknown_score_is_named(grid):
     with pytest.raises(ValueError, match="^unknown score 'cosine'$"):
         evaluate_tasks(grid, "cosine", emb=Embeddings(torch.zeros(32, 128), torch.zeros(32, 32)))

@@ -45,6 +45,6 @@ def test_a_last_pt_of_another_process_count_is_refused_before_anything_is_restor
     assert torch.equal(torch.get_rng_state(), rng)  # nor this process's RNG streams
     # the same state saved by one process is restored whole: the refusal above is not a stub that restores nothing
     epoch, best, _ = restore_last(of_one, tmp_path / "last.pt", trainer, None)
-    assert (epoch, best["epoch"], len(trainer.loaded)) == (3, 1, 1)
+    assert (epoch, best.epoch, len(trainer.loaded)) == (3, 1, 1)
     assert all(bool((v == 7).all()) for v in trainer.model.state_dict().values())
     assert torch.equal(torch.get_rng_state(), of_one["rng"][0]["torch"])

@@ -114,7 +114,7 @@ def test_a_sweep_with_a_failing_job_leaves_finished_and_failed(tmp_path):
         "from biencoder.engine.training import epoch\n"
         "train_epoch = epoch.EpochTrainer.train_epoch\n"
         "def crash(self, *args):\n"
-        "    if self.cfg.trainer.head_lr == 2:\n"
+        "    if self.settings.head_lr == 2:\n"
         "        raise RuntimeError('the crash of test_a_sweep_with_a_failing_job')\n"
         "    return train_epoch(self, *args)\n"
         "epoch.EpochTrainer.train_epoch = crash\n"

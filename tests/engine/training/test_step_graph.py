@@ -90,8 +90,8 @@ def test_the_collate_pads_to_the_bucket_and_says_whether_anything_is_padded(tmp_
 
 def test_padding_to_the_bucket_changes_no_number(tmp_path):
     """The masked positions take no part: the step's loss and gradients at the bucket width equal those at the batch's
-    own width (dropout off, so both draw nothing)."""
-    runner = Runner(compose_cfg(FAST), tmp_path)
+    own width (dropout off, so both draw nothing). On the CPU, where the batches are made (on a GPU too)."""
+    runner = Runner(compose_cfg(FAST + ["trainer.device=cpu"]), tmp_path)
     trainer, model = runner.trainer, runner.model
     model.eval()  # no dropout: the two widths would draw different masks
     split = runner.data.splits["train"]
@@ -115,7 +115,7 @@ def test_padding_to_the_bucket_changes_no_number(tmp_path):
 def test_an_eager_run_pads_as_before_and_says_why(tmp_path, caplog):
     """Where graphs do not run (here: the CPU) nothing changes: batches are padded to their own longest text."""
     with caplog.at_level("INFO", logger="biencoder"):
-        runner = Runner(compose_cfg(FAST), tmp_path)
+        runner = Runner(compose_cfg(FAST + ["trainer.device=cpu"]), tmp_path)
     assert not runner.trainer.mode.graphs and runner.trainer.graphed is None and runner.trainer.width is None
     assert "training step: eager: the step runs on cpu" in caplog.text
 
@@ -194,3 +194,25 @@ def test_a_replay_draws_the_dropout_masks_of_the_eager_step(tmp_path):
     parts_e, weights_e = _steps(eager, batches)
     torch.testing.assert_close(weights_g - before, weights_e - before, rtol=1e-4, atol=1e-6)
     assert parts_g[-1]["loss"] == pytest.approx(parts_e[-1]["loss"], rel=1e-4)
+
+
+@needs_cuda
+def test_a_step_that_cannot_be_captured_trains_eagerly_and_says_so(tmp_path, caplog):
+    """A host read inside the forward (here: the loss reads itself with .item()) cannot be captured: the capture
+    fails once, train.log says why, and every step still trains, eagerly."""
+    graphed, _, batches = _pair(tmp_path, ["trainer.precision=fp32"])
+    step = graphed.trainer.graphed.step
+    real = step.forward
+
+    def reading(**inputs):
+        out = real(**inputs)
+        out.total.item()  # a host read: illegal while a stream captures
+        return out
+
+    step.forward = reading
+    before = _flat(graphed)
+    with caplog.at_level("WARNING", logger="biencoder"):
+        parts, after = _steps(graphed, batches)
+    assert graphed.trainer.graphed.failed is not None and "capture failed" in caplog.text
+    assert all(entry.graph is None for entry in graphed.trainer.graphed.graphs.values())
+    assert len(parts) == len(batches) and (after - before).abs().max() > 0

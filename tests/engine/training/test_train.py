@@ -2,6 +2,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from biencoder.engine.training import triplets as triplets_module
 from biencoder.engine.training.epoch import EpochTrainer
 from biencoder.engine.training.run import run
 from biencoder.engine.training.runner import Runner
-from conftest import FAST, REPO, compose_cfg
+from conftest import FAST, REPO, compose_cfg, grid_layout
 
 VOLATILE = {"epoch_time_s"}
 DEDUP_QUERIES = {"train": 30, "val": 30, "test": 32}
@@ -124,6 +125,44 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
         assert np.array_equal(rows[:, 2], mined[rows[:, 0]])  # the negative is the one mined for that point
         assert np.array_equal(rows[:, 1], split.counter[rows[:, 0]])
         assert (split.text_id[rows[:, 2]] != split.text_id[rows[:, 1]]).all()  # never the positive
+
+
+def test_the_run_log_names_the_arguments_left_out_for_want_of_their_pair(make_corpus, tmp_path, caplog):
+    """The demo's grid with a counter file missing: train.log says how many arguments were left out and which."""
+    layout = grid_layout(themes=1, debates=2, per_side=2)
+    layout["validation"]["theme0"]["debate01"]["con"].append(("a point whose counter file is missing", None))
+    root = make_corpus(layout)
+    runner = Runner(compose_cfg(FAST + [f"data.root={root}"]), tmp_path)
+    with caplog.at_level("WARNING", logger="biencoder"):
+        runner.data.log(runner.cfg.data, runner.evaluation.pairs)  # the run's set-up lines (Runner.begin)
+    line = next(r.getMessage() for r in caplog.records if "left out" in r.getMessage())
+    assert line.startswith("data: 1 argument(s) left out")
+    assert "validation/theme0/debate01/con03: point without a counter" in line
+
+
+def test_the_run_says_what_it_is_before_its_set_up_and_counts_the_set_up_in_its_time(tmp_path, caplog, monkeypatch):
+    """A frozen run's set-up encodes every text before the first epoch (minutes on the real corpus): its header comes
+    first in train.log, a long encoding logs how far it got, and final.json's wall time (the summary's) includes
+    the set-up."""
+    from biencoder.engine.modeling import encoding
+    from biencoder.engine.training import inputs
+
+    monkeypatch.setattr(encoding, "LOG_EVERY_S", 0.0)  # every batch is "long"
+    make = inputs.EncoderInputs.make
+
+    def slow_make(*args, **kwargs):
+        time.sleep(0.5)  # a set-up that takes time
+        return make(*args, **kwargs)
+
+    monkeypatch.setattr(inputs.EncoderInputs, "make", slow_make)
+    cfg = compose_cfg(FAST + ["model.encoder.freeze=true", "trainer.max_epochs=1", "eval.tasks=false"])
+    with caplog.at_level("INFO", logger="biencoder"):
+        final = run(cfg, tmp_path / "run")
+    messages = [r.getMessage() for r in caplog.records]
+    header = next(i for i, m in enumerate(messages) if m.startswith("variant plain seed 0 on cpu"))
+    encoded = [i for i, m in enumerate(messages) if " texts encoded (" in m]
+    assert encoded and header < min(encoded)  # the header before the set-up's encoding lines
+    assert final["wall_time_s"] >= 0.5
 
 
 def test_batches_carry_the_mined_tokens(tmp_path):

@@ -50,6 +50,8 @@ class Corpus:
     ``counter_row``, the row labels of both in ``arguments``).
     ``debates``: one row per debate folder (split, theme, debate, url from metadata.txt).
     ``dropped``: pairs removed per split by :meth:`deduplicated` (empty for the official splits).
+    ``unpaired``: the arguments left out for want of their other half, as ``<split>/<theme>/<debate>/<side><NN>:
+    point without a counter`` (or ``counter without a point``), in file order.
     """
 
     root: Path
@@ -58,6 +60,7 @@ class Corpus:
     counts: dict[str, dict[str, int]]
     debates: pd.DataFrame = None
     dropped: dict[str, int] = None
+    unpaired: tuple[str, ...] = ()
 
     def split_pairs(self, split: str) -> pd.DataFrame:
         """The pairs of ``split`` (either spelling)."""
@@ -182,6 +185,19 @@ def read_corpus(root: str | Path) -> Corpus:
         counts=counts,
         debates=pd.DataFrame(debates, columns=["split", "theme", "debate", "url"]),
         dropped={},
+        unpaired=_unpaired(merged),
+    )
+
+
+def _unpaired(merged: pd.DataFrame) -> tuple[str, ...]:
+    """The points without a counter and the counters without a point of :func:`_pairs`' outer merge, named."""
+    alone = merged[merged["point_row"].isna() | merged["counter_row"].isna()].sort_values(
+        ["split", "theme", "debate", "stance", "number"], kind="stable"
+    )
+    return tuple(
+        f"{row.split}/{row.theme}/{row.debate}/{row.stance}{row.number:02d}: "
+        + ("counter without a point" if pd.isna(row.point_row) else "point without a counter")
+        for row in alone.itertuples()
     )
 
 

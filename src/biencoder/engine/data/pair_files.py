@@ -35,10 +35,11 @@ MIN_PAIRS = 2
 EXPORTED = {name: f"{name}.jsonl" for name in SPLIT_NAMES}
 
 
-def read_pairs(data) -> PairFiles:
+def read_pairs(data, option: str = "data.columns.") -> PairFiles:
     """Read the pair files a ``data`` config names (``train``/``val``/``test`` or ``file``, ``format``, ``columns``;
     a DictConfig or a dict) into a :class:`PairFiles` with the official splits (``data.dedup`` is
-    :meth:`PairFiles.used`'s). Raises :class:`PairsError` on anything listed in the module docstring."""
+    :meth:`PairFiles.used`'s). Raises :class:`PairsError` on anything listed in the module docstring, naming a column
+    override as the caller spells it (``option``: :func:`resolve_columns`)."""
     paths = data_paths(data)
     mapping = dict(data.get("columns") or {})
     if not paths or ("file" not in paths and set(paths) != set(SPLIT_NAMES)):
@@ -49,7 +50,7 @@ def read_pairs(data) -> PairFiles:
     tables, files, grouped = [], {}, {}
     for role, path in paths.items():
         records, files[role] = read_records(Path(path), role, data.get("format"))
-        used = resolve_columns(records, mapping, ("split",) if role == "file" else ())
+        used = resolve_columns(records, mapping, ("split",) if role == "file" else (), option)
         tables.append(pair_table(records, used, None if role == "file" else role))
         grouped[records.label] = used["group"] is not None
     if len(set(grouped.values())) > 1:
@@ -57,7 +58,7 @@ def read_pairs(data) -> PairFiles:
         without = [label for label, has in grouped.items() if not has]
         raise PairsError(
             f"{with_group[0]} has a group column and {without[0]} has none: give every file one, or "
-            "read none with data.columns.group=null"
+            f"read none with {option}group=null"
         )
     pairs = pd.concat(tables, ignore_index=True)
     pairs = pairs.astype(object).where(pairs.notna(), None)  # one missing value, None, whatever the files held

@@ -204,10 +204,15 @@ def read_records(path: Path, role: str, fmt: str | None = None) -> tuple[Records
 
 
 # -- from records to pairs ------------------------------------------------------------------------------------------
-def resolve_columns(records: Records, mapping: dict, extra: tuple[str, ...] = ()) -> dict[str, str | None]:
-    """role -> the column read for it (None: the optional column is absent or switched off with null). A required
-    column, or an optional one named by a mapping, that the file lacks is a :class:`PairsError` listing the columns
-    found, with the closest one."""
+def resolve_columns(
+    records: Records, mapping: dict, extra: tuple[str, ...] = (), option: str = "data.columns."
+) -> dict[str, str | None]:
+    """role -> the column read for it (None: the optional column is absent or switched off with null). A file with
+    no records is a :class:`PairsError` saying so; a required column, or an optional one named by a mapping, that the
+    file lacks is one listing the columns found, with the closest one and the override that maps it (``option``: the
+    caller's spelling, ``data.columns.`` for a run, ``--column `` for ``biencoder-corpus stats``)."""
+    if not records.rows:
+        raise PairsError(f"{records.label} is empty (no records): write one pair per line or row, then read it again")
     defaults = {"anchor": "anchor", "positive": "positive", "negative": "negative", "group": "group", "split": "split"}
     out = {}
     for role in ROLES + extra:
@@ -221,13 +226,11 @@ def resolve_columns(records: Records, mapping: dict, extra: tuple[str, ...] = ()
             target = close[0] if close else "<column>"
             raise PairsError(
                 f"{records.label} has no column '{name}' (columns: {', '.join(records.columns) or 'none'})"
-                f": {hint}rename it, or map it with data.columns.{role}={target}"
+                f": {hint}rename it, or map it with {option}{role}={target}"
             )
         out[role] = name
     if out["anchor"] == out["positive"]:
-        raise PairsError(
-            f"data.columns.anchor and data.columns.positive both name '{out['anchor']}': map them to two columns"
-        )
+        raise PairsError(f"{option}anchor and {option}positive both name '{out['anchor']}': map them to two columns")
     return out
 
 

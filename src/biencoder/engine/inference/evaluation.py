@@ -24,8 +24,9 @@ from ..files import write_json_atomic
 from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
 from ..modeling.encoding import Encoding, TextEncoder, embed_pooled, pooled_vectors
 from ..modeling.model import BiModel, Embeddings, build_model
+from ..retrieval.metrics import query_groups
 from ..retrieval.official_tasks import evaluate_tasks
-from ..retrieval.rerank import Rerank, query_groups
+from ..retrieval.rerank import Rerank
 from ..runs.checkpoint import load_checkpoint
 
 #: the ``eval.score`` values that score with trained heads: they need ``eval.checkpoint``

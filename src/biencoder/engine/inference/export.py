@@ -82,6 +82,7 @@ def _export(run: str | Path, out: Path) -> Path:
             tokenizer.save_pretrained(hf)
             SentenceTransformer(modules=_st_model_modules(model, model_cfg, hf), device="cpu").save(str(partial))
         _save_classifier(model, model_cfg, settings, partial / CLASSIFIER)
+        _as_umask_allows(partial)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.replace(partial, out)
@@ -89,6 +90,20 @@ def _export(run: str | Path, out: Path) -> Path:
         shutil.rmtree(partial, ignore_errors=True)  # only the folder this call made
         raise
     return out
+
+
+def _as_umask_allows(folder: Path) -> None:
+    """Give ``folder`` and everything in it the permissions a new folder and file get under the process's umask: the
+    temporary folder is made private (0700) and some writers make their files 0600, while an export is made to be
+    shared like any other output."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(Path(root) / name, 0o777 & ~mask)
+        for name in files:
+            os.chmod(Path(root) / name, 0o666 & ~mask)
 
 
 def _st_model_modules(model, model_cfg: dict, hf: str) -> list:

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..data.paired import PairedSplit
 from ..modeling.model import BiModel, Embeddings
-from .rerank import NONE, SCHEMA_RERANK, Rerank, first_kept, query_groups, shortlist_margins, shortlist_ranks
+from .metrics import Ranks, group_top1, query_groups, recall_at, top1, top1_hits
+from .rerank import NONE, SCHEMA_RERANK, Rerank, first_kept, shortlist_margins, shortlist_ranks
 from .search import NeighbourIndex
 
 
@@ -68,22 +69,22 @@ def group_rerank(
     """The within-group top-1 of ``split`` (which has groups) over the queries of ``pairs`` (default all), with
     :func:`.rerank.retrieve_rerank`'s arguments. ``seen`` [P] bool: also on the unseen and seen queries (test).
 
-    Returns (metrics, hits [P] bool): ``top1_group``, ``recall_at_k_group``, ``candidates_group`` (mean false
-    candidates per query in its group pool); with ``seen``, ``top1_group_unseen`` / ``top1_group_seen`` (None for
-    an empty group of queries).
+    Returns (metrics, hits [P] bool): ``top1_group`` and ``recall_at_k_group`` (:mod:`.metrics`' :func:`~.metrics.top1`
+    and :func:`~.metrics.recall_at` of the shortlist's depth), ``candidates_group`` (mean false candidates per query
+    in its group pool); with ``seen``, ``top1_group_unseen`` / ``top1_group_seen`` (:func:`~.metrics.group_top1`:
+    None for an empty group of queries).
     """
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     sim = emb.retrieval(rerank.space).numpy()
     rows, false = group_shortlists(sim, split, rerank.k, rerank.index, rerank.device, pairs)
     [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
-    rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
-    hits = rank == 1
+    rank, _ = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
+    ranks = Ranks(rank, rows.shape[1])
     metrics = {
-        "top1_group": float(hits.mean()),
-        "recall_at_k_group": float(in_k.mean()),
+        "top1_group": top1(ranks),
+        "recall_at_k_group": recall_at(ranks, ranks.depth),
         "candidates_group": float(false.mean()),
     }
     if seen is not None:
-        for name, mask in query_groups(seen).items():
-            metrics[f"top1_group_{name}"] = float(hits[mask].mean()) if mask.any() else None
-    return metrics, hits
+        metrics.update(group_top1(ranks, query_groups(seen), "top1_group"))
+    return metrics, top1_hits(ranks)

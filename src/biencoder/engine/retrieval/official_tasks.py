@@ -25,6 +25,7 @@ import torch
 
 from ..data.corpus import PairedSplit
 from ..modeling.model import BiModel, Embeddings
+from .metrics import Ranks, by_group, task_metrics
 from .rerank import (
     BLOCK_CELLS,
     SCHEMA_RERANK,
@@ -34,7 +35,6 @@ from .rerank import (
     pool_ranks,
     query_blocks,
     query_ranks,
-    rank_summary,
     shortlist_margins,
 )
 from .search import distances
@@ -217,9 +217,9 @@ def evaluate_tasks(
             matrix).
         groups: optional ``{name: [Q] bool}`` query groups (e.g. unseen / seen test queries), reported apart.
     Returns:
-        ``{task: {"accuracy_at_1", "mrr", "queries", "candidates"}}``; candidates = false candidates summed
-        over queries; with ``groups`` also ``"groups": {name: {"accuracy_at_1", "mrr", "queries"}}`` (None
-        metrics for an empty group).
+        ``{task: {"accuracy_at_1", "mrr", "queries", "candidates"}}`` (:func:`~.metrics.task_metrics` of the ranks
+        over the task's whole pool); candidates = false candidates summed over queries; with ``groups`` also
+        ``"groups": {name: {"accuracy_at_1", "mrr", "queries"}}`` (None metrics for an empty group).
     """
     pools = TaskPools(split)
     if score == "rerank":
@@ -232,10 +232,11 @@ def evaluate_tasks(
         ranks = block_ranks(split, scorer, pools, cells=rerank.cells, multiple=multiple)
     results = {}
     for task in TASKS:
-        results[task] = {**rank_summary(ranks[task]), "queries": split.n_pairs, "candidates": pools.candidates[task]}
+        every = Ranks(ranks[task])
+        results[task] = {**task_metrics(every), "queries": split.n_pairs, "candidates": pools.candidates[task]}
         if groups:
             results[task]["groups"] = {
-                name: {**rank_summary(ranks[task][m]), "queries": int(m.sum())} for name, m in groups.items()
+                name: {**task_metrics(group), "queries": len(group)} for name, group in by_group(every, groups).items()
             }
     return results
 

@@ -1,4 +1,4 @@
-"""Retrieve k, then rerank: the one retrieve-then-rerank of ``docs/protocol.md`` and its rank metrics.
+"""Retrieve k, then rerank: the one retrieve-then-rerank of ``docs/protocol.md`` and the ranks it gives.
 
 For a query the candidates are a pool (the per-epoch pool: every argument of the split that belongs to a pair,
 except the query itself and the counters whose text equals its true counter's; or one of the 8 tasks' pools, each a
@@ -11,11 +11,14 @@ distances keep the lower row first; a candidate that ties the true counter ranks
   :func:`pool_shortlists` those of arbitrary pools (the 8 tasks) from a block of queries' distances to every row.
 * No [Q, 2Q] matrix is held: whatever scores a query against every row does so for a block of queries at a time
   (:func:`query_blocks`, at most :data:`BLOCK_CELLS` cells), so memory grows linearly with the split.
-* :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them.
-* :func:`retrieve_rerank` is the per-epoch top-1 (the runner every epoch, ``scripts/bench.py``); :func:`pool_ranks`
-  the 8 tasks' ``rerank`` score (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever
-  (:mod:`biencoder.retrieve`) reranks its own shortlists with :func:`shortlist_margins`. How they run (k, retrieval
-  space, index, classifier batches, device) is a :class:`Rerank`, made once per run from ``eval`` and the runtime.
+* :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them after
+  reranking, :func:`listed_ranks` in their retrieval order.
+* :func:`rerank_ranks` gives the per-epoch ranks (the runner every epoch), :func:`retrieve_rerank` their metrics
+  (``scripts/bench.py``); :func:`pool_ranks` the 8 tasks' ``rerank`` score
+  (:func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`); the Retriever (:mod:`biencoder.retrieve`)
+  reranks its own shortlists with :func:`shortlist_margins`. How they run (k, retrieval space, index, classifier
+  batches, device) is a :class:`Rerank`, made once per run from ``eval`` and the runtime.
+* The numbers reported from these ranks are :mod:`biencoder.engine.retrieval.metrics`'.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..data.corpus import PairedSplit
 from ..machine.runtime import Runtime, pair_batch_size
 from ..modeling.encoding import pair_margins
 from ..modeling.model import BiModel, Embeddings
+from .metrics import NOT_LISTED, Ranks, epoch_metrics, top1_hits
 from .search import SEARCH_BLOCK, NeighbourIndex, distances
 
 #: the false candidates of a block of queries: (indices of pairs [B]) -> name -> [B, 2Q] bool (:func:`pool_ranks`)
@@ -123,7 +127,7 @@ def _require_finite(values: np.ndarray, used: np.ndarray, split: str | None, wha
         raise NonFiniteMargins(int(bad.sum()), int(used.sum()), split, what)
 
 
-# -- rank metrics ---------------------------------------------------------------------------------------------------
+# -- ranks of the whole pool ----------------------------------------------------------------------------------------
 def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray, split: str | None = None) -> np.ndarray:
     """[Q] rank of each true counter given scores [Q, 2Q] (higher = better), candidate mask [Q, 2Q], true columns
     [Q]; a candidate that ties the true counter ranks above it. A non-finite score of a candidate or of a true
@@ -132,13 +136,6 @@ def query_ranks(scores: np.ndarray, mask: np.ndarray, true_col: np.ndarray, spli
     _require_finite(scores, mask, split, "candidate scores")
     _require_finite(true_score, np.ones(len(true_col), bool), split, "true-counter scores")
     return 1 + (mask & (scores >= true_score[:, None])).sum(axis=1)
-
-
-def rank_summary(rank: np.ndarray) -> dict[str, float | None]:
-    """Accuracy@1 (share of rank 1) and MRR of ranks [Q] from 1; None for no queries."""
-    if not len(rank):
-        return {"accuracy_at_1": None, "mrr": None}
-    return {"accuracy_at_1": float((rank == 1).mean()), "mrr": float((1.0 / rank).mean())}
 
 
 # -- shortlists -----------------------------------------------------------------------------------------------------
@@ -223,8 +220,8 @@ def shortlist_margins(
 
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
-    """``np.unique(values)`` of a 1-D int array by one sort: numpy 2's hashing ``unique`` took 2.0 ms against 0.5 ms
-    for the 14 010 keys of the test split's shortlists, three times an epoch."""
+    """``np.unique(values)`` of a 1-D int array (sorted, distinct) by one sort, without numpy 2's hashing ``unique``
+    (BENCHMARKS.md, "Design choices, measured")."""
     ordered = np.sort(values)
     return ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])] if len(ordered) else ordered
 
@@ -233,7 +230,8 @@ def shortlist_ranks(
     rows: np.ndarray, margins: np.ndarray, true_rows: np.ndarray, split: str | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rank [P], in_k [P] bool) of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] reranked by
-    ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; 0 where it is not in the shortlist.
+    ``margins`` [P, k]: 1 + the candidates whose margin ties or beats its own; :data:`~.metrics.NOT_LISTED` (0) where
+    it is not in the shortlist.
 
     A margin that is NaN or infinite at a listed place (any row but :data:`NONE`) is an error, never a rank:
     :class:`NonFiniteMargins` with the count (``split`` names the split in its message). A NaN compares false, so
@@ -246,7 +244,44 @@ def shortlist_ranks(
     true_margin = np.where(in_k, np.where(is_true, margins, 0).sum(axis=1), np.inf)
     # NaN (empty places, NONE) compares False: never above the true counter
     rank = 1 + ((margins >= true_margin[:, None]) & ~is_true).sum(axis=1)
-    return np.where(in_k, rank, 0), in_k
+    return np.where(in_k, rank, NOT_LISTED), in_k
+
+
+def listed_ranks(rows: np.ndarray, true_rows: np.ndarray) -> np.ndarray:
+    """[P] the place from 1 of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] as retrieved
+    (nearest first, equal distances the lower row first: :func:`retrieve`), no classifier;
+    :data:`~.metrics.NOT_LISTED` (0) where it is not in the shortlist."""
+    is_true = rows == np.asarray(true_rows)[:, None]
+    return np.where(is_true.any(axis=1), is_true.argmax(axis=1) + 1, NOT_LISTED)
+
+
+def rerank_ranks(
+    model: BiModel,
+    emb: Embeddings,
+    split: PairedSplit,
+    rerank: Rerank = SCHEMA_RERANK,
+    pairs: np.ndarray | None = None,
+    rows: np.ndarray | None = None,
+) -> tuple[Ranks, Ranks]:
+    """The per-epoch ranks of every query of ``split`` (or of the queries of ``pairs``, indices of pairs).
+
+    Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
+    of every query is always the whole split. ``rerank``: k, where the k come from (``rerank.space``: ``sim``, the sim
+    head, or ``encoder``, the encoder's own cosine; see :meth:`Embeddings.retrieval`), the index, the classifier's
+    batches and device. ``rows``: the shortlists [P, k'] when they are known already (:func:`retrieve` of the same
+    vectors: a frozen encoder's own space is the same every epoch).
+    Returns (reranked, retrieved), both listed to the shortlist's depth k' (k, or the smallest pool): the true
+    counter's rank after the classifier reranks its shortlist (:func:`shortlist_ranks`: ties count against it), and
+    its place in the shortlist's retrieval order (:func:`listed_ranks`).
+    Raises: :class:`NonFiniteMargins` for a classifier margin that is NaN or infinite.
+    """
+    pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
+    if rows is None:
+        rows, _ = retrieve(emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs)
+    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
+    true = split.counter[pairs]
+    rank, _ = shortlist_ranks(rows, margins, true, split.name)
+    return Ranks(rank, rows.shape[1]), Ranks(listed_ranks(rows, true), rows.shape[1])
 
 
 def retrieve_rerank(
@@ -256,34 +291,12 @@ def retrieve_rerank(
     rerank: Rerank = SCHEMA_RERANK,
     pairs: np.ndarray | None = None,
     rows: np.ndarray | None = None,
-) -> tuple[dict[str, float], np.ndarray]:
-    """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``, indices of pairs).
-
-    Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
-    of every query is always the whole split. ``rerank``: k, where the k come from (``rerank.space``: ``sim``, the sim
-    head, or ``encoder``, the encoder's own cosine; see :meth:`Embeddings.retrieval`), the index, the classifier's
-    batches and device. ``rows``: the shortlists [P, k'] when they are known already (:func:`retrieve` of the same
-    vectors: a frozen encoder's own space is the same every epoch).
-    Returns (metrics, hits): ``top1`` (reranked; ties count against the true counter), ``retrieval_top1``
-    (nearest neighbour), ``recall_at_k`` (true counter among the k), ``mrr`` (reciprocal rank of the true
-    counter after reranking the k; 0 when it is not among them), ``queries``, ``k``; ``hits`` [Q] bool is the
-    reranked top-1 outcome per query.
-    """
-    pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
-    if rows is None:
-        rows, _ = retrieve(emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs)
-    [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
-    rank, in_k = shortlist_ranks(rows, margins, split.counter[pairs], split.name)
-    hits = rank == 1
-    metrics = {
-        "top1": float(hits.mean()),
-        "retrieval_top1": float((rows[:, 0] == split.counter[pairs]).mean()),
-        "recall_at_k": float(in_k.mean()),
-        "mrr": float(np.where(in_k, 1.0 / np.maximum(rank, 1), 0.0).mean()),
-        "queries": int(len(pairs)),
-        "k": int(rows.shape[1]),
-    }
-    return metrics, hits
+) -> tuple[dict[str, float | int | None], np.ndarray]:
+    """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``), with :func:`rerank_ranks`'
+    arguments. Returns (metrics, hits): :func:`~.metrics.epoch_metrics` of the ranks (``top1``, ``retrieval_top1``,
+    ``recall_at_k``, ``mrr``, ``queries``, ``k``), and ``hits`` [P] bool, the reranked top-1 outcome per query."""
+    reranked, retrieved = rerank_ranks(model, emb, split, rerank, pairs, rows)
+    return epoch_metrics(reranked, retrieved), top1_hits(reranked)
 
 
 def pool_ranks(
@@ -329,22 +342,3 @@ def pool_ranks(
 def fixed_pools(masks: dict[str, np.ndarray]) -> PoolMasks:
     """:func:`pool_ranks`'s ``pools`` from whole masks (name → [Q, 2Q] bool): each block reads its rows."""
     return lambda pairs: {name: mask[pairs] for name, mask in masks.items()}
-
-
-def query_groups(seen: np.ndarray) -> dict[str, np.ndarray]:
-    """The two query groups every test number is reported on: ``{"unseen": [Q] bool, "seen": [Q] bool}`` from
-    ``seen`` [Q] bool (:func:`biencoder.engine.data.corpus.seen_queries`)."""
-    return {"unseen": ~seen, "seen": seen}
-
-
-def seen_unseen(hits: np.ndarray, seen: np.ndarray) -> dict:
-    """Top-1 on the unseen and the seen queries (None for an empty group) and their counts.
-
-    Args: ``hits`` [Q] bool (:func:`retrieve_rerank`'s per-query outcome), ``seen`` [Q] bool (the query's point or
-    counter text occurs in a training or validation pair: :func:`biencoder.engine.data.paired.seen_queries`).
-    """
-    out = {}
-    for group, mask in query_groups(seen).items():
-        out[f"top1_{group}"] = float(hits[mask].mean()) if mask.any() else None
-        out[f"queries_{group}"] = int(mask.sum())
-    return out

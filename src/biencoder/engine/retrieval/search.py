@@ -33,11 +33,9 @@ class NeighbourIndex:
             ``eval.index`` or ``negatives.index`` (:class:`~.rerank.Rerank`, :class:`~.negatives.Mining`) names it.
         device: where ``exact`` computes (float32 shortlist, float64 ranking of it).
         block: queries per distance block for ``exact``; default 256 on a CPU, where a [256, N] float32 block of
-            distances stays in cache (1.8x faster than 2048 for N = 5592, the same neighbours; scripts/bench.py), and
-            2048 on a GPU (fewer launches).
+            distances stays in cache, and 2048 on a GPU (fewer launches); the neighbours do not depend on it.
         refine: queries per float64 re-ranking of the shortlists, default 32 on a CPU (their [32, k + 16, D] float64
-            rows stay in cache: a mining-shaped search of 2796 queries took 88 ms against 105 ms re-ranking 256 at
-            once, medians), the whole block on a GPU.
+            rows stay in cache), the whole block on a GPU; the neighbours do not depend on it.
     """
 
     def __init__(

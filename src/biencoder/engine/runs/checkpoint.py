@@ -11,14 +11,13 @@ Contents (``torch.load(..., weights_only=True)``-safe: tensors, numbers, strings
 
 ``last.pt`` (:func:`training_state`, copied and written in the background by
 :meth:`biencoder.engine.runs.folder.RunFolder.save_state`): the full training state after an epoch; resuming from it
-(:func:`restore_last`, then :func:`selected_by_rule`) continues bit for bit.
+(:func:`restore_last`, then :meth:`~biencoder.engine.runs.best.BestEpoch.valued_by`) continues bit for bit.
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -27,9 +26,8 @@ from ...errors import ConfigError
 from ..machine import distributed
 from ..machine.rng import set_rng_states
 from ..modeling.model import BiModel, bimodel, build_model, is_encoder_weight, renamed_head_keys
+from .best import BestEpoch
 from .records import RunFolderError
-
-log = logging.getLogger("biencoder")
 
 
 def checkpoint_payload(model: BiModel, tokenizer, state_dict: dict, epoch: int, model_cfg: dict, run: dict) -> dict:
@@ -60,6 +58,8 @@ def load_checkpoint(
 
     path = Path(path)
     file = path / "best.pt" if path.is_dir() else path
+    if not path.exists():
+        raise ConfigError(f"{what}='{path}' does not exist: pass a run folder of biencoder.train or its best.pt")
     if not file.is_file():
         raise ConfigError(f"{what}='{path}' has no best.pt: pass a run folder of biencoder.train or its best.pt")
     try:
@@ -99,7 +99,7 @@ def _weights(state_dict: dict, frozen: bool) -> dict:
 
 
 def training_state(
-    epoch: int, trainer, best: dict, train_sim: torch.Tensor, rngs: list[dict], fingerprint: str | None
+    epoch: int, trainer, best: BestEpoch, train_sim: torch.Tensor, rngs: list[dict], fingerprint: str | None
 ) -> dict:
     """What ``last.pt`` holds after ``epoch``: the weights of ``trainer``'s model, its state (optimiser, LR schedule,
     mining and loader RNGs: ``trainer`` is the :class:`~biencoder.engine.training.epoch.EpochTrainer`), ``rngs``
@@ -114,15 +114,15 @@ def training_state(
         "rng": rngs,
         "train_sim": train_sim,
         "best": {
-            **{k: v for k, v in best.items() if k not in ("state", "hits", "embs")},
-            "state": _weights(best["state"], frozen) if best["state"] else None,
-            "hits": None if best["hits"] is None else torch.from_numpy(best["hits"]),
+            **best.saved(),
+            "state": _weights(best.state, frozen) if best.state else None,
+            "hits": None if best.hits is None else torch.from_numpy(best.hits),
         },
         "encoder_fingerprint": fingerprint,
     }
 
 
-def restore_last(state: dict, path: Path, trainer, fingerprint: str | None) -> tuple[int, dict, torch.Tensor]:
+def restore_last(state: dict, path: Path, trainer, fingerprint: str | None) -> tuple[int, BestEpoch, torch.Tensor]:
     """Restore :func:`training_state`'s ``state`` (read from ``path``) into ``trainer`` (the
     :class:`~biencoder.engine.training.epoch.EpochTrainer`: its model, optimiser, LR schedule and RNGs) and this rank's
     RNGs; returns (next epoch, best so far, train embeddings to mine with). Raises :class:`RunFolderError` for another
@@ -139,40 +139,15 @@ def restore_last(state: dict, path: Path, trainer, fingerprint: str | None) -> t
     model.load_state_dict(state["model"], strict=fingerprint is None)
     trainer.load_state_dict(state)
     set_rng_states(rngs[distributed.rank()])
-    best = dict(state["best"])
-    if best["state"] is not None:  # last.pt leaves out a frozen encoder's weights: the model's own, as the runner's
-        saved = renamed_head_keys(best["state"])  # a last.pt from before the head was a component: today's keys
+    best = BestEpoch.from_saved(state["best"])
+    weights = best.state
+    if weights is not None:  # last.pt leaves out a frozen encoder's weights: the model's own, as the runner's
+        weights = renamed_head_keys(weights)  # a last.pt from before the head was a component: today's keys
         frozen = {
             k: v.detach().to("cpu", copy=v.device.type != "cpu")
             for k, v in model.state_dict().items()
-            if k not in saved
+            if k not in weights
         }
-        best["state"] = {**frozen, **saved}
-    best["hits"] = None if best["hits"] is None else best["hits"].numpy()
-    return state["epoch"] + 1, best, state["train_sim"]
-
-
-def selected_by_rule(best: dict, metric: str, path: Path) -> dict:
-    """``best`` from the ``last.pt`` at ``path`` as a run that selects by val ``metric`` selects: a ``last.pt`` written
-    before the selection metric was recorded holds ``val_top1`` (it selected by the reranked top-1). When that is not
-    this run's metric, the best so far is kept and valued by this run's metric, and one line says so (the earlier
-    epochs' weights are gone, so they cannot be compared again)."""
-    if "metric" not in best:
-        best = {
-            **{k: v for k, v in best.items() if k != "val_top1"},
-            "metric": "top1",
-            "value": best.get("val_top1", -math.inf),
-        }
-    if best["metric"] != metric:
-        log.warning(
-            "%s: the epochs before the resume were selected by val %s, this run selects by val %s: the "
-            "best so far (epoch %d) is kept and compared by its val %s",
-            path,
-            best["metric"],
-            metric,
-            best["epoch"],
-            metric,
-        )
-        value = best["metrics"]["val"][metric] if best.get("metrics") else -math.inf
-        best = {**best, "metric": metric, "value": value}
-    return best
+        weights = {**frozen, **weights}
+    hits = None if best.hits is None else best.hits.numpy()
+    return state["epoch"] + 1, replace(best, state=weights, hits=hits), state["train_sim"]

@@ -16,7 +16,6 @@ from functools import partial
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler
 from tqdm.auto import tqdm
@@ -25,10 +24,10 @@ from ..machine import distributed
 from ..machine.runtime import Runtime
 from ..modeling.encoding import to_device
 from ..modeling.head import HEAD_STATISTIC_NAMES, head_statistics_vector
-from ..modeling.loss import build_loss
 from ..modeling.model import BiModel
-from ..retrieval.negatives import MinedNegatives, Mining, mine_negatives, random_rate
+from ..retrieval.negatives import MinedNegatives, mine_negatives, random_rate
 from .flat_params import FlatParameters, flat_state, per_parameter_state
+from .settings import TrainingSettings, lr_factor
 from .step_graph import GraphedStep, bucket_width, step_mode
 from .triplets import TrainingInputs, TripletCollate, TripletStep, triplet_rows
 
@@ -99,68 +98,55 @@ class EpochSums:
         }
 
 
-def _lr_lambda(kind: str, total_steps: int, warmup_ratio: float):
-    warmup = int(warmup_ratio * total_steps)
-
-    def factor(step: int) -> float:
-        if kind == "constant":
-            return 1.0
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    return factor
-
-
 class EpochTrainer:
     """Mining and optimisation over the training split, one epoch per :meth:`mine` + :meth:`train_epoch`.
 
     Args:
-        cfg: the run's config (``trainer``, ``negatives``, ``loss``, ``seed``).
+        settings: what it reads of the run's config (:class:`TrainingSettings`, made once at set-up).
         model: the :class:`BiModel`, already on the runtime's device.
         inputs: the training split and its cached pooled vectors (frozen encoder) or its token ids
             (:class:`TrainingInputs`).
         runtime: the device and the autocast dtype (None: fp32). ``progress``: show the step bar.
     """
 
-    def __init__(self, cfg: DictConfig, model: BiModel, inputs: TrainingInputs, runtime: Runtime, progress: bool):
-        self.cfg, self.model, self.split = cfg, model, inputs.split
+    def __init__(
+        self, settings: TrainingSettings, model: BiModel, inputs: TrainingInputs, runtime: Runtime, progress: bool
+    ):
+        self.settings, self.model, self.split = settings, model, inputs.split
         self.pooled, self.tokens = inputs.pooled, inputs.tokens
         self.device, self.amp_dtype, self.progress = runtime.device, runtime.autocast_dtype, progress
-        self.mining = Mining.of_run(cfg.negatives, runtime)
+        self.mining = settings.mining
         self.frozen = self.pooled is not None
-        groups = [(model.head_parameters(), cfg.trainer.head_lr)]
+        groups = [(model.head_parameters(), settings.head_lr)]
         if not self.frozen:
-            groups.insert(0, (list(model.encoder.parameters()), cfg.trainer.lr))
+            groups.insert(0, (list(model.encoder.parameters()), settings.lr))
         # each group's parameters as views of one flat tensor (engine/training/flat_params.py): the optimiser steps
         # 1-2 tensors a group (before DDP wraps the model, which keeps its own references to the parameters)
         self.flat = [FlatParameters(params, model.unused_parameters()) for params, _ in groups]
-        self.step = self._step_module(TripletStep(model, build_loss(cfg.loss)))
+        self.step = self._step_module(TripletStep(model, settings.loss))
         # fused on every device: one kernel per step and group; on CUDA its step counters stay on the device, and a
         # CPU runs the kernel a GPU runs (foreach on a CPU is a loop of ~33 ops per tensor)
         self.optimizer = torch.optim.AdamW(
             [{"params": f.tensors(), "lr": lr} for f, (_, lr) in zip(self.flat, groups, strict=True)],
-            weight_decay=cfg.trainer.weight_decay,
+            weight_decay=settings.weight_decay,
             fused=True,
         )
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
         self.n_triplets = self.split.n_pairs + len(self.split.given_triplets)  # mined, then given (triplet_rows)
-        self.steps_per_epoch = math.ceil(
-            math.ceil(self.n_triplets / distributed.world_size()) / cfg.trainer.batch_size
-        )
+        self.steps_per_epoch = math.ceil(math.ceil(self.n_triplets / distributed.world_size()) / settings.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,
-            _lr_lambda(cfg.trainer.scheduler, cfg.trainer.max_epochs * self.steps_per_epoch, cfg.trainer.warmup_ratio),
+            lr_factor(settings.scheduler, settings.max_epochs * self.steps_per_epoch, settings.warmup_ratio),
         )
-        self.rng = np.random.default_rng(cfg.seed)  # mining's random negatives
-        self.loader_generator = torch.Generator().manual_seed(cfg.seed)  # the order of the triplets
-        self.mode = step_mode(cfg.trainer.cuda_graphs, self.device, distributed.world_size(), cfg.trainer.compile)
+        self.rng = np.random.default_rng(settings.seed)  # mining's random negatives
+        self.loader_generator = torch.Generator().manual_seed(settings.seed)  # the order of the triplets
+        self.mode = step_mode(settings.cuda_graphs, self.device, distributed.world_size(), settings.compile)
         log.info("training step: %s", self.mode.why)
         self.graphed, self.width = None, None  # eager: each batch padded to its longest text
         if self.mode.graphs:
             self.graphed = GraphedStep(self.step, self.optimizer, self.device, self.amp_dtype)
-            self.width = partial(bucket_width, max_length=cfg.model.max_length)  # a few static token widths
+            self.width = partial(bucket_width, max_length=settings.max_length)  # a few static token widths
 
     def _step_module(self, step: TripletStep) -> nn.Module:
         """The training forward as run: wrapped in DDP under several processes, compiled with ``trainer.compile``."""
@@ -169,12 +155,12 @@ class EpochTrainer:
                 step,
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 # with cls/mean pooling the encoder's pooler computes an output no loss uses
-                find_unused_parameters=not self.frozen and self.cfg.model.pooling != "pooler",
+                find_unused_parameters=not self.frozen and self.settings.pooling != "pooler",
                 # rank 0's buffers to every rank before each forward: a BatchNorm head trains from and is evaluated
                 # with rank 0's running statistics, its batch statistics each process's own (docs/heads.md)
                 broadcast_buffers=True,
             )
-        return torch.compile(step) if self.cfg.trainer.compile else step
+        return torch.compile(step) if self.settings.compile else step
 
     # -- state (last.pt) --------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -196,7 +182,7 @@ class EpochTrainer:
     # -- one epoch --------------------------------------------------------------------------------------------
     def mine(self, epoch: int, train_sim: torch.Tensor | None) -> MinedNegatives:
         """This epoch's negatives, mined on rank 0 from ``train_sim`` [2Q, sim_dim] and shared with the other ranks."""
-        rate = random_rate(epoch, self.cfg.negatives.random_rate.start, self.cfg.negatives.random_rate.decay)
+        rate = random_rate(epoch, *self.settings.random_rate)
         negatives = None
         if distributed.is_main():
             negatives = mine_negatives(train_sim.numpy(), self.split, rate, self.rng, self.mining)
@@ -209,7 +195,7 @@ class EpochTrainer:
 
     def loader(self, epoch: int, negatives: MinedNegatives) -> DataLoader:
         """The trained encoder's batches: a DataLoader that pads the token batches (with workers if asked)."""
-        cfg = self.cfg.trainer
+        settings = self.settings
         rows = list(triplet_rows(self.split, negatives))
         if distributed.world_size() > 1:
             sampler = DistributedSampler(
@@ -217,7 +203,7 @@ class EpochTrainer:
                 num_replicas=distributed.world_size(),
                 rank=distributed.rank(),
                 shuffle=True,
-                seed=int(self.cfg.seed),
+                seed=settings.seed,
             )
             sampler.set_epoch(epoch)
             shuffle, generator = None, None
@@ -225,11 +211,11 @@ class EpochTrainer:
             sampler, shuffle, generator = None, True, self.loader_generator
         return DataLoader(
             rows,
-            batch_size=cfg.batch_size,
+            batch_size=settings.batch_size,
             shuffle=shuffle,
             sampler=sampler,
             generator=generator,
-            num_workers=cfg.num_workers,
+            num_workers=settings.num_workers,
             collate_fn=TripletCollate(self.tokens, self.width),
             pin_memory=self.device.type == "cuda",
         )
@@ -251,7 +237,7 @@ class EpochTrainer:
             return
         rows = triplet_rows(self.split, negatives)[self._order(epoch)]  # [Q, 3]
         index = torch.from_numpy(rows).to(self.device)
-        size = self.cfg.trainer.batch_size
+        size = self.settings.batch_size
         for start in range(0, len(rows), size):
             # points, then counters, then negatives, as TripletStep splits them
             batch = index[start : start + size].T.reshape(-1)
@@ -268,7 +254,7 @@ class EpochTrainer:
                 num_replicas=distributed.world_size(),
                 rank=distributed.rank(),
                 shuffle=True,
-                seed=int(self.cfg.seed),
+                seed=self.settings.seed,
             )
             sampler.set_epoch(epoch)
             return np.fromiter(iter(sampler), dtype=np.int64)
@@ -280,7 +266,7 @@ class EpochTrainer:
         The step sums everything on the device; the host reads the sums once, here. Raises :class:`Diverged` when
         the epoch's loss is not finite (a NaN or inf in any step makes the sum so).
         """
-        sums = EpochSums(self.cfg.trainer.stats_every)
+        sums = EpochSums(self.settings.stats_every)
         self.model.train()
         self.model.encoder.train(not self.frozen)
         bar = tqdm(

@@ -1,11 +1,14 @@
 """What a run is scored by: each epoch the retrieve-k-then-rerank top-1 of every split
-(:meth:`Evaluation.evaluate_split`, over :mod:`biencoder.engine.retrieval.rerank`; the within-group top-1 of pair
-files with groups), and at the end the 8 official tasks with the best-by-val weights (:meth:`Evaluation.tasks`) and
-the zero-shot and TF-IDF baselines on the same queries (:meth:`Evaluation.baselines`).
+(:meth:`Evaluation.evaluate_split`: the ranks of :mod:`biencoder.engine.retrieval.rerank`, the numbers of
+:mod:`biencoder.engine.retrieval.metrics`; the within-group top-1 of pair files with groups), and at the end the 8
+official tasks with the best-by-val weights (:meth:`Evaluation.tasks`) and the zero-shot and TF-IDF baselines on the
+same queries (:meth:`Evaluation.baselines`).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -17,16 +20,10 @@ from ..machine import distributed
 from ..modeling.encoding import Encoding, embed_pooled, encode, encode_pooled
 from ..modeling.model import BiModel, Embeddings
 from ..retrieval.groups import group_rerank
+from ..retrieval.metrics import Ranks, epoch_metrics, group_top1, query_groups, top1, top1_hits
 from ..retrieval.official_tasks import baseline_ranks, evaluate_tasks
-from ..retrieval.rerank import (
-    NonFiniteMargins,
-    Rerank,
-    query_groups,
-    query_sample,
-    retrieve,
-    retrieve_rerank,
-    seen_unseen,
-)
+from ..retrieval.rerank import NonFiniteMargins, Rerank, query_sample, rerank_ranks, retrieve
+from ..runs.best import BestEpoch
 from .epoch import Diverged
 from .inputs import EncoderInputs, RunData
 
@@ -36,6 +33,8 @@ NO_TASKS = (
     "no 8-task table: the official tasks type candidates by ArguAna's debates, sides and themes, which pair "
     "files do not have; the per-epoch top-1 (and top1_group where the files have groups) is this data's result"
 )
+
+log = logging.getLogger("biencoder")
 
 
 class Evaluation:
@@ -95,29 +94,26 @@ class Evaluation:
         return encode(self.model, self.inputs.tokens[name], self.encoding, f"encode {name}")
 
     def evaluate_split(self, name: str, emb: Embeddings, epoch: int = -1) -> tuple[dict, np.ndarray]:
-        """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``;
-        the hits [Q] bool are those of the selection metric (:attr:`metric`): reranked, or the nearest neighbour."""
+        """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``:
+        :func:`~biencoder.engine.retrieval.metrics.epoch_metrics`, then on test the top-1 of the unseen and the seen
+        queries with their counts; the hits [Q] bool are the top-1 outcome of the selection metric (:attr:`metric`):
+        reranked, or the nearest neighbour. Raises :class:`Diverged` for non-finite embeddings or margins."""
         # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
         if not (torch.isfinite(emb.sim).all() and (self.inputs.frozen or torch.isfinite(emb.pooled).all())):
             raise Diverged(epoch, f"{name} embeddings")
         split, pairs, rerank = self.data.splits[name], self.pairs[name], self.rerank
         rows = self.fixed_shortlists(name, emb)
-        if rows is None:  # searched here rather than inside retrieve_rerank: the nearest neighbours are a hit too
-            rows, _ = retrieve(
-                emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs
-            )
         seen = self.seen if name == "test" else None
         try:
-            metrics, hits = retrieve_rerank(self.model, emb, split, rerank, pairs, rows)
+            reranked, retrieved = rerank_ranks(self.model, emb, split, rerank, pairs, rows)
+            metrics = epoch_metrics(reranked, retrieved)
             if split.groups is not None:  # pair files with a group column: the within-group top-1 too
                 metrics.update(group_rerank(self.model, emb, split, rerank, pairs, seen)[0])
         except NonFiniteMargins as err:  # never ranked: a NaN would count as a hit
             raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
         if seen is not None:
-            metrics.update(seen_unseen(hits, seen))
-        if self.metric == "retrieval_top1":
-            hits = rows[:, 0] == split.counter[np.arange(split.n_pairs) if pairs is None else pairs]
-        return metrics, hits
+            metrics.update(group_top1(reranked, query_groups(seen), counts=True))
+        return metrics, top1_hits({"top1": reranked, "retrieval_top1": retrieved}[self.metric])
 
     def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
         """The per-epoch shortlists of split ``name`` when they cannot change: a frozen encoder's own space
@@ -137,7 +133,7 @@ class Evaluation:
         return self.shortlists[name]
 
     # -- at the end -------------------------------------------------------------------------------------------
-    def final_scores(self, best: dict) -> dict:
+    def final_scores(self, best: BestEpoch) -> dict:
         """What ``final.json`` holds of the end's scores, with the (loaded) best-by-val weights: ``tasks`` (or
         ``tasks_skipped`` when the data cannot have them) when ``eval.tasks``, ``baselines`` when computed."""
         scores = {}
@@ -149,14 +145,17 @@ class Evaluation:
             scores["baselines"] = self.baselines()
         return scores
 
-    def tasks(self, best: dict) -> dict:
+    def tasks(self, best: BestEpoch) -> dict:
         """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""
-        score, embs = self.cfg.eval.score, best.get("embs", {})
+        score, embs = self.cfg.eval.score, best.embs
         tasks = {"score": score}
+        began = time.monotonic()
+        log.info("8 tasks on val and test with the weights of epoch %d (eval.score=%s)", best.epoch, score)
         for name in ("val", "test"):
             emb = embs[name] if name in embs else self.embed(name)
             groups = query_groups(self.data.test_seen) if name == "test" else None
             tasks[name] = evaluate_tasks(self.data.splits[name], score, self.model, emb, self.rerank, groups)
+        log.info("8 tasks done in %.1f s", time.monotonic() - began)
         return tasks
 
     def baselines(self) -> dict:
@@ -169,13 +168,6 @@ class Evaluation:
             out[name] = {}
             ranks = baseline_ranks(self.data.splits[name], self.zero_shot[name], self.pairs[name])
             for score, rank in ranks.items():
-                hits = rank == 1
-                out[name][score] = {
-                    "top1": float(hits.mean()),
-                    "queries": len(hits),
-                    **{
-                        f"top1_{group}": float(hits[mask].mean()) if mask.any() else None
-                        for group, mask in groups.items()
-                    },
-                }
+                every = Ranks(rank)
+                out[name][score] = {"top1": top1(every), "queries": len(every), **group_top1(every, groups)}
         return out

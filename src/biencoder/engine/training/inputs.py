@@ -24,6 +24,9 @@ from .triplets import TrainingInputs
 
 log = logging.getLogger("biencoder")
 
+#: the unpaired arguments a run's log names (the rest are counted)
+UNPAIRED_SHOWN = 5
+
 
 @dataclass(frozen=True)
 class RunData:
@@ -35,6 +38,7 @@ class RunData:
         overlap: ``final.json``'s ``overlap``: dedup on or off, the pairs it dropped, test queries seen and unseen.
         files: pair files: where the data came from (path, size, sha256 per file); empty for ArguAna.
         counts: per split, the pairs that repeat an earlier anchor and positive, and those with given negatives.
+        unpaired: ArguAna's arguments left out for want of their other half (:attr:`Corpus.unpaired`).
     """
 
     splits: dict[str, PairedSplit]
@@ -42,6 +46,7 @@ class RunData:
     overlap: dict
     files: dict
     counts: dict
+    unpaired: tuple[str, ...] = ()
 
     @classmethod
     def read(cls, data: DataSchema) -> RunData:
@@ -54,7 +59,8 @@ class RunData:
             "test_queries_seen": int(test_seen.sum()),
             "test_queries_unseen": int((~test_seen).sum()),
         }
-        return cls(splits, test_seen, overlap, getattr(corpus, "files", {}), corpus.counts)
+        files, unpaired = getattr(corpus, "files", {}), getattr(corpus, "unpaired", ())
+        return cls(splits, test_seen, overlap, files, corpus.counts, unpaired)
 
     def log(self, data: DataSchema, eval_pairs: dict[str, np.ndarray | None]) -> None:
         """Log what a person reading ``train.log`` needs to know of the data: the deduplication (``data`` is the run's
@@ -74,6 +80,14 @@ class RunData:
                 "or validation pair (reported as seen/unseen)",
                 self.overlap["test_queries_seen"],
                 len(self.test_seen),
+            )
+        if self.unpaired:
+            more = ", ..." if len(self.unpaired) > UNPAIRED_SHOWN else ""
+            shown = ", ".join(self.unpaired[:UNPAIRED_SHOWN]) + more
+            log.warning(
+                "data: %d argument(s) left out, their other half missing (biencoder-corpus stats counts them): %s",
+                len(self.unpaired),
+                shown,
             )
         for name, pairs in eval_pairs.items():
             if pairs is not None:

@@ -17,7 +17,6 @@ trains on its shard (DDP). No Hydra here: the runner takes a plain ``DictConfig`
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,12 +35,14 @@ from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progres
 from ..modeling.encoding import Encoding, TextEncoder, embed_pooled, encode_pooled, eval_mode
 from ..modeling.model import Embeddings, build_model, is_encoder_weight
 from ..retrieval.rerank import Rerank
-from ..runs.checkpoint import checkpoint_payload, restore_last, selected_by_rule, training_state
+from ..runs.best import BestEpoch
+from ..runs.checkpoint import checkpoint_payload, restore_last, training_state
 from ..runs.folder import RunFolder
 from ..runs.tracking import Tracker
 from .epoch import EpochTrainer
 from .evaluation import SPLITS, Evaluation
 from .inputs import EncoderInputs, RunData
+from .settings import TrainingSettings
 
 log = logging.getLogger("biencoder")
 T = TypeVar("T")
@@ -69,6 +70,7 @@ class Runner:
         runtime: Runtime | None = None,
         variant: str | None = None,
     ):
+        self.created = time.time()  # the run's wall time counts its set-up (a frozen encoder's encoding) too
         self.cfg, self.out_dir = cfg, Path(out_dir)
         self.folder = RunFolder(out_dir)
         self.data = RunData.read(cfg.data)
@@ -77,6 +79,7 @@ class Runner:
         self.main = distributed.is_main()
         self.variant = variant_name(cfg, variant)
         self.selection = selection(cfg.loss.ce_weight)  # what picks the best epoch (final.json's "selection")
+        self._log_header()  # first, before the set-up's long phases (loading, encoding) say what they do
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
         set_seed_everywhere(cfg.seed)
@@ -89,7 +92,8 @@ class Runner:
         encoder = TextEncoder(self.model, self.tokenizer, cfg.model.max_length, self.encoding, cfg.trainer.cache_dir)
         self.inputs = EncoderInputs.make(encoder, self.data.splits, self.frozen)
         training = self.inputs.training_inputs(self.data.splits["train"], encoder)
-        self.trainer = EpochTrainer(cfg, self.model, training, self.runtime, self.progress)
+        settings = TrainingSettings.of_run(cfg, self.runtime)
+        self.trainer = EpochTrainer(settings, self.model, training, self.runtime, self.progress)
         self.evaluation = Evaluation(cfg, self.model, self.data, self.inputs, self.encoding, self.rerank)
         self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, taken once (_weights_on_cpu)
         # (name, fn) -> fn(), around each phase of an epoch: the bench times the runner's own epoch through it
@@ -104,7 +108,6 @@ class Runner:
             return self._fit(state)
 
     def _fit(self, state: dict | None) -> dict | None:
-        start = time.time()
         first_epoch, best, train_sim = self.begin(state)
         epochs = self.cfg.trainer.max_epochs
         for epoch in tqdm(
@@ -113,7 +116,7 @@ class Runner:
             train_sim, best = self.run_epoch(epoch, train_sim, best)
         if not self.main:
             return None
-        return self._finish(best, start)
+        return self._finish(best)
 
     def begin(self, state: dict | None = None) -> tuple[int, dict, torch.Tensor | None]:
         """Log the run's set-up, restore or start its state (:meth:`_start`) and open the trackers (rank 0); returns
@@ -141,7 +144,7 @@ class Runner:
         if self.main:
             self.folder.truncate(-1)
         metric = self.selection["metric"]
-        best = {"epoch": -1, "metric": metric, "value": -math.inf, "metrics": None, "state": None, "hits": None}
+        best = BestEpoch(metric)
         if self.cfg.model.sim_init != "pca":
             return 0, best, self.evaluation.embed("train").sim if self.main else None
         # every rank computes the same (float64, CPU) projection; the pooled vectors then give the first mining's
@@ -157,7 +160,14 @@ class Runner:
         return 0, best, embed_pooled(self.model, pooled, self.rerank.batch_size, self.device).sim
 
     def _log_start(self) -> None:
-        """The run's set-up in ``train.log``: cell, seed, machine and pairs, then the data (:meth:`RunData.log`)."""
+        """The rest of the run's set-up in ``train.log`` once it is made (the header came first): the note of an
+        untrained classifier, then the data (:meth:`RunData.log`)."""
+        if self.selection["metric"] != "top1":
+            log.warning(untrained_classifier_note(self.cfg.eval.score))
+        self.data.log(self.cfg.data, self.evaluation.pairs)
+
+    def _log_header(self) -> None:
+        """The run's first line in ``train.log``: cell, seed, machine and pairs."""
         cfg, rt, n, threads = self.cfg, self.runtime, distributed.world_size(), torch.get_num_threads()
         how = (
             ([rt.device_name] if rt.device.type == "cuda" else [])
@@ -175,12 +185,11 @@ class Runner:
             cfg.data.name,
             "/".join(str(s.n_pairs) for s in self.data.splits.values()),
         )
-        if self.selection["metric"] != "top1":
-            log.warning(untrained_classifier_note(cfg.eval.score))
-        self.data.log(cfg.data, self.evaluation.pairs)
 
     # -- one epoch --------------------------------------------------------------------------------------------
-    def run_epoch(self, epoch: int, train_sim: torch.Tensor | None, best: dict) -> tuple[torch.Tensor | None, dict]:
+    def run_epoch(
+        self, epoch: int, train_sim: torch.Tensor | None, best: BestEpoch
+    ) -> tuple[torch.Tensor | None, BestEpoch]:
         """One epoch: mine, train, then (rank 0) evaluate, log and keep the best, and ``last.pt`` when due; each phase
         through :attr:`phase`. Returns (the training split's sim vectors the next epoch mines with, best so far)."""
         epoch_start = time.time()
@@ -211,8 +220,8 @@ class Runner:
         return metrics, hits, embs
 
     def _evaluate_and_log(
-        self, epoch: int, train_stats: dict, best: dict, epoch_start: float
-    ) -> tuple[torch.Tensor, dict]:
+        self, epoch: int, train_stats: dict, best: BestEpoch, epoch_start: float
+    ) -> tuple[torch.Tensor, BestEpoch]:
         """Evaluate the splits due this epoch, append their rows to ``metrics.jsonl`` and the trackers, and keep the
         best-by-val epoch (by the :attr:`selection` metric). Returns (the training split's sim vectors, which the
         next epoch mines with; best)."""
@@ -229,17 +238,16 @@ class Runner:
             + "  ".join(f"{n} {key} {metrics[n][key]:.3f}" for n in names)
             + f"  ({elapsed:.1f} s)"
         )
-        if "val" in metrics and metrics["val"][key] > best["value"]:  # the first epoch with the highest value
-            best = {
-                "epoch": epoch,
-                "metric": key,
-                "value": metrics["val"][key],
-                "metrics": metrics,
-                "state": self.phase("keep best", self._weights_on_cpu),
-                "hits": hits["test"],
-                # kept in memory for the 8 tasks at the end (recomputed there after a resume)
-                "embs": {n: embs[n] for n in ("val", "test")},
-            }
+        if "val" in metrics and best.improved_by(metrics["val"]):
+            best = BestEpoch(
+                key,
+                epoch,
+                metrics["val"][key],
+                metrics,
+                self.phase("keep best", self._weights_on_cpu),
+                hits["test"],
+                embs={n: embs[n] for n in ("val", "test")},
+            )
         self.phase("log", lambda: self._append(rows))
         return embs["train"].sim, best
 
@@ -249,9 +257,8 @@ class Runner:
 
     def _weights_on_cpu(self) -> dict[str, torch.Tensor]:
         """A copy of the model's weights on the CPU (the best epoch's). A frozen encoder's weights never change, so
-        they are taken once per run and shared by every copy (copying MiniLM's 22.7 M took 70-130 ms an epoch); on a
-        CPU they are the model's own tensors, not a second 90 MB (with that copy, later epochs had several times the
-        page faults, measured with ``scripts/bench.py --items frozen``)."""
+        they are taken once per run and shared by every copy; on a CPU they are the model's own tensors, not a second
+        copy of them (BENCHMARKS.md, "Design choices, measured")."""
         state = self.model.state_dict()
         if self.frozen and self.encoder_weights is None:
             self.encoder_weights = {
@@ -261,7 +268,7 @@ class Runner:
         return {k: fixed[k] if k in fixed else v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     # -- checkpointing ----------------------------------------------------------------------------------------
-    def save_last(self, epoch: int, best: dict, train_sim: torch.Tensor, rngs: list[dict]) -> None:
+    def save_last(self, epoch: int, best: BestEpoch, train_sim: torch.Tensor, rngs: list[dict]) -> None:
         """The full training state after ``epoch`` into ``last.pt`` (:func:`checkpoint.training_state`): copied here,
         written atomically in the background (:meth:`RunFolder.save_state`; the run's end or failure waits for it)."""
         fingerprint = self.inputs.fingerprint
@@ -269,18 +276,18 @@ class Runner:
 
     def load_last(self, state: dict) -> tuple[int, dict, torch.Tensor]:
         """Restore the state of ``last.pt``; returns (next epoch, best so far as this run selects
-        (:func:`checkpoint.selected_by_rule`), train embeddings to mine with)."""
+        (:meth:`BestEpoch.valued_by`), train embeddings to mine with)."""
         epoch, best, train_sim = restore_last(state, self.folder.last, self.trainer, self.inputs.fingerprint)
-        return epoch, selected_by_rule(best, self.selection["metric"], self.folder.last), train_sim
+        return epoch, best.valued_by(self.selection["metric"], str(self.folder.last)), train_sim
 
     # -- the end ----------------------------------------------------------------------------------------------
-    def _finish(self, best: dict, start: float) -> dict:
+    def _finish(self, best: BestEpoch) -> dict:
         """8 tasks with the best-by-val weights; best.pt, test_hits.npy, then final.json (status done)."""
-        self.model.load_state_dict(best["state"])
+        self.model.load_state_dict(best.state)
         final = self._final(best)
         checkpoint = self._best_checkpoint(best) if self.cfg.trainer.save_checkpoint else None
-        final["wall_time_s"] = round(time.time() - start, 2)
-        arrays = {"test_hits": best["hits"], "test_seen": self.evaluation.seen}
+        final["wall_time_s"] = round(time.time() - self.created, 2)  # from the runner's set-up on
+        arrays = {"test_hits": best.hits, "test_seen": self.evaluation.seen}
         test_pairs = self.evaluation.pairs["test"]
         if test_pairs is not None:  # which test pairs the hits are of (eval.test_queries)
             arrays["test_queries"] = test_pairs
@@ -288,7 +295,7 @@ class Runner:
         self.tracker.finish(final)
         return final
 
-    def _final(self, best: dict) -> dict:
+    def _final(self, best: BestEpoch) -> dict:
         """What ``final.json`` holds but the wall time, the best-by-val weights loaded: the run, its best epoch, its
         data, its runtime, and the end's scores (:meth:`Evaluation.final_scores`)."""
         cfg = self.cfg
@@ -299,8 +306,8 @@ class Runner:
             "data": cfg.data.name,
             "model": cfg.model.name,
             "selection": self.selection,
-            "best_epoch": best["epoch"],
-            "best": best["metrics"],
+            "best_epoch": best.epoch,
+            "best": best.metrics,
             "epochs": cfg.trainer.max_epochs,
             "pairs": {n: s.n_pairs for n, s in self.data.splits.items()},
             "overlap": self.data.overlap,
@@ -311,7 +318,7 @@ class Runner:
             final["data_files"] = self.data.files
         return {**final, **self.evaluation.final_scores(best)}
 
-    def _best_checkpoint(self, best: dict) -> dict:
+    def _best_checkpoint(self, best: BestEpoch) -> dict:
         """``best.pt``'s content: the best epoch's weights, the model config and the run's retrieval settings."""
         cfg = self.cfg
         run = {
@@ -323,7 +330,7 @@ class Runner:
             "seed": int(cfg.seed),
         }
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-        return checkpoint_payload(self.model, self.tokenizer, best["state"], best["epoch"], model_cfg, run)
+        return checkpoint_payload(self.model, self.tokenizer, best.state, best.epoch, model_cfg, run)
 
 
 def start_up(cfg: DictConfig) -> Runtime:

@@ -106,8 +106,10 @@ class GraphedStep:
 
     def __init__(self, step: nn.Module, optimizer: torch.optim.Optimizer, device: torch.device, autocast_dtype):
         self.step, self.optimizer, self.autocast_dtype = step, optimizer, autocast_dtype
-        self.stream = torch.cuda.Stream(device)
+        self.device, self.stream = device, torch.cuda.Stream(device)
         self.graphs: dict[tuple, _Graph] = {}
+        #: why a capture failed (then every later step runs eagerly), or None
+        self.failed: str | None = None
         # the learning rates the captured optimiser reads, refreshed from the param groups before each replay
         self.lrs = [torch.zeros((), dtype=torch.float32, device=device) for _ in optimizer.param_groups]
         self.lr_values: list[float | None] = [None] * len(self.lrs)
@@ -116,11 +118,17 @@ class GraphedStep:
         key = shape_key(inputs)
         warmup = WARMUP_LATER if any(g.graph is not None for g in self.graphs.values()) else WARMUP
         entry = self.graphs.setdefault(key, _Graph())
-        if entry.graph is None and entry.eager_steps < warmup:
+        if self.failed is not None or (entry.graph is None and entry.eager_steps < warmup):
             entry.eager_steps += 1
             return self._eager(inputs)
         if entry.graph is None:
-            self._capture(entry, inputs)
+            try:
+                self._capture(entry, inputs)
+            except Exception as err:  # noqa: BLE001 - a step that cannot be captured still trains, eagerly
+                entry.graph, self.failed = None, f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"
+                _reset_generator(self.device, self.failed)
+                log.warning("training step: CUDA graph capture failed (%s); the run goes on eagerly", self.failed)
+                return self._eager(inputs)
             log.info("training step: captured a CUDA graph for inputs %s", describe(key))
         for name, value in inputs.items():
             if isinstance(value, torch.Tensor):
@@ -175,6 +183,26 @@ class GraphedStep:
             if value != self.lr_values[i]:
                 self.lrs[i].fill_(value)
                 self.lr_values[i] = value
+
+
+def _reset_generator(device: torch.device, why: str) -> None:
+    """Give ``device``'s default CUDA generator a fresh state (the same seed and offset) after a failed capture.
+
+    torch's ``CUDAGraph.capture_end`` raises on an invalidated capture before its epilogue has ended the generator's
+    capture, so the next eager dropout would fail with "Offset increment outside graph capture encountered
+    unexpectedly" (seen on the H200 at 426e694). A draw checks the repair; where it still fails, the run stops here
+    with what to do instead of at the next step with torch's message."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    generator = torch.cuda.default_generators[index]
+    try:
+        generator.graphsafe_set_state(generator.clone_state())
+        torch.empty(8, device=device).bernoulli_(0.5)
+        torch.cuda.synchronize(device)
+    except RuntimeError as err:
+        raise RuntimeError(
+            f"training step: CUDA graph capture failed ({why}) and left the CUDA generator unusable ({err}); "
+            "rerun with trainer.cuda_graphs=false"
+        ) from err
 
 
 def shape_key(inputs: dict) -> tuple:
