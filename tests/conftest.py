@@ -37,8 +37,16 @@ def pytest_configure(config):
         "XDG_CACHE_HOME": str(SESSION_HOME / ".cache"),
         "BIENCODER_CACHE_DIR": str(SESSION_HOME / "embedding-cache"),
     }
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # a worker of pytest -n N: one intra-op thread, in it and in the commands it starts, so that N workers share
+        # the cores instead of N x (cores) threads spinning on them (OpenMP threads wait by spinning)
+        own["OMP_NUM_THREADS"] = "1"
     _USER_ENV.update({key: os.environ.get(key) for key in own})
     os.environ.update(own)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_unconfigure(config):

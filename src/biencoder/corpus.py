@@ -7,6 +7,9 @@
 * ``export-pairs <corpus> <folder>``: an ArguAna-layout corpus (``demo``: the bundled one) as ``train.jsonl``,
   ``val.jsonl`` and ``test.jsonl`` (anchor = point, positive = counter, group = theme/debate), then read back to show
   that both readers give the same paired splits.
+* ``export-beir <corpus> <folder>``: an ArguAna-layout corpus as a BEIR folder (``corpus.jsonl``: every argument of a
+  pair; ``queries.jsonl``: the points; ``qrels/train.tsv``, ``dev.tsv``, ``test.tsv``: each point's counter, score 1),
+  then read back to show that ``data=beir`` gives the same queries and relevant documents.
 
 The readers are :mod:`biencoder.engine.data.corpus` and :mod:`biencoder.engine.data.pair_files` (``read_corpus`` and
 ``read_pairs`` are also :mod:`biencoder`'s).
@@ -20,6 +23,8 @@ import time
 from pathlib import Path
 
 from .engine.data.arguana import EXTRACTED, CorpusError
+from .engine.data.beir import read_beir
+from .engine.data.beir_export import export_beir
 from .engine.data.corpus import Corpus, read_corpus
 from .engine.data.pair_files import EXPORTED, PairFiles, export_pairs, read_pairs
 from .engine.data.pair_records import SUFFIXES
@@ -159,11 +164,35 @@ def export(args: argparse.Namespace) -> int:
     return 0
 
 
+def export_as_beir(args: argparse.Namespace) -> int:
+    corpus = read_corpus(args.corpus)
+    written = export_beir(corpus, args.folder)
+    beir = read_beir(args.folder)
+    for path in written.values():
+        print(path)
+    differ = [
+        name
+        for name in ("train", "val", "test")
+        if beir.paired(name, "positives").texts != corpus.paired(name, pool="positives").texts
+    ]
+    if differ:  # never for a corpus read as it is written
+        print(
+            "note: the BEIR folder gives other queries or relevant documents than the corpus in " + ", ".join(differ)
+        )
+        return 1
+    print(
+        f"read back: {len(beir.documents)} documents; the same queries and relevant documents as the corpus's "
+        f"pairs ({'/'.join(str(corpus.counts[n]['pairs']) for n in EXPORTED)}); train on them with data=beir "
+        f"data.root={args.folder}"
+    )
+    return 0
+
+
 @command
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m biencoder.corpus",
-        description="What an ArguAna corpus or a set of pair files holds; ArguAna as pair files.",
+        description="What an ArguAna corpus or a set of pair files holds; ArguAna as pair files or a BEIR folder.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     stats_parser = sub.add_parser("stats", help="counts per split, the cross-split overlap and what data.dedup drops")
@@ -193,8 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     export_parser = sub.add_parser("export-pairs", help="write an ArguAna-layout corpus as train/val/test.jsonl pairs")
     export_parser.add_argument("corpus", help="an ArguAna corpus root, or 'demo' for the bundled one")
     export_parser.add_argument("folder", help="a new or empty folder for train.jsonl, val.jsonl and test.jsonl")
+    beir_parser = sub.add_parser("export-beir", help="write an ArguAna-layout corpus as a BEIR folder")
+    beir_parser.add_argument("corpus", help="an ArguAna corpus root, or 'demo' for the bundled one")
+    beir_parser.add_argument(
+        "folder", help="a new or empty folder for corpus.jsonl, queries.jsonl and qrels/{train,dev,test}.tsv"
+    )
     args = parser.parse_args(argv)
-    return stats(args) if args.command == "stats" else export(args)
+    return {"stats": stats, "export-pairs": export, "export-beir": export_as_beir}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -434,10 +434,6 @@ def test_the_readme_test_command_is_what_ci_runs():
     assert "pytest" in ci
 
 
-if __name__ == "__main__":  # the runner of test_every_command_in_a_code_block_composes_or_prints_its_help
-    print(json.dumps(run_calls(json.loads(sys.stdin.read()))))
-
-
 def test_the_configuration_page_lists_every_option_of_every_config_group():
     """docs/configuration.md's "Groups and keys" table names each YAML file of conf/<group>/ (the option a user picks
     with <group>=<name>): a newcomer found the data row missing two of its four."""
@@ -454,3 +450,31 @@ def test_the_configuration_page_lists_every_option_of_every_config_group():
         if f"`{option.stem}`" not in options
     ]
     assert {"data", "model", "variant", "experiment", "logger"} <= set(rows) and missing == []
+
+
+def test_the_documented_run_summaries_begin_as_a_run_prints_them():
+    """The summary blocks of README.md and docs/own-data.md start with the header line a run prints for their values
+    (a newcomer found `best epoch 7 (of 0-9, by val top1) | 43 s` where runs print `best epoch 7 of 0-9, by val
+    top-1 (reranked) | 168 s`)."""
+    from biencoder.report.run_summary import header_line
+
+    headers = [
+        (page, line)
+        for page in ("README.md", "docs/own-data.md")
+        for line in (REPO / page).read_text().splitlines()
+        if line.startswith("== ") and " seed " in line
+    ]
+    assert len(headers) >= 2
+    for page, line in headers:
+        parts = re.match(
+            r"== (\S+) seed (\d+) \| (\S+) on (\S+) \| best epoch \D*(\d+)\D+?\d+-(\d+).*\| (\d+) s$", line
+        )
+        assert parts, f"{page}: {line}"
+        variant, seed, model, data, best, last, seconds = parts.groups()
+        final = {"variant": variant, "seed": seed, "model": model, "data": data, "best_epoch": int(best)}
+        final |= {"epochs": int(last) + 1, "wall_time_s": float(seconds)}
+        assert line == header_line(final), page
+
+
+if __name__ == "__main__":  # the runner of test_every_command_in_a_code_block_composes_or_prints_its_help
+    print(json.dumps(run_calls(json.loads(sys.stdin.read()))))

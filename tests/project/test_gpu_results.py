@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results"
 GPU = RESULTS / "gpu-h100-2026-11-23"
 H200 = RESULTS / "gpu-h200-2026-11-27"
-H200_ENCODING = RESULTS / "gpu-h200-2026-11-28"
+H200_GRAPH = RESULTS / "gpu-h200-2026-11-28b"
 CELLS = ("plain", "ln", "relu", "ln_relu")  # the row order of the docs' tables
 TASKS = ("sdoc", "sdc", "sdoa", "sda", "stc", "sta", "epc", "epa")
 N_BOOT = statistics.N_BOOT  # the one setting every table uses, with which the committed tables were made
@@ -416,14 +416,16 @@ def throughput_rows(text: str, device: str, label: str) -> list[str]:
     }
     rows = []
     for m in re.finditer(
-        rf"^{device} +(tiny|minilm|bert-base) +(\d+) triplets x (\d+) tok +(\w+) +([\d.]+) +(\d+) +([\d.]+) +(\S+)$",
+        rf"^{device} +(tiny|minilm|bert-base) +(\d+) triplets x (\d+) tok +(\w+) +(?:(eager|graph) +([\d.]+) +)?"
+        r"([\d.]+) +(\d+) +([\d.]+) +(\S+)$",
         text,
         flags=re.M,
     ):
-        tokens = f"{int(m[6]):,}".replace(",", " ")  # 1494974 → 1 494 974
+        step, ms = m[5] or "eager", m[6] or ""  # the older bench printed neither: its rows were eager
+        tokens = f"{int(m[8]):,}".replace(",", " ")  # 1494974 → 1 494 974
         rows.append(
-            f"| {label} | {models[m[1]]} | {m[2]} triplets × {m[3]} tok | {m[4]} | {m[5]} | {tokens} | {m[7]} | "
-            f"{m[8]} |"
+            f"| {label} | {models[m[1]]} | {m[2]} triplets × {m[3]} tok | {m[4]} | {step} | {ms} | {m[7]} | "
+            f"{tokens} | {m[9]} | {m[10]} |"
         )
     return rows
 
@@ -441,66 +443,95 @@ def step_row(text: str, model: str, window: int) -> str:
     return f"{ops}, {sum(named.values()):g}, {ms} ms"
 
 
+def phases_of(text: str) -> dict[str, str]:
+    """Item 6's phase table in a bench output: {phase: wall ms as printed}."""
+    return dict(re.findall(r"^   (\S.*?) {2,}([\d.]+)(?: +[\d.]+)?$", text, flags=re.M))
+
+
 def h200_rows() -> tuple[list[str], list[str]]:
-    """(BENCHMARKS.md's, README.md's) snippets of the H200 session: bench --gpu-only (items 2, 5, 6), the sweep
-    (item 7), and a9c05a4's item 5 on the same GPU (the "before" of the operator counts)."""
-    text = (H200 / "bench_gpu_only.txt").read_text()
+    """(BENCHMARKS.md's, README.md's) snippets of the H200 lease at 426e694 (items 2, 5, 6 with the CUDA-graph step
+    and item 6 without it, the peer, the sweep's finished runs), with the operator counts of the lease at 7af1930
+    and a9c05a4's item 5 on the same GPU kind (the "before" of the counts)."""
+    text = (H200_GRAPH / "bench.txt").read_text()
+    eager_text = (H200_GRAPH / "bench_eager.txt").read_text()
     before = (H200 / "a9c05a4_steps.txt").read_text()
     rows = throughput_rows(text, "NVIDIA H200", "H200")
-    assert len(rows) == 4, "bench_gpu_only.txt: a training row the docs quote is missing"
-    bert = re.search(r"^NVIDIA H200 +bert-base +32 triplets x 256 tok +bf16 .* ([\d.]+) +(\d+)%$", text, flags=re.M)
-    rows.append(f"| {bert[2]} % on the H200 ({bert[1]} TFLOP/s) | no |")
+    assert len(rows) == 8, "bench.txt: a training row the docs quote is missing"
+
+    def step_ms(model: str, batch: str, mode: str) -> str:
+        return re.search(rf"^NVIDIA H200 +{model} +{batch} +bf16 +{mode} +([\d.]+) ", text, flags=re.M)[1]
+
+    bert = re.search(r"^NVIDIA H200 +bert-base +32 triplets x 256 tok +bf16 +eager .* ([\d.]+) +(\d+)%$", text, re.M)
+    rows.append(f"| {bert[2]} % on the H200 ({bert[1]} TFLOP/s, eager)")
     # the windows: 8 (MiniLM-sized) and 32 (frozen) steps at 7af1930, 2 and 20 in a9c05a4's bench
+    eager_counts = (H200 / "bench_gpu_only.txt").read_text()
     for name, model, windows in (
         ("frozen-encoder head", "MiniLM frozen head", (20, 32)),
         ("MiniLM-sized encoder", "MiniLM-sized", (2, 8)),
     ):
-        rows.append(f"| {name}, H200 | {step_row(before, model, windows[0])} | {step_row(text, model, windows[1])} |")
-    phases = dict(re.findall(r"^   (\S.*?) {2,}([\d.]+)(?: +[\d.]+)?$", text, flags=re.M))
+        rows.append(
+            f"| {name}, H200 | {step_row(before, model, windows[0])} | {step_row(eager_counts, model, windows[1])} |"
+        )
+    graphed = re.search(
+        r"^ +MiniLM-sized +NVIDIA H200 +batch +16 graph ops/step +(\d+) +host syncs/step +([\d.]+) "
+        r".* ([\d.]+) ms/step",
+        text,
+        flags=re.M,
+    )
+    rows.append(
+        f"| MiniLM-sized encoder as a CUDA graph (426e694), H200 | {step_row(before, 'MiniLM-sized', 2)} | "
+        f"{graphed[1]}, {float(graphed[2]):g}, {graphed[3]} ms |"
+    )
+    g, e = phases_of(text), phases_of(eager_text)
     three = " / ".join
+    per_step = {
+        mode: re.search(rf"^   train: ([\d.]+) ms per step \({mode}\)", t, flags=re.M)[1]
+        for mode, t in (("CUDA graph", text), ("eager", eager_text))
+    }
     rows += [
-        f"| mine the hard negatives | {phases['mine']} |",
-        f"| train (175 steps, {float(phases['train']) / 175:.1f} ms each) | {phases['train']} |",
-        f"| encode train / val / test | {three(phases[f'encode {s}'] for s in ('train', 'val', 'test'))} |",
-        f"| retrieve + rerank train / val / test | "
-        f"{three(phases[f'retrieve+rerank {s}'] for s in ('train', 'val', 'test'))} |",
-        f"| keep the best weights, log, the rest | {three(phases[k] for k in ('keep best', 'log', 'rest'))} |",
-        f"| write `last.pt` | {phases['checkpoint']} |",
-        f"| **epoch** (`finetune_epoch_s`) | **{phases['epoch']}** |",
+        f"| mine the hard negatives | {g['mine']} | {e['mine']} |",
+        f"| train (175 steps) | {g['train']} ({per_step['CUDA graph']} ms a step) | {e['train']} "
+        f"({per_step['eager']} ms a step) |",
+        *(
+            f"| {label} train / val / test | {three(g[f'{key} {s}'] for s in ('train', 'val', 'test'))} | "
+            f"{three(e[f'{key} {s}'] for s in ('train', 'val', 'test'))} |"
+            for label, key in (("encode", "encode"), ("retrieve + rerank", "retrieve+rerank"))
+        ),
+        f"| keep the best weights, log, the rest | {three(g[k] for k in ('keep best', 'log', 'rest'))} | "
+        f"{three(e[k] for k in ('keep best', 'log', 'rest'))} |",
+        f"| `last.pt` (the copy; the write runs in the background) | {g['checkpoint']} | {e['checkpoint']} |",
+        f"| **epoch** (`finetune_epoch_s`) | **{g['epoch']}** | **{e['epoch']}** |",
     ]
     epoch = float(re.search(r"^finetune_epoch_s: ([\d.]+)$", text, flags=re.M)[1])
-    sweep = float(
-        re.search(r"^ablation_wall_s: ([\d.]+) \(jobs 8\)$", (H200 / "bench_sweep.txt").read_text(), flags=re.M)[1]
-    )
+    eager_epoch = float(re.search(r"^finetune_epoch_s: ([\d.]+)$", eager_text, flags=re.M)[1])
+    peer = (H200_GRAPH / "peer.txt").read_text()
+    ratio, ours, theirs = re.search(
+        r"^ours_over_sentence_transformers: ([\d.]+)x \(ours ([\d.]+), "
+        r"sentence-transformers ([\d.]+) triplets/s",
+        peer,
+        flags=re.M,
+    ).groups()
+    deadline = re.search(r"sweep_triplet \(deadline (\d+) s\)", (H200_GRAPH / "session_sweeps.txt").read_text())[1]
+    finished = [
+        f
+        for f in (H200_GRAPH / "sweep_triplet_partial").glob("*/final.json")
+        if json.loads(f.read_text())["status"] == "done"
+    ]
+    wall = [json.loads(f.read_text())["wall_time_s"] for f in finished]
+    walls = f"{min(wall):.1f}–{max(wall):.1f} s"
     rows += [
-        f"| {epoch:.2f} s on the H200 (the mean of 3) | no |",
-        f"| {sweep // 60:.0f} min {sweep % 60:.1f} s on the H200 with 8 jobs at a time",
+        f"| {epoch:.3f} s on the H200 (the mean of 3; {eager_epoch:.3f} s with `trainer.cuda_graphs=false`) | yes |",
+        f"| {per_step['CUDA graph']} ms in the ArguAna epoch with the CUDA graph ({per_step['eager']} ms eager); "
+        f"{step_ms('minilm', '16 triplets x 128 tok', 'graph')} ms in item 2 (every row 128 tokens, dropout on; "
+        f"{step_ms('minilm', '16 triplets x 128 tok', 'eager')} ms eager) | no |",
+        f"| {ratio}× ({ours} against {theirs} triplets/s) | yes |",
+        f"| {len(finished)} of 20 runs done at {deadline} s with 8 jobs (a run {walls}",
     ]
     readme = [
-        f"| {epoch:.2f} s | one H200 | 7af1930 |",
-        f"| {sweep:.1f} s | one H200 | 7af1930 |",
+        f"| {epoch:.3f} s ({eager_epoch:.3f} s with `trainer.cuda_graphs=false`) | one H200 | 426e694 |",
+        f"{len(finished)} of the 20 runs finished in {deadline} s (a run {walls}) | one H200 | 426e694 |",
     ]
-    return rows + h200_encoding_rows(), readme
-
-
-def h200_encoding_rows() -> list[str]:
-    """BENCHMARKS.md's snippets of the second H200 session (69c91ba): the epoch with the evaluation encoding on the
-    device, its encode phases, and the token cache."""
-    text = (H200_ENCODING / "encoding_and_tokens.txt").read_text()
-    start = text.index("mean of 2 after a warm-up")  # the bench's first epoch table (a cold token cache)
-    first = text[start : text.index("\n", text.index("finetune_epoch_s:", start))]
-    phases = dict(re.findall(r"^   (\S.*?) {2,}([\d.]+)(?: +[\d.]+)?$", first, flags=re.M))
-    epoch = float(re.search(r"^finetune_epoch_s: ([\d.]+)$", first, flags=re.M)[1])
-    cold = re.search(r"^token cache cold: three splits in ([\d.]+) s", text, flags=re.M)[1]
-    warm = re.search(r"^token cache warm: three splits in ([\d.]+) s", text, flags=re.M)[1]
-    encode = " / ".join(phases[f"encode {s}"] for s in ("train", "val", "test"))
-    return [
-        f"{epoch:.2f} s at 69c91ba (the mean of 2",
-        f"encode train / val / test {encode} ms, the epoch {epoch:.2f} s (mean of 2; train {phases['train']} ms, "
-        f"`last.pt` {phases['checkpoint']} ms",
-        f"Tokenising the three splits took {cold} s once per corpus",
-        f"the token cache in {warm} s",
-    ]
+    return rows, readme
 
 
 def missing(docs: dict[str, str], wanted: dict[str, list[str]]) -> list[str]:

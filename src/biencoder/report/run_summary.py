@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..engine.config.schema import SELECTION_BEFORE_RECORD, selection_label, untrained_classifier_note
-from ..engine.data.paired import POOL_TEXT
+from ..engine.data.paired import JUDGED_POOL_TEXT, POOL_TEXT
 from ..engine.retrieval.official_tasks import TASKS
 from .statistics import wilson
 
@@ -24,11 +24,7 @@ def summary_text(final: dict, out_dir: Path) -> str:
     chosen = final.get("selection", SELECTION_BEFORE_RECORD)
     # the selection metric first, with its interval: the run's result
     columns = sorted(COLUMNS, key=lambda c: c[0] != chosen["metric"])
-    lines = [
-        f"== {final['variant']} seed {final['seed']} | {final['model']} on {final['data']} | "
-        f"best epoch {final['best_epoch']} of 0-{final['epochs'] - 1}, by {selection_label(chosen)} | "
-        f"{final['wall_time_s']:.0f} s"
-    ]
+    lines = [header_line(final)]
     if chosen["metric"] != "top1":
         lines.append(untrained_classifier_note(final.get("tasks", {}).get("score", "")))
     lines += _metric_table(final, columns)
@@ -42,6 +38,18 @@ def summary_text(final: dict, out_dir: Path) -> str:
         lines.append(final["tasks_skipped"])
     lines.append(f"run folder: {out_dir}")
     return "\n".join(lines)
+
+
+def header_line(final: dict) -> str:
+    """The summary's first line: the cell, seed, model and data, the best epoch and the metric that chose it, and
+    the run's wall time (``final.json`` keys ``variant``, ``seed``, ``model``, ``data``, ``best_epoch``, ``epochs``,
+    ``selection``, ``wall_time_s``)."""
+    chosen = final.get("selection", SELECTION_BEFORE_RECORD)
+    return (
+        f"== {final['variant']} seed {final['seed']} | {final['model']} on {final['data']} | "
+        f"best epoch {final['best_epoch']} of 0-{final['epochs'] - 1}, by {selection_label(chosen)} | "
+        f"{final['wall_time_s']:.0f} s"
+    )
 
 
 def _shown(value: float | None) -> str:
@@ -129,6 +137,8 @@ def _pool(final: dict) -> str:
     pool = final.get("pool", "all")
     if "data_files" not in final and pool == "all":
         return "every argument of the split, as in the epa task"
+    if "corpus" in final.get("data_files", {}):  # a BEIR folder: the candidates are its documents
+        return f"{JUDGED_POOL_TEXT[pool]}, data.pool={pool}"
     return f"{POOL_TEXT[pool]}, data.pool={pool}"
 
 

@@ -39,11 +39,18 @@ def pairs_demo() -> Path:
     return _PACKAGE / "data" / "pairs_demo"
 
 
+def beir_demo() -> Path:
+    """Folder of the example BEIR-layout data shipped inside the package (``corpus.jsonl``, ``queries.jsonl``,
+    ``qrels/``: the demo corpus written by ``biencoder-corpus export-beir demo``)."""
+    return _PACKAGE / "data" / "beir_demo"
+
+
 def register_resolvers() -> None:
     """The resolvers the schema's own defaults use, ``${minilm_path:}`` and ``${demo_root:}``, and
-    ``data=pairs_demo``'s ``${pairs_demo:}`` (OmegaConf only): registered when :mod:`.schema` is imported, so a plain
-    ``OmegaConf.structured(Schema)`` resolves without Hydra. Safe to call more than once
-    (:func:`biencoder.hydra_glue.register` adds the Hydra-side ones)."""
+    ``data=pairs_demo``'s ``${pairs_demo:}`` and ``data=beir_demo``'s ``${beir_demo:}`` (OmegaConf only): registered
+    when :mod:`.schema` is imported, so a plain ``OmegaConf.structured(Schema)`` resolves without Hydra.
+    Safe to call more than once (:func:`biencoder.hydra_glue.register` adds the Hydra-side ones)."""
     OmegaConf.register_new_resolver("minilm_path", packaged_minilm_path, replace=True)
     OmegaConf.register_new_resolver("demo_root", lambda: str(demo_root()), replace=True)
     OmegaConf.register_new_resolver("pairs_demo", lambda: str(pairs_demo()), replace=True)
+    OmegaConf.register_new_resolver("beir_demo", lambda: str(beir_demo()), replace=True)

@@ -36,8 +36,9 @@ DEVICES = ("auto", "cpu", "cuda")
 PRECISIONS = ("auto", "fp32", "bf16")
 #: nearest-neighbour searches (biencoder.engine.retrieval.search.NeighbourIndex)
 INDEXES = ("balltree", "exact")
-#: data.layout: the ArguAna folders (engine/data/arguana.py) or pair files (engine/data/pair_files.py)
-LAYOUTS = ("arguana", "pairs")
+#: data.layout: the ArguAna folders (engine/data/arguana.py), pair files (engine/data/pair_files.py) or a BEIR folder
+#: (engine/data/beir.py)
+LAYOUTS = ("arguana", "pairs", "beir")
 #: data.pool: the per-epoch top-1's candidates (engine/data/paired.py, PairedSplit)
 POOLS = ("all", "positives")
 #: data.format: how a pair file is read (null: from its suffix, engine/data/pair_records.py)
@@ -118,16 +119,18 @@ class ColumnsSchema:
 class DataSchema:
     name: str = "demo"
     # arguana: the ArguAna folders under data.root | pairs: query -> positive pair files (data.train/val/test or
-    # data.file; docs/own-data.md)
+    # data.file; docs/own-data.md) | beir: a BEIR folder under data.root (corpus.jsonl, queries.jsonl, qrels/)
     layout: str = "arguana"
-    # arguana: the small corpus bundled with the package (original text, ArguAna layout); null with data=pairs
+    # arguana: the small corpus bundled with the package (original text, ArguAna layout); null with data=pairs;
+    # beir: the BEIR folder
     root: str | None = "${demo_root:}"
     max_debates: int | None = None  # arguana: keep only the first N debates of each split (quick slices)
     # remove the cross-split text overlap (protocol.md: debates filed under two themes): test untouched; val drops
     # pairs with a text in test; train drops pairs with a text in val or test. false = the official splits
     dedup: bool = True
     # the per-epoch top-1's candidate pool: all (every point/anchor and counter/positive of the split but the query)
-    # | positives (the counters/positives only, as in question answering)
+    # | positives (the counters/positives only, as in question answering). beir: all = every document of the corpus
+    # but the query's own | positives = the documents relevant to a query of the split
     pool: str = "all"
     train: str | None = None  # pairs: one file per split (.jsonl, .csv, .tsv, .parquet) ...
     val: str | None = None

@@ -55,7 +55,11 @@ NON_RESULT_KEYS = (
     "trainer.stats_every",
     "trainer.head_stats_every",
     "runtime.",
-    *(f"data_files.{role}.{key}" for role in ("train", "val", "test", "file") for key in ("path", "bytes")),
+    *(
+        f"data_files.{role}.{key}"
+        for role in ("train", "val", "test", "file", "corpus", "queries")
+        for key in ("path", "bytes")
+    ),
 )
 
 

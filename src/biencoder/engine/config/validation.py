@@ -283,16 +283,28 @@ def _data(cfg: DictConfig) -> None:
     if cfg.data.layout == "pairs":
         _pair_files(cfg)
         return
+    beir = cfg.data.layout == "beir"
     if not isinstance(cfg.data.root, str) or not cfg.data.root:
         raise ConfigError(
-            f"data.root={cfg.data.root!r} is not a path: use data=demo, or data=arguana with ARGUANA_ROOT set"
+            f"data.root={cfg.data.root!r} is not a path: "
+            + (
+                "name the BEIR folder (data.root=<folder>), or use data=beir_demo"
+                if beir
+                else "use data=demo, or data=arguana with ARGUANA_ROOT set"
+            )
+        )
+    if beir and cfg.data.max_debates is not None:
+        raise ConfigError(
+            f"data.max_debates={cfg.data.max_debates} slices ArguAna's debates; a BEIR folder has none: cut the "
+            "qrels files instead, or drop it"
         )
     changed = [f"data.{k}={cfg.data[k]}" for k in PAIR_KEYS if cfg.data[k] is not None] + [
         f"data.columns.{k}={v}" for k, v in cfg.data.columns.items() if v != getattr(ColumnsSchema(), k)
     ]
     if changed:
         raise ConfigError(
-            f"{changed[0]} is read only from pair files, and data={cfg.data.name} is the ArguAna layout: "
+            f"{changed[0]} is read only from pair files, and data={cfg.data.name} is the "
+            f"{'BEIR' if beir else 'ArguAna'} layout: "
             "use data=pairs (docs/own-data.md), or drop it"
         )
 

@@ -21,6 +21,7 @@ import pandas as pd
 from ..config.packaged import demo_root
 from ..config.schema import DataSchema
 from .arguana import SPLITS, CorpusError, read_split, resolve_root
+from .beir import read_beir
 from .pair_files import PairFiles, read_pairs
 from .paired import SPLIT_NAMES, PairedSplit, dedup_keep, seen_queries, split_name
 
@@ -148,9 +149,14 @@ def run_splits(data) -> tuple[Corpus | PairFiles, dict[str, PairedSplit]]:
     runner, the baselines of ``biencoder-plot``, ``scripts/bench.py``'s embedding-cache check).
 
     ``data.layout=arguana`` reads the folders under ``root`` (``max_debates`` slices them); ``pairs`` reads pair files
-    (:func:`.pairs.read_pairs`). Either way ``dedup`` removes the cross-split overlap by text and ``pool`` is the
-    candidate pool of the per-epoch top-1. Keys a run saved before they existed take their schema defaults."""
+    (:func:`.pairs.read_pairs`); ``beir`` a BEIR folder under ``root`` (:func:`.beir.read_beir`: its splits are
+    :class:`~.paired.JudgedSplit`, the corpus the candidates of each). Either way ``dedup`` removes the cross-split
+    overlap by text and ``pool`` is the candidate pool of the per-epoch top-1. Keys a run saved before they existed
+    take their schema defaults."""
     pool = data.get("pool", "all")
+    if data.get("layout", "arguana") == "beir":
+        beir = read_beir(data["root"]).used(data["dedup"])
+        return beir, {name: beir.paired(name, pool) for name in SPLIT_NAMES}
     if data.get("layout", "arguana") == "pairs":
         pairs = read_pairs(data).used(data["dedup"])
         return pairs, {name: pairs.paired(name, pool) for name in SPLIT_NAMES}

@@ -51,12 +51,32 @@ def data_paths(data) -> dict[str, str]:
 
 def data_files(data) -> dict[str, dict]:
     """The provenance of a pair-file run: ``{role: {"path", "bytes", "sha256"}}`` per file (``{}`` for the ArguAna
-    layout). Raises :class:`PairsError` for a missing file."""
+    layout; a BEIR folder's: corpus, queries and each split's qrels, :func:`.beir.beir_files`). Raises
+    :class:`PairsError` for a missing pair file."""
+    if data.get("layout", "arguana") == "beir":
+        return beir_files(data["root"])
     if data.get("layout", "arguana") != "pairs":
         return {}
     return {
         role: _provenance(Path(path), role, _read_bytes(Path(path), role)) for role, path in data_paths(data).items()
     }
+
+
+#: the files of a BEIR folder by role (:mod:`.beir` reads them); a split's qrels file may be missing
+BEIR_FILES = {
+    "corpus": "corpus.jsonl",
+    "queries": "queries.jsonl",
+    "train": "qrels/train.tsv",
+    "val": "qrels/dev.tsv",
+    "test": "qrels/test.tsv",
+}
+
+
+def beir_files(root: str | Path) -> dict[str, dict]:
+    """The provenance of a BEIR run: path, size and sha256 of each file of :data:`BEIR_FILES` under ``root`` there is
+    (the files missing are left out: the reader names them)."""
+    paths = {role: Path(root).expanduser() / name for role, name in BEIR_FILES.items()}
+    return {role: _provenance(path, role, path.read_bytes()) for role, path in paths.items() if path.is_file()}
 
 
 def _provenance(path: Path, role: str, content: bytes) -> dict:

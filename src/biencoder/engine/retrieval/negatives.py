@@ -6,6 +6,11 @@ argument whose text equals the point's or the counter's text, is the hard negati
 nearest allowed point and the nearest allowed counter; at equal distance the lower row, a point, wins.)
 With probability ``random_rate`` a uniformly random eligible argument is taken instead; only the points of the pairs
 without a random negative are searched for.
+
+A BEIR split (:class:`~biencoder.engine.data.paired.JudgedSplit`) draws from its documents only
+(:attr:`~biencoder.engine.data.paired.PairedSplit.negative_rows`), and a query's negative never has the text of the
+query, of its own document or of any document relevant to it (:meth:`~biencoder.engine.data.paired.PairedSplit.
+banned_texts`): one negative per query, shared by the triplets of its relevant documents.
 """
 
 from __future__ import annotations
@@ -64,15 +69,16 @@ class MinedNegatives:
 
 
 def forbidden_texts(split: PairedSplit) -> np.ndarray:
-    """[Q, 2] text ids a pair's negative must not have: the point's and its counter's."""
-    return np.stack([split.text_id[split.query], split.text_id[split.counter]], axis=1)
+    """[Q, M] text ids a query's negative must not have (:meth:`PairedSplit.banned_texts`; -1 pads): a pair's point's
+    and its counter's ([Q, 2]); a judged query's own and every relevant document's (a BEIR split)."""
+    return split.banned_texts()
 
 
 def has_eligible(text_id: np.ndarray, banned: np.ndarray) -> np.ndarray:
-    """[Q] bool: some argument's text is neither of the pair's two ``banned`` [Q, 2] text ids. Only a split of at most
-    two distinct texts can have a pair without one."""
+    """[Q] bool: some argument's text (``text_id``: those of the rows a negative is drawn from) is none of the query's
+    ``banned`` [Q, M] text ids. Only a split of at most M distinct texts can have a query without one."""
     unique = np.unique(text_id)
-    if len(unique) > 2:
+    if len(unique) > banned.shape[1]:
         return np.ones(len(banned), bool)
     return (unique[None, :, None] != banned[:, None, :]).all(axis=2).any(axis=1)
 
@@ -129,7 +135,10 @@ def mine_negatives(
         :class:`MinedNegatives`; a negative never has the text of the point or of its counter.
     """
     sim = np.asarray(sim, dtype=np.float64)
-    text_id = split.text_id
+    # the rows a negative is drawn from: every row of a paired split; a BEIR split's documents, never its queries
+    pool = split.negative_rows
+    whole = len(pool) == len(sim)
+    text_id = split.text_id if whole else split.text_id[pool]
     banned = forbidden_texts(split)
     queries = split.query
     if not has_eligible(text_id, banned).all():
@@ -141,13 +150,15 @@ def mine_negatives(
     row = np.full(len(queries), -1)
     hard = np.flatnonzero(~is_random)
     if len(hard):
-        tree = NeighbourIndex(sim, mining.index, mining.device)
-        row[hard], _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
+        searched = sim if whole else sim[pool]
+        tree = NeighbourIndex(searched, mining.index, mining.device)
+        found, _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
+        row[hard] = found if whole else np.where(found >= 0, pool[found], -1)
     todo = np.flatnonzero(is_random)
     while len(todo):  # rejection sampling: eligible arguments are the vast majority
         draw = rng.integers(0, len(text_id), size=len(todo))
         ok = np.all(text_id[draw][:, None] != banned[todo], axis=1)
-        row[todo[ok]] = draw[ok]
+        row[todo[ok]] = draw[ok] if whole else pool[draw[ok]]
         todo = todo[~ok]
     distance = np.linalg.norm(sim[queries] - sim[row], axis=1)
     return MinedNegatives(row=row, is_random=is_random, distance=distance, rate=rate)

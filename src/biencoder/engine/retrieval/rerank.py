@@ -93,11 +93,12 @@ def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1
 def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
     """[B, 2Q] bool: the false candidates of the per-epoch pool (``data.pool``; with ``all`` on ArguAna the epa task's)
     of the queries ``pairs`` [B] (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true
-    counter."""
+    counter and (a BEIR query) every document relevant to it, so that none counts against the first."""
     pairs = np.asarray(pairs)
-    mask = split.is_candidate(np.broadcast_to(np.arange(len(split.table)), (len(pairs), len(split.table))), pairs)
+    rows = np.broadcast_to(np.arange(len(split.table)), (len(pairs), len(split.table)))
+    mask = split.is_candidate(rows, pairs)
     mask[np.arange(len(pairs)), split.counter[pairs]] = False
-    return mask
+    return mask & ~split.is_relevant(rows, pairs)
 
 
 def query_sample(n: int, size: int | None) -> np.ndarray | None:
@@ -151,7 +152,8 @@ def retrieve(
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     pool = split.pool_rows  # data.pool=positives: only the positives are searched
     # what a search may find that the pool leaves out: the query itself (when it is searched), its true counter's twins
-    extra = int(split.pool == "all") + int(split.twins_of_true_counter().max())
+    # (a BEIR split: the documents with the query's text or id, the copies of a relevant one; PairedSplit.search_extra)
+    extra = split.search_extra()
     sim = np.asarray(sim, dtype=np.float64)
     searched = sim if len(pool) == len(sim) else sim[pool]
     k = min(k, len(searched) - extra)
@@ -252,7 +254,8 @@ def listed_ranks(rows: np.ndarray, true_rows: np.ndarray) -> np.ndarray:
     (nearest first, equal distances the lower row first: :func:`retrieve`), no classifier;
     :data:`~.metrics.NOT_LISTED` (0) where it is not in the shortlist."""
     is_true = rows == np.asarray(true_rows)[:, None]
-    return np.where(is_true.any(axis=1), is_true.argmax(axis=1) + 1, NOT_LISTED)
+    before = ((np.cumsum(is_true, axis=1) == 0) & (rows != NONE)).sum(axis=1)
+    return np.where(is_true.any(axis=1), before + 1, NOT_LISTED)
 
 
 def rerank_ranks(
@@ -280,8 +283,11 @@ def rerank_ranks(
         rows, _ = retrieve(emb.retrieval(rerank.space).numpy(), split, rerank.k, rerank.index, rerank.device, pairs)
     [margins] = shortlist_margins(model, emb, split.query[pairs], [rows], rerank.batch_size, rerank.device)
     true = split.counter[pairs]
-    rank, _ = shortlist_ranks(rows, margins, true, split.name)
-    return Ranks(rank, rows.shape[1]), Ranks(listed_ranks(rows, true), rows.shape[1])
+    # a BEIR query's other relevant documents never count against its first (the highest grade): unlisted, NaN
+    other = split.is_relevant(rows, pairs) & (rows != true[:, None])
+    ranked, margins = np.where(other, NONE, rows), np.where(other, np.float32(np.nan), margins)
+    rank, _ = shortlist_ranks(ranked, margins, true, split.name)
+    return Ranks(rank, rows.shape[1]), Ranks(listed_ranks(ranked, true), rows.shape[1])
 
 
 def retrieve_rerank(

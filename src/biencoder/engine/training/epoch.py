@@ -133,7 +133,8 @@ class EpochTrainer:
         )
         # the parameters whose gradient norms a step records (encoder, head); a frozen encoder has none
         self.grad_groups = ([] if self.frozen else list(model.encoder.parameters()), model.head_parameters())
-        self.n_triplets = self.split.n_pairs + len(self.split.given_triplets)  # mined, then given (triplet_rows)
+        # mined (one per relevant pair), then given (triplet_rows)
+        self.n_triplets = len(self.split.relevant_pairs[0]) + len(self.split.given_triplets)
         self.steps_per_epoch = math.ceil(math.ceil(self.n_triplets / distributed.world_size()) / settings.batch_size)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer,

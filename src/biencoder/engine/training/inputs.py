@@ -15,7 +15,7 @@ import torch
 
 from ..config.schema import DataSchema
 from ..data.corpus import run_splits, seen_queries
-from ..data.paired import POOL_TEXT, PairedSplit
+from ..data.paired import JUDGED_POOL_TEXT, POOL_TEXT, JudgedSplit, PairedSplit
 from ..machine import distributed
 from ..modeling.cache import encoder_fingerprint
 from ..modeling.encoding import TextEncoder, TokenizedTexts, pooled_vectors
@@ -100,7 +100,22 @@ class RunData:
                 )
         for role, f in self.files.items():
             log.info("data.%s: %s (%d bytes, sha256 %s)", role, f["path"], f["bytes"], f["sha256"])
-        if self.files:
+        self._log_what_was_read(data)
+
+    def _log_what_was_read(self, data: DataSchema) -> None:
+        """A BEIR folder's judgements, or pair files' repeated pairs and given negatives, with the per-epoch pool."""
+        if isinstance(self.splits["test"], JudgedSplit):
+            log.info(
+                "BEIR judgements per split (queries, judgements, queries with several relevant documents, graded) "
+                "%s; training pairs: each query with each relevant document; per-epoch pool (data.pool=%s): %s",
+                {
+                    n: (c["queries"], c["judgements"], c["multi_relevant_queries"], c["graded_judgements"])
+                    for n, c in self.counts.items()
+                },
+                data.pool,
+                JUDGED_POOL_TEXT[data.pool],
+            )
+        elif self.files:
             log.info(
                 "pairs that repeat an earlier anchor and positive (each is its own query) %s; given negatives "
                 "%s; per-epoch pool (data.pool=%s): %s",

@@ -53,10 +53,12 @@ class TripletCollate:
 
 
 def triplet_rows(split: PairedSplit, negatives: MinedNegatives) -> np.ndarray:
-    """[Q + G, 3] training rows (point, counter, negative) for this epoch: one per pair with its freshly mined
-    negative, then one per given negative of pair files (:attr:`PairedSplit.given_triplets`, rows ``2Q + j``; G = 0
-    without)."""
-    mined = np.stack([split.query, split.counter, negatives.row], axis=1)
+    """[R + G, 3] training rows (point, counter, negative) for this epoch: one per relevant pair
+    (:attr:`PairedSplit.relevant_pairs`: each pair's point and counter, R = Q; a BEIR query and each document relevant
+    to it) with its query's freshly mined negative, then one per given negative of pair files
+    (:attr:`PairedSplit.given_triplets`, rows ``2Q + j``; G = 0 without)."""
+    pair, row, _ = split.relevant_pairs
+    mined = np.stack([split.query[pair], row, negatives.row[pair]], axis=1)
     given = split.given_triplets
     return np.concatenate([mined, given]) if len(given) else mined
 
