@@ -240,7 +240,7 @@ def poison_classifier(monkeypatch, at_epoch: int = 1) -> None:
     def poisoned(self, epoch, negatives):
         if epoch == at_epoch:
             with torch.no_grad():
-                self.model.out.weight.fill_(float("nan"))
+                self.model.head.out.weight.fill_(float("nan"))
         return original(self, epoch, negatives)
 
     monkeypatch.setattr(EpochTrainer, "train_epoch", poisoned)

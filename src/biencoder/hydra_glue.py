@@ -21,7 +21,7 @@ from hydra.errors import HydraException
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from .engine.config import schema
+from .engine.config import heads
 from .engine.config.packaged import register_resolvers
 from .engine.config.schema import LOSS_OPTIONS, Schema
 from .engine.config.settings import flatten
@@ -33,16 +33,16 @@ from .errors import BiencoderError, report
 
 
 def _variant_resolver(*, _root_: DictConfig) -> str:
-    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.config.schema.variant_name`) as the folder
+    """``${variant_name:}``: the run's variant (:func:`~biencoder.engine.config.heads.variant_name`) as the folder
     names it, with the ``+variant=`` choice of the config being composed."""
-    return schema.variant_name(_root_, OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None))
+    return heads.variant_name(_root_, OmegaConf.select(_root_, "hydra.runtime.choices.variant", default=None))
 
 
 def variant_name(cfg: DictConfig) -> str:
-    """The run's variant (:func:`~biencoder.engine.config.schema.variant_name`), with the ``+variant=`` choice of the
+    """The run's variant (:func:`~biencoder.engine.config.heads.variant_name`), with the ``+variant=`` choice of the
     running Hydra app, if any."""
     choice = HydraConfig.get().runtime.choices.get("variant") if HydraConfig.initialized() else None
-    return schema.variant_name(cfg, choice)
+    return heads.variant_name(cfg, choice)
 
 
 def job_dir_resolver(subdir: str, *, _root_: DictConfig) -> str:

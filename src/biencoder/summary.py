@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from .engine.config.schema import METRIC_LABELS
 from .engine.config.settings import is_non_result_key
 from .errors import BiencoderError, command
 from .report import SummaryError
@@ -33,6 +32,10 @@ from .report.tables import paired_comparisons, summary_table, to_markdown
 from .report.trackers import attach
 
 log = logging.getLogger("biencoder")
+
+#: the metrics whose per-query test outcome a run keeps (test_hits.npy: the top-1 of the ranking its selection
+#: reads), so the only ones the paired tables and the factorial reading compare
+PAIRED_METRICS = ("top1", "retrieval_top1")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.x:
         return _main_against(runs, args.x, out, statuses)
     varying = assign_cells(runs)
-    paired = args.metric in METRIC_LABELS  # the tables that pair each run's test_hits.npy
+    paired = args.metric in PAIRED_METRICS  # the tables that pair each run's test_hits.npy
     # before anything is written: a --reference or --factors that reads nothing stops here
     comparisons = (
         paired_comparisons(runs, args.reference or ["plain"], args.n_boot, strict=bool(args.reference))
@@ -200,7 +203,7 @@ def _check_args(args: argparse.Namespace, runs: list[Run], statuses: dict) -> No
     for option, given in (("--baselines", args.baselines), ("--factors", args.factors)):
         if args.x and given:
             raise SummaryError(f"{option} goes with the per-cell table: run it without --x")
-    if (args.reference or args.factors) and (args.x or args.metric not in METRIC_LABELS):
+    if (args.reference or args.factors) and (args.x or args.metric not in PAIRED_METRICS):
         raise SummaryError(
             f"{'--reference' if args.reference else '--factors'} pairs test top-1 per query (each run's "
             "test_hits.npy): use it without --x and with --metric top1 or retrieval_top1"

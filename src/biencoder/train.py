@@ -16,7 +16,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from .engine.config.schema import SELECTION_BEFORE_RECORD
+from .engine.config.selection import SELECTION_BEFORE_RECORD
 from .engine.machine import distributed
 from .engine.machine.runtime import nondeterministic_op
 from .engine.runs.folder import discard_if_ours

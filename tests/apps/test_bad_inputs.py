@@ -113,6 +113,24 @@ CASES = [
     ),
     ("a group without +", lambda t: [*module("train"), *FAST, "variant=ln"], None, "use +variant=ln"),
     (
+        "a head flag against its key",
+        lambda t: [*module("train"), *FAST, "+variant=ln", "model.head.norm=rmsnorm"],
+        None,
+        "model.head.use_layernorm=true and model.head.norm=rmsnorm contradict each other",
+    ),
+    (
+        "a head part that is not installed",
+        lambda t: [*module("train"), *FAST, "model.head.norm=no_such_pkg.norms:ScaleNorm"],
+        None,
+        "needs the module 'no_such_pkg', which is not installed here",
+    ),
+    (
+        "a misspelt head part",
+        lambda t: [*module("train"), *FAST, "model.head.norm=rmsnrom"],
+        None,
+        "did you mean rmsnorm?",
+    ),
+    (
         "a logger's key without the logger",
         lambda t: [*module("train"), *FAST, "+logger.mlflow.experiment=x"],
         None,

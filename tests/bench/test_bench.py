@@ -287,6 +287,21 @@ def test_the_frozen_item_warms_the_cache_and_prints_frozen_epoch_s(tmp_path, mon
     assert f"   skipped (no ArguAna corpus at {tmp_path / 'nowhere'}; set ARGUANA_ROOT or pass --corpus)" in out
 
 
+def test_the_frozen_item_measures_the_head_the_run_overrides_name(monkeypatch, capsys):
+    """``--run-overrides`` reaches item 4's run (a head with a hidden layer, measured against the card's ln_relu),
+    after the preset's own overrides, and its header says so."""
+    from biencoder.bench import frozen_epoch
+
+    seen = []
+    result = {"phases": {"epoch": 1.0}, "cpu": {"epoch": 2.0}}
+    monkeypatch.setattr(frozen_epoch, "corpus_found", lambda corpus: True)
+    monkeypatch.setattr(frozen_epoch, "bench_epoch_phases", lambda overrides, epochs: seen.append(overrides) or result)
+    monkeypatch.setattr(frozen_epoch, "print_phases", lambda result: None)
+    code, out = _printed(capsys, ["--items", "frozen", "--run-overrides", "model.head.hidden=[256]"])
+    assert code == 0 and seen == [frozen_epoch.frozen_overrides() + ["model.head.hidden=[256]"]]
+    assert any("ln_relu model.head.hidden=[256];" in line for line in out) and "frozen_epoch_s: 1.000" in out
+
+
 @pytest.mark.slow
 def test_the_step_and_epoch_items_print_their_lines(monkeypatch, capsys):
     """Items 5 and 6 as the command prints them (item 5 on the tiny encoder here: the MiniLM-sized row takes ~30 s):

@@ -205,3 +205,32 @@ def test_a_design_whose_cells_have_not_finished_has_no_numbers_yet(tmp_path):
     design, _ = find_design(runs)
     table = factorial_table(runs, design, 100)
     assert table.empty and "Not yet" in factorial_markdown(table, design)
+
+
+def test_a_sweep_over_the_head_s_norms_is_one_factor_of_norms_and_the_card_s_runs_keep_their_switches(tmp_path):
+    """model.head.norm ∈ {none, layernorm, rmsnorm} × activation ∈ {none, gelu} (docs/heads.md). Means (none,
+    gelu): none 0.30, 0.40; layernorm 0.20, 0.30; rmsnorm 0.40, 0.50. The norm is one three-level factor with the
+    reference none (the default head, not layernorm, which sorts first), not the card's switch use_layernorm, which
+    would put none and rmsnorm at one level and leave the cells uncrossed; the activation, whose levels are not
+    the card's, is a factor of its own: layernorm −10, rmsnorm +10, GELU +10. A card run of the same sweep spelt with
+    the flags (plain, with norm none) shares the cell of none/none."""
+    means = {"none": (30, 40), "layernorm": (20, 30), "rmsnorm": (40, 50)}
+    for norm, pair in means.items():
+        for activation, n in zip(("none", "gelu"), pair, strict=True):
+            name = "_".join(p for p in ("ln" if norm == "layernorm" else norm, activation) if p != "none") or "plain"
+            for seed in (0, 1):
+                run_hits = hits(n)
+                head = {"norm": norm, "activation": activation}
+                if name == "plain" and seed == 1:
+                    head = {"use_layernorm": False, "use_relu": False}  # the card's spelling of the same head
+                write_run(tmp_path / f"{name}_{seed}", name, seed, [0.1], [run_hits.mean()], run_hits, head=head)
+    runs = find_runs([tmp_path])
+    assign_cells(runs)
+    assert sorted({r.cell for r in runs}) == ["gelu", "ln", "ln_gelu", "plain", "rmsnorm", "rmsnorm_gelu"]
+    design, table = effects(runs)
+    assert [f.keys for f in design.factors] == [("model.head.activation",), ("model.head.norm",)]
+    assert design.factors[1].levels == (("none",), ("layernorm",), ("rmsnorm",))
+    shown = {(r.effect, r.contrast): r.effect_pt for r in table.reset_index().itertuples()}
+    assert shown[("main effect", "gelu − none, mean over norm")] == pytest.approx(10)
+    assert shown[("level vs reference", "layernorm − none, mean over activation")] == pytest.approx(-10)
+    assert shown[("level vs reference", "rmsnorm − none, mean over activation")] == pytest.approx(10)

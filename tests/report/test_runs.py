@@ -19,14 +19,18 @@ def write_run(
     complete=True,
     data="demo",
     tasks=None,
+    head=None,
 ):
-    """A run folder in the runner's format with the given per-epoch val/test top1 (train rows too)."""
+    """A run folder in the runner's format with the given per-epoch val/test top1 (train rows too); ``head``: its
+    ``model.head`` (default: the card variant's two flags, as every run wrote them before the head keys)."""
     (folder / ".hydra").mkdir(parents=True)
-    ln, relu = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}[variant]
+    if head is None:
+        flags = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}
+        head = dict(zip(("use_layernorm", "use_relu"), flags[variant], strict=True))
     config = {
         "seed": seed,
         "data": {"name": data, "root": None},
-        "model": {"name": "tiny", "head": {"use_layernorm": ln, "use_relu": relu}},
+        "model": {"name": "tiny", "head": head},
     }
     (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
     rows = []
@@ -73,6 +77,40 @@ def test_runs_from_before_a_new_key_share_its_default(tmp_path):
     assert assign_cells(runs) == ["eval.retrieve"]
     cells = {r.path.name: r.cell for r in runs}
     assert cells["old"] == cells["new"] == "plain retrieve=sim" and cells["other"] == "plain retrieve=encoder"
+
+
+def test_a_cell_s_name_says_its_head_and_the_card_s_cells_keep_theirs(tmp_path):
+    """The card's cells keep their names, whether written with the flags (before the head keys) or with the keys; a
+    run without +variant is named after its head; a variant whose head is not its name gets head=<head>, so runs of
+    one variant with other heads never share a cell, and the comparison against plain still pairs them."""
+    from biencoder.report.tables import paired_comparisons
+
+    hits = [1, 0, 1, 1, 0, 0, 1, 0]
+    for seed in (0, 1):
+        write_run(tmp_path / f"ln{seed}", "ln", seed, [0.1], [0.1], hits=hits)
+        write_run(tmp_path / f"plain{seed}", "plain", seed, [0.1], [0.1], hits=hits[::-1])
+        keys = {"norm": "layernorm", "activation": "relu"}  # the ln_relu head, spelt with the keys
+        write_run(tmp_path / f"ln_relu{seed}", "ln_relu", seed, [0.1], [0.1], head=keys, hits=hits)
+        rms = {"norm": "rmsnorm", "activation": "gelu", "hidden": [16]}
+        write_run(tmp_path / f"rms{seed}", "h16_rmsnorm_gelu", seed, [0.2], [0.2], head=rms, hits=hits)
+        ln_gelu = {"use_layernorm": True, "use_relu": False, "activation": "gelu"}
+        write_run(tmp_path / f"lngelu{seed}", "ln", seed, [0.3], [0.3], head=ln_gelu, hits=hits)
+        mine = {"norm": "batchnorm", "dropout": 0.1}
+        write_run(tmp_path / f"mine{seed}", "mine", seed, [0.3], [0.3], head=mine, hits=hits)
+    runs = find_runs([tmp_path])
+    assert assign_cells(runs) == []
+    cells = {r.path.name[:-1]: r.cell for r in runs}
+    assert cells == {
+        "ln": "ln",
+        "plain": "plain",
+        "ln_relu": "ln_relu",
+        "rms": "h16_rmsnorm_gelu",
+        "lngelu": "ln head=ln_gelu",
+        "mine": "mine head=batchnorm_drop0.1",
+    }
+    compared = paired_comparisons(runs, "plain", n_boot=200)
+    assert sorted(compared["cell"]) == sorted(c for c in set(cells.values()) if c != "plain")
+    assert set(compared["vs"]) == {"plain"}
 
 
 def test_best_epoch_query_count_and_recorded_baselines(tmp_path):

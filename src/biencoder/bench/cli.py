@@ -94,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="+",
         default=[],
         metavar="KEY=VALUE",
-        help="items 6 and 7: overrides added to the measured runs (e.g. trainer.cuda_graphs=false, loss=infonce)",
+        help="items 4, 6 and 7: overrides added to the measured runs (e.g. model.head.hidden=[256], "
+        "trainer.cuda_graphs=false, loss=infonce)",
     )
     return parser.parse_args(argv)
 

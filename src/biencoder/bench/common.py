@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch.overrides import TorchFunctionMode
 
+from biencoder.engine.config.heads import head_spec
 from biencoder.engine.data.arguana import ARGUANA_ROOT_ENV, CorpusError, arguana_root, resolve_root
 from biencoder.engine.modeling.model import BiModel, Embeddings
 from biencoder.engine.retrieval.search import NeighbourIndex
@@ -105,7 +106,8 @@ def random_model(kind: str, device: torch.device) -> BiModel:
     from transformers import BertModel
 
     torch.manual_seed(0)
-    return BiModel(BertModel(bert_config(kind)), pooling="mean", use_layernorm=True, use_relu=True).to(device)
+    head = head_spec({"use_layernorm": True, "use_relu": True})
+    return BiModel(BertModel(bert_config(kind)), pooling="mean", head=head).to(device)
 
 
 def train_flops_per_step(config, batch_seqs: int, seq_len: int) -> float:
@@ -239,7 +241,7 @@ def seed_style_top1(model: BiModel, emb: Embeddings, split, k: int, device: torc
             )
             scores = []
             for row in rows:
-                logits = model.classify_pair(to_device(q), to_device(row))[0]
+                logits = model.head.classify_pair(to_device(q), to_device(row))[0]
                 scores.append((logits[1] - logits[0]).item())  # ranked by logit margin, as ours
             scores = np.array(scores)
             is_true = rows == true_counter

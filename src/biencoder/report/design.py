@@ -4,11 +4,12 @@ cells cross them (:func:`find_design`), for the factorial reading of :mod:`bienc
 A factor is a config key whose value differs between cells (after :func:`~biencoder.report.runs.assign_cells`):
 every key of the runs' resolved configs (schema defaults filled in, :func:`~biencoder.engine.config.settings.
 run_settings`) but the seed and the keys that change no result (:data:`~biencoder.engine.config.settings.
-NON_RESULT_KEYS`), so the head's keys (``model.head.use_layernorm``, ``model.head.use_relu``, or any other) and
-every other setting a sweep varies are found alike. Keys that change together, one's value fixing the other's in
-every cell (``loss.name`` with ``trainer.head_lr``, or a head flag and the key it stands for), are one factor: apart
-they would be confounded. ``--factors KEY ...`` names the factors instead; the other keys that separate cells are
-then strata, each read as a factorial of its own.
+NON_RESULT_KEYS`), so the head's keys and every other setting a sweep varies are found alike. The head's norm and
+activation are the card's switches (``model.head.use_layernorm``, ``model.head.use_relu``) where every cell's is the
+card's part or none, else the factors ``model.head.norm`` / ``.activation`` (:func:`_head_as_said`). Keys that
+change together, one's value fixing the other's in every cell (``loss.name`` with ``trainer.head_lr``), are one
+factor: apart they would be confounded. ``--factors KEY ...`` names the factors instead; the other keys that separate
+cells are then strata, each read as a factorial of its own.
 
 A factor's reference level is the one named with ``KEY=VALUE``; otherwise the level at the schema's default of its
 first key that takes it (``False`` for a head switch, the default config's value for any other key); otherwise the
@@ -20,7 +21,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from ..engine.config.settings import is_non_result_key, run_settings
+from ..engine.config.heads import FLAGS
+from ..engine.config.settings import HEAD, is_non_result_key, run_settings
 from . import SummaryError
 from .runs import Run, label_key, label_value
 
@@ -102,10 +104,30 @@ def _cell_values(runs: list[Run]) -> dict[str, dict[str, object]]:
     for run in runs:
         by_cell.setdefault(run.cell, []).append(run)
     keys = sorted({k for r in runs for k in r.flat if k != "seed" and not is_non_result_key(k)})
-    return {
+    cells = {
         cell: {k: members[0].flat.get(k) for k in keys if len({repr(r.flat.get(k)) for r in members}) == 1}
         for cell, members in by_cell.items()
     }
+    return _head_as_said(cells)
+
+
+def _head_as_said(cells: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+    """``cells`` with each head part as the comparison says it: a run's settings hold its resolved head
+    (:func:`~biencoder.engine.config.settings.run_settings`: ``model.head.norm``, ``.activation``, both flags
+    null). Where every cell's norm is ``none`` or ``layernorm``, the norm is the card's switch
+    ``model.head.use_layernorm`` (False/True) and ``model.head.norm`` is left out; otherwise the norm is the factor and
+    the flag is left out. ``use_relu`` and the activation likewise. So the card's 2 × 2 reads as its two switches,
+    and a sweep over norms as one factor of the norms (docs/heads.md)."""
+    for flag, (part, named) in FLAGS.items():
+        key, flag_key = HEAD + part, HEAD + flag
+        values = [values[key] for values in cells.values() if key in values]
+        as_switch = bool(values) and all(value in ("none", named) for value in values)
+        for values in cells.values():
+            if as_switch and key in values:
+                values[flag_key] = values.pop(key) == named
+            elif not as_switch:
+                values.pop(flag_key, None)
+    return cells
 
 
 def _varying(cells: dict[str, dict[str, object]]) -> list[str]:

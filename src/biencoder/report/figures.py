@@ -15,10 +15,10 @@ import pandas as pd
 from .runs import SPLITS, Run, queries_label, recorded_baseline
 
 INTERNALS = (
-    ("head_pre_sample_var", "head_post_sample_var", "per-sample variance of the head input"),
-    ("head_pre_sample_mean", "head_post_sample_mean", "per-sample mean of the head input"),
+    ("head_pre_sample_var", "head_post_sample_var", "per-sample variance of the output layer's input"),
+    ("head_pre_sample_mean", "head_post_sample_mean", "per-sample mean of the output layer's input"),
     ("head_pre_feature_var_std", "head_post_feature_var_std", "spread (std) of per-feature variances"),
-    (None, "head_post_zero_share", "share of zeros after LN/ReLU"),
+    (None, "head_post_zero_share", "share of zeros after the norm/activation"),
     (None, "grad_norm_encoder", "gradient norm: encoder"),
     (None, "grad_norm_head", "gradient norm: sim head + classifier"),
 )
@@ -154,7 +154,8 @@ def figure(runs: list[Run], metric: str = "top1", splits=SPLITS):
 
 
 def plot_internals(runs: list[Run], out: Path) -> Path:
-    """PNG: head-input statistics before (dotted) / after (solid) LN/ReLU and gradient norms, per cell."""
+    """PNG: the statistics of the output layer's input before (dotted) / after (solid) its norm and activation
+    (docs/heads.md: ``head_pre_*``, ``head_post_*``) and gradient norms, per cell."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,8 +182,8 @@ def plot_internals(runs: list[Run], out: Path) -> Path:
             ax.set_yscale("log")
     handles = [Line2D([], [], color=colors[c], linewidth=2, label=c) for c in cells]
     handles += [
-        Line2D([], [], color="grey", linestyle=":", label="before LN/ReLU"),
-        Line2D([], [], color="grey", linestyle="-", label="after LN/ReLU"),
+        Line2D([], [], color="grey", linestyle=":", label="before norm/activation"),
+        Line2D([], [], color="grey", linestyle="-", label="after norm/activation"),
     ]
     fig.suptitle("Inside the pair head (training split, mean over seeds)")
     legend_below(fig, handles, [h.get_label() for h in handles])

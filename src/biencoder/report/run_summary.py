@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.config.schema import SELECTION_BEFORE_RECORD, selection_label, untrained_classifier_note
-from ..engine.data.paired import JUDGED_POOL_TEXT, POOL_TEXT
+from ..engine.config.selection import SELECTION_BEFORE_RECORD, selection_label, untrained_classifier_note
+from ..engine.data.judged import JUDGED_POOL_TEXT
+from ..engine.data.paired import POOL_TEXT
 from ..engine.retrieval.official_tasks import TASKS
 from .statistics import wilson
 

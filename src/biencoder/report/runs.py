@@ -2,9 +2,10 @@
 
 A run folder holds ``metrics.jsonl`` beside its config (``config_resolved.yaml`` or Hydra's ``.hydra/config.yaml``),
 and once finished ``final.json``, ``test_hits.npy`` and ``test_seen.npy``. Every best epoch here is the one the run
-picked, by the metric its record names (:attr:`Run.selection`), never by the metric a table shows. Runs whose
-settings differ in anything but the seed, the head flags (what the variant says) and the settings that change no
-result (:data:`biencoder.engine.config.settings.NON_RESULT_KEYS`) never share a cell: runs on pair files whose contents
+picked, by the metric its record names (:attr:`Run.selection`), never by the metric a table shows. A cell is named by
+its variant and, where the variant's name is not its head's, its head (:attr:`Run.name`). Runs whose variant, head
+or settings differ in anything but the seed and the settings that change no result
+(:data:`biencoder.engine.config.settings.NON_RESULT_KEYS`) never share a cell: runs on pair files whose contents
 differ (``data_files.<split>.sha256`` in their config) are never averaged together, whatever the files' paths.
 """
 
@@ -18,8 +19,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from ..engine.config.schema import SELECTION_BEFORE_RECORD, selection
-from ..engine.config.settings import is_non_result_key, run_settings
+from ..engine.config.heads import head_name, head_spec
+from ..engine.config.selection import SELECTION_BEFORE_RECORD, selection
+from ..engine.config.settings import HEAD, is_non_result_key, run_settings
 from ..engine.runs.records import RunFolderError, read_final, read_metrics
 from . import SummaryError
 
@@ -31,8 +33,8 @@ METRICS = ("top1", "retrieval_top1", "mrr", "recall_at_k")
 #: ``test_seen.npy``), and the rest (seen)
 QUERY_GROUPS = ("all", "unseen", "seen")
 #: config keys that never separate cells beyond the settings that change no result (NON_RESULT_KEYS, shared with
-#: the resume check): the seed is aggregated over, and the head flags are what the variant label already says
-GROUPED_OVER = ("seed", "model.head.")
+#: the resume check): the seed is aggregated over, and the head is in the cell's name (:attr:`Run.name`)
+GROUPED_OVER = ("seed", HEAD)
 
 
 @dataclass
@@ -53,16 +55,29 @@ class Run:
     seen: np.ndarray | None = None  # test queries whose texts occur in the run's train/val pairs (test_seen.npy)
 
     @property
+    def head(self) -> str:
+        """The name of the run's head (:func:`~biencoder.engine.config.heads.head_name`: ``ln_relu``,
+        ``h256_rmsnorm_gelu``, ...), from its settings; a run from before the head keys, by its two flags."""
+        return head_name(head_spec({k[len(HEAD) :]: v for k, v in self.flat.items() if k.startswith(HEAD)}))
+
+    @property
+    def name(self) -> str:
+        """What a cell of this run is called before the settings that separate it: the variant, followed by
+        ``head=<its head>`` unless the variant is named after its head (the card's cells, a run without
+        ``+variant=``), so every cell's name says its head and runs of one variant with other heads stay apart."""
+        head = self.head
+        return self.variant if head == self.variant else f"{self.variant} head={head}"
+
+    @property
     def complete(self) -> bool:
         return self.final is not None and self.final.get("status") == "done"
 
     @property
     def selection(self) -> dict:
-        """What picked the run's best epoch (``{"split": "val", "metric": ...}``,
-        :func:`biencoder.engine.config.schema.selection`): its ``final.json``'s ``selection``; for a finished run whose
-        final.json predates that field, the reranked top1
-        (:data:`~biencoder.engine.config.schema.SELECTION_BEFORE_RECORD`); for a run without the field and unfinished
-        (running, killed, or an older failed one), its config's rule."""
+        """What picked the run's best epoch (``{"split": "val", "metric": ...}``, the rule of
+        :mod:`biencoder.engine.config.selection`): its ``final.json``'s ``selection``; for a finished run whose
+        final.json predates that field, the reranked top1 (``SELECTION_BEFORE_RECORD``); for a run without the field
+        and unfinished (running, killed, or an older failed one), its config's rule."""
         if self.final is not None and "selection" in self.final:
             return self.final["selection"]
         if self.complete:
@@ -175,7 +190,7 @@ def one_run_per_seed(runs: list[Run]) -> list[Run]:
     runs (each outcome, failed or diverged, counts as before)."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        identity = repr((run.variant, sorted((k, repr(v)) for k, v in run.flat.items() if not is_non_result_key(k))))
+        identity = repr((run.name, sorted((k, repr(v)) for k, v in run.flat.items() if not is_non_result_key(k))))
         groups.setdefault(identity, []).append(run)
     left_out = set()
     for group in groups.values():
@@ -194,8 +209,9 @@ def one_run_per_seed(runs: list[Run]) -> list[Run]:
 
 
 def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
-    """Label each run by its variant plus every config key that differs between runs (seed excepted, and the
-    keys in ``also``, e.g. the key a stability plot puts on its x-axis).
+    """Label each run by its name (:attr:`Run.name`: the variant, and the head unless the variant says it) plus every
+    config key that differs between runs (seed and head excepted, and the keys in ``also``, e.g. the key a stability
+    plot puts on its x-axis).
 
     Runs whose corpus, model or any other setting differs therefore never share a cell. Returns the keys used.
     """
@@ -211,9 +227,7 @@ def assign_cells(runs: list[Run], also: tuple[str, ...] = ()) -> list[str]:
     named = {k[: -len(".name")] for k in varying if k.endswith(".name")}
     shown = [k for k in varying if not any(k.startswith(g + ".") and k != g + ".name" for g in named)]
     for run in runs:
-        run.cell = " ".join(
-            [run.variant] + [f"{label_key(k, shown)}={label_value(run.flat.get(k), k)}" for k in shown]
-        )
+        run.cell = " ".join([run.name] + [f"{label_key(k, shown)}={label_value(run.flat.get(k), k)}" for k in shown])
         run.settings = {k: run.flat.get(k) for k in varying}
     return varying
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..engine.config.schema import selection_label
+from ..engine.config.selection import selection_label
 from . import SummaryError
 from .runs import Run, best_rows
 from .statistics import ALPHA, MC_Z, MIN_SEEDS_FOR_SEED_LEVEL, N_BOOT, bootstrap_ci, p_text, paired_bootstrap, verdicts
@@ -107,8 +107,8 @@ def paired_comparisons(
     by_cell: dict[str, list[Run]] = {}
     for r in complete:
         by_cell.setdefault(r.cell, []).append(r)
-    # a cell's identity: its variant and the settings that separate cells (of every run: finished or not)
-    identity = {r.cell: (r.variant, tuple(sorted(r.settings.items()))) for r in runs}
+    # a cell's identity: its name (variant, head) and the settings that separate cells (of every run: finished or not)
+    identity = {r.cell: (r.name, tuple(sorted(r.settings.items()))) for r in runs}
     cell_of = {v: k for k, v in identity.items()}
     if strict:
         _check_references(references, identity, cell_of)

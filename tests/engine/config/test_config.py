@@ -270,10 +270,16 @@ def test_one_helper_composes_the_configs():
         (["model.head.use_relu=true"], "relu"),
         (["+variant=ln"], "ln"),
         (["+variant=ln", "model.head.use_relu=true"], "ln"),  # the choice names it, whatever the flags say
+        (["model.head.norm=layernorm", "model.head.activation=relu"], "ln_relu"),  # the card's name for its head
+        (["model.head.norm=rmsnorm", "model.head.activation=gelu"], "rmsnorm_gelu"),
+        (["model.head.hidden=[256,64]", "model.head.dropout=0.1", "model.head.use_relu=true"], "h256x64_relu_drop0.1"),
+        (["model.head.norm=batchnorm", "model.head.use_layernorm=false"], "batchnorm"),
+        (["model.head.activation=mypkg.acts:Swish"], "mypkg.acts.Swish"),  # a folder's name: no colon
+        (["model.head.norm=rmsnorm", "model.head.use_layernorm=true"], "invalid-head"),  # validation refuses it
     ],
 )
-def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, name):
-    from biencoder.engine.config.schema import variant_name
+def test_the_variant_is_the_choice_else_the_name_of_the_head(overrides, name):
+    from biencoder.engine.config.heads import variant_name
 
     cfg = compose_cfg(overrides, hydra_config=True)
     assert variant_name(cfg, OmegaConf.select(cfg, "hydra.runtime.choices.variant")) == name
@@ -282,16 +288,16 @@ def test_the_variant_is_the_choice_else_the_cell_of_the_head_flags(overrides, na
 
 def test_one_function_names_the_variant(monkeypatch):
     """The run folder's name, the app's variant and the runner's default come from
-    engine.config.schema.variant_name; only it reads the head flags."""
+    engine.config.heads.variant_name; a head's name is made by head_name alone, which the report's cells call too."""
     from biencoder import hydra_glue
-    from biencoder.engine.config import schema
+    from biencoder.engine.config import heads
     from conftest import REPO
 
-    monkeypatch.setattr(schema, "variant_name", lambda cfg, choice=None: f"named-{choice}")
+    monkeypatch.setattr(heads, "variant_name", lambda cfg, choice=None: f"named-{choice}")
     cfg = compose_cfg(["+variant=ln"], hydra_config=True)
     assert cfg.hydra.run.dir.endswith("_named-ln_s0") and hydra_glue.variant_name(cfg) == "named-None"
-    callers = [p.name for p in (REPO / "src" / "biencoder").rglob("*.py") if "flags_name(" in p.read_text()]
-    assert callers == ["schema.py"]
+    callers = sorted(p.name for p in (REPO / "src" / "biencoder").rglob("*.py") if "head_name(" in p.read_text())
+    assert callers == ["heads.py", "runs.py"]
 
 
 def test_one_default_folder_for_the_real_corpus(monkeypatch):

@@ -48,6 +48,8 @@ CHOICES = {
     "LAYOUTS": ("data.layout",),
     "POOLS": ("data.pool",),
     "PAIR_FORMATS": ("data.format",),
+    "NORMS": ("model.head.norm",),
+    "ACTIVATIONS": ("model.head.activation",),
 }
 #: (callable, parameter) -> its key, where the parameter's name is another key's or none
 KEY_OF = {

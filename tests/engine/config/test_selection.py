@@ -1,5 +1,5 @@
-"""The metric that picks a run's best epoch (biencoder.engine.config.schema.selection): the one the run's numbers come
-from, recorded in final.json, named in the summary, and the one every table and figure reads back."""
+"""The metric that picks a run's best epoch (biencoder.engine.config.selection): the one the run's numbers come from,
+recorded in final.json, named in the summary, and the one every table and figure reads back."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from biencoder.engine.config.schema import selection
+from biencoder.engine.config.selection import selection
 from biencoder.engine.runs.best import BestEpoch
 from biencoder.engine.training.evaluation import Evaluation
 from biencoder.engine.training.run import run
@@ -24,9 +24,9 @@ PLANTED = {"top1": [0.5, 0.1, 0.2], "retrieval_top1": [0.1, 0.3, 0.3]}
 
 
 def test_the_rule():
-    assert selection(1.0) == {"split": "val", "metric": "top1"}
-    assert selection(0.5) == {"split": "val", "metric": "top1"}
-    assert selection(0.0) == {"split": "val", "metric": "retrieval_top1"}
+    assert selection(1.0, None, "arguana") == {"split": "val", "metric": "top1"}
+    assert selection(0.5, None, "arguana") == {"split": "val", "metric": "top1"}
+    assert selection(0.0, None, "arguana") == {"split": "val", "metric": "retrieval_top1"}
     # a BEIR folder is compared by nDCG@10; eval.select, where given, wins everywhere
     assert selection(1.0, None, "beir") == {"split": "val", "metric": "ndcg_at_10"}
     assert selection(0.0, None, "beir") == {"split": "val", "metric": "retrieval_top1"}

@@ -253,6 +253,7 @@ def test_runs_on_other_file_contents_are_never_one_cell(tmp_path):
         config = {
             "seed": 0,
             "data": {"name": "pairs", "layout": "pairs", "train": path},
+            "model": {"head": {"use_layernorm": True, "use_relu": False}},  # the ln cell's head, as its runs write it
             "data_files": {"train": {"path": path, "bytes": 10, "sha256": sha}},
         }
         return Run(

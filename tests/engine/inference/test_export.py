@@ -11,6 +11,7 @@ import torch
 from biencoder.engine.modeling.encoding import Encoding, TokenizedTexts, encode
 from biencoder.engine.runs.checkpoint import load_checkpoint
 from biencoder.engine.training.run import run
+from biencoder.errors import ConfigError
 from conftest import FAST, compose_cfg
 
 st = pytest.importorskip("sentence_transformers", reason="pip install -e '.[export]'")
@@ -58,7 +59,7 @@ def test_round_trip(tmp_path, extra):
     classifier = load_pair_classifier(exported)
     rows_a, rows_b = torch.tensor([0, 1, 2, 3]), torch.tensor([1, 0, 3, 2])
     with torch.no_grad():
-        expected = model.classify_pair(own.index(rows_a), own.index(rows_b))
+        expected = model.head.classify_pair(own.index(rows_a), own.index(rows_b))
         got = classifier.classify_pair(theirs.index(rows_a), theirs.index(rows_b))
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
@@ -110,18 +111,110 @@ def test_the_command_shows_no_progress_bars_off_a_terminal(tmp_path, capfd):
     assert hf_logging.is_progress_bar_enabled()
 
 
-def test_the_exported_head_flags_are_the_runs_config(tmp_path, monkeypatch, tiny_model_and_tokenizer):
-    """The classifier's config.json takes use_layernorm / use_relu from the checkpoint's model config, the record of
-    the run, not from the module types of the rebuilt model (here made to disagree with it)."""
+def _trained_like(model, seed: int = 7):
+    """``model`` with every head parameter moved off its start and a BatchNorm's running statistics updated, so
+    that an export that drops or misplaces one of them shows in the logits."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.head.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+    model.train()
+    model.head(torch.randn(32, model.head.n_features) * 2 + 1)
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        {"use_layernorm": True, "use_relu": True},
+        {"norm": "batchnorm", "activation": "gelu", "hidden": [16, 8], "dropout": 0.2},
+        {"norm": "rmsnorm", "activation": "silu", "hidden": [12]},
+    ],
+)
+def test_the_exported_classifier_rebuilds_the_head_and_its_logits(
+    tmp_path, monkeypatch, tiny_model_and_tokenizer, head
+):
+    """config.json's ``head`` is the head that holds the weights (hidden layers, norm, activation, dropout), and the
+    safetensors hold every weight and buffer of it (a BatchNorm's running statistics too): the loaded classifier gives
+    the run's logits."""
+    import copy
     import json
 
     from omegaconf import OmegaConf
 
+    from biencoder.engine.config.heads import head_spec
     from biencoder.engine.inference import export as engine_export
+    from biencoder.engine.modeling.model import BiModel, Embeddings
 
-    model, tokenizer = tiny_model_and_tokenizer  # a plain head: Identity, Identity
-    model_cfg = OmegaConf.to_container(compose_cfg(["model=tiny", "+variant=ln_relu"]).model, resolve=True)
+    base, tokenizer = tiny_model_and_tokenizer
+    model = _trained_like(BiModel(copy.deepcopy(base.encoder), pooling="pooler", head=head_spec(head)))
+    model_cfg = OmegaConf.to_container(compose_cfg(["model=tiny"]).model, resolve=True)
     monkeypatch.setattr(engine_export, "load_checkpoint", lambda *args, **kwargs: (model, tokenizer, model_cfg, {}))
     exported = export("a run", tmp_path / "st")
     config = json.loads((exported / "pair_classifier" / "config.json").read_text())
-    assert (config["use_layernorm"], config["use_relu"]) == (True, True)
+    assert config["head"] == head_spec(head).as_config() and config["hidden"] == 32
+    classifier = load_pair_classifier(exported)
+    assert not classifier.training
+    torch.manual_seed(1)
+    a, b = Embeddings(torch.randn(6, 128), torch.randn(6, 32)), Embeddings(torch.randn(6, 128), torch.randn(6, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(classifier.classify_pair(a, b), model.head.classify_pair(a, b), rtol=0, atol=0)
+
+
+def test_an_export_from_before_the_head_keys_loads_as_the_same_head(tmp_path, tiny_model_and_tokenizer):
+    """An export written before the head keys: config.json with the two flags and ``hidden`` = the encoder's width,
+    safetensors keys ``norm.*``/``out.*`` (made here as that code wrote them): it loads, with the same logits."""
+    import copy
+    import json
+
+    from safetensors.torch import save_file
+
+    from biencoder.engine.config.heads import head_spec
+    from biencoder.engine.modeling.model import BiModel, Embeddings
+
+    model = _trained_like(
+        BiModel(copy.deepcopy(tiny_model_and_tokenizer[0].encoder), head=head_spec({"use_layernorm": True}))
+    )
+    folder = tmp_path / "old" / "pair_classifier"
+    folder.mkdir(parents=True)
+    old = {k: v for k, v in model.state_dict().items() if k.startswith(("head.norm.", "head.out."))}
+    save_file({k[len("head.") :]: v.contiguous() for k, v in old.items()}, str(folder / "model.safetensors"))
+    config = {"fusion": "concat", "sim_dim": 128, "hidden": 32, "use_layernorm": True, "use_relu": False}
+    (folder / "config.json").write_text(json.dumps({**config, "pooling": "mean", "max_length": 64, "run": {}}))
+    classifier = load_pair_classifier(tmp_path / "old")
+    assert type(classifier.norm).__name__ == "LayerNorm" and classifier.act is None and len(classifier.hidden) == 0
+    torch.manual_seed(1)
+    a, b = Embeddings(torch.randn(6, 128), torch.randn(6, 32)), Embeddings(torch.randn(6, 128), torch.randn(6, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(classifier.classify_pair(a, b), model.head.classify_pair(a, b), rtol=0, atol=0)
+
+
+def test_an_export_whose_component_is_not_installed_says_what_to_install(tmp_path, monkeypatch):
+    """A classifier whose head names a factory of the user's own: loaded where its module is importable, refused in
+    one line naming the module where it is not."""
+    import json
+    import sys
+
+    from safetensors.torch import save_file
+
+    from biencoder.engine.config.heads import head_spec
+    from biencoder.engine.modeling.head import PairHead
+
+    (tmp_path / "userheads_x.py").write_text("import torch\n\ndef Half(width):\n    return torch.nn.Identity()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = head_spec({"activation": "userheads_x:Half"})
+    folder = tmp_path / "st" / "pair_classifier"
+    folder.mkdir(parents=True)
+    save_file(PairHead("sim", 4, 2, spec).state_dict(), str(folder / "model.safetensors"))
+    config = {"fusion": "sim", "sim_dim": 4, "hidden": 2, "head": spec.as_config(), "pooling": "mean"}
+    (folder / "config.json").write_text(json.dumps({**config, "max_length": 64, "run": {}}))
+    assert type(load_pair_classifier(tmp_path / "st").act).__name__ == "Identity"
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(tmp_path)])
+    monkeypatch.delitem(sys.modules, "userheads_x")
+    with pytest.raises(ConfigError) as err:
+        load_pair_classifier(tmp_path / "st")
+    assert str(err.value) == (
+        f"the pair classifier in '{folder}': model.head.activation='userheads_x:Half' needs the module "
+        "'userheads_x', which is not installed here: install the package that provides it, or put its folder on "
+        "PYTHONPATH"
+    )

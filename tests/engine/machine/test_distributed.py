@@ -258,3 +258,91 @@ def test_a_rank_waiting_in_the_rendezvous_ends_at_once_on_sigterm(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+# a BatchNorm head under DDP: each process normalises its own batch, and the running statistics are rank 0's (DDP
+# broadcasts module buffers from rank 0 before every forward), so every rank starts each step from the same ones
+BATCHNORM_RANKS = """
+import copy, json, pathlib, sys
+from types import SimpleNamespace
+import torch, torch.distributed as dist
+from transformers import BertConfig, BertModel
+from biencoder.engine.config.heads import head_spec
+from biencoder.engine.modeling.loss import TripletCELoss
+from biencoder.engine.modeling.model import BiModel
+from biencoder.engine.training.epoch import EpochTrainer
+from biencoder.engine.training.triplets import TripletStep
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+encoder = BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8))
+encoder.requires_grad_(False)  # frozen, as a run with model.encoder.freeze=true holds it
+model = BiModel(encoder, sim_dim=4, head=head_spec({"norm": "batchnorm"})).train()
+alone = copy.deepcopy(model)  # the same weights, outside DDP: what this process's batch alone gives
+config = SimpleNamespace(trainer=SimpleNamespace(compile=False))
+trainer = SimpleNamespace(frozen=True, device=torch.device("cpu"), cfg=config)
+step = EpochTrainer._step_module(trainer, TripletStep(model, TripletCELoss()))
+bn = model.head.norm
+batches = [torch.Generator().manual_seed(10 * rank + i) for i in range(2)]
+pooled = [torch.randn(3 * 4, 8, generator=g) * (1 + rank) + rank for g in batches]
+first = step(pooled=pooled[0])
+first.total.backward()
+own = TripletStep(alone, TripletCELoss())(pooled=pooled[0])
+after_first = [bn.running_mean.clone() for _ in range(2)]
+dist.all_gather(after_first, bn.running_mean.clone())
+second = step(pooled=pooled[1])
+update = 0.1 * second.head_pre.mean(0)  # momentum 0.1: what this rank's second batch adds to the mean it starts from
+report = {
+    "own_batch": torch.allclose(first.head_post, own.head_post, atol=1e-6),
+    "ranks_differ_after_first": not torch.allclose(after_first[0], after_first[1]),
+    "second_from_rank0": torch.allclose(bn.running_mean, 0.9 * after_first[0] + update, atol=1e-6),
+    "second_from_own": torch.allclose(bn.running_mean, 0.9 * after_first[rank] + update, atol=1e-6),
+}
+(pathlib.Path(sys.argv[1]) / f"report{rank}.json").write_text(json.dumps(report))  # one file per rank, whole
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_batchnorm_head_normalises_each_process_batch_and_keeps_rank_0_s_running_statistics(tmp_path):
+    """Two gloo processes, the training step wrapped as a run wraps it (EpochTrainer._step_module): each rank's
+    BatchNorm output is that of its own batch alone (not SyncBatchNorm's over both batches), and the second step of
+    rank 1 updates rank 0's running statistics, not its own (DDP's buffer broadcast): so the statistics that rank 0
+    evaluates with and saves are the ones every rank trains from."""
+    script = tmp_path / "ranks.py"
+    script.write_text(BATCHNORM_RANKS)
+    cmd = [*TORCHRUN, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}", str(script)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*cmd, str(tmp_path)], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in ("0", "1"):
+        report = json.loads((tmp_path / f"report{rank}.json").read_text())
+        assert report["own_batch"] and report["ranks_differ_after_first"] and report["second_from_rank0"], report
+        assert report["second_from_own"] == (rank == "0"), report
+
+
+@pytest.mark.slow
+def test_two_gloo_processes_train_a_head_with_hidden_layer_batchnorm_and_dropout(tmp_path):
+    """The whole run under DDP with every kind of head part at once: it trains, evaluates and writes one run whose
+    best.pt holds the BatchNorm's running statistics."""
+    logs = tmp_path / "logs"
+    head = [
+        "model.head.norm=batchnorm",
+        "model.head.activation=gelu",
+        "model.head.hidden=[16]",
+        "model.head.dropout=0.1",
+    ]
+    args = [a for a in ARGS if not a.startswith("+variant")] + head
+    cmd = [*TORCHRUN, "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
+    cmd += ["-m", "biencoder.train", *args, f"paths.log_dir={logs}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check_one_run(logs)
+    (out,) = (logs / "runs").iterdir()
+    assert out.name.endswith("_h16_batchnorm_gelu_drop0.1_s0")
+    import torch
+
+    state = torch.load(out / "best.pt", weights_only=True)["state_dict"]
+    assert int(state["head.norm.num_batches_tracked"]) > 0 and "head.hidden.0.linear.weight" in state

@@ -183,7 +183,9 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     heads_before = {
         name: p.detach().clone() for name, p in runner.model.named_parameters() if not name.startswith("encoder.")
     }
-    assert set(heads_before) == {f"{head}.{w}" for head in ("sim_head", "norm", "out") for w in ("weight", "bias")}
+    assert set(heads_before) == {
+        f"{head}.{w}" for head in ("sim_head", "head.norm", "head.out") for w in ("weight", "bias")
+    }
     assert not any(p.requires_grad for p in runner.model.encoder.parameters())
     calls = encoder_calls
     calls.clear()  # building the runner filled the cache; from here on nothing may encode
@@ -332,4 +334,4 @@ def test_a_frozen_runs_best_weights_take_the_encoder_once(tmp_path):
         encoder = key.startswith("encoder.")
         assert torch.equal(second[key], value) and (second[key].data_ptr() == value.data_ptr()) == encoder, key
         assert (first[key] is second[key]) == encoder, key
-    assert not torch.equal(first["out.weight"], second["out.weight"])  # the heads trained in between
+    assert not torch.equal(first["head.out.weight"], second["head.out.weight"])  # the heads trained in between

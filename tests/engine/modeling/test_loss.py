@@ -19,8 +19,8 @@ def test_loss_parts_by_hand(tiny_model_and_tokenizer):
     point, counter, negative = Embeddings(sim(0.0), pooled), Embeddings(sim(1.0), pooled), Embeddings(sim(0.5), pooled)
     # classifier: logits = [0, s_b[0]] so P(positive) = sigmoid(candidate's first sim coordinate)
     with torch.no_grad():
-        model.out.weight.zero_(), model.out.bias.zero_()
-        model.out.weight[1, 128] = 1.0  # features = [s_a, s_b, |s_a - s_b|, ...]; index 128 = s_b[0]
+        model.head.out.weight.zero_(), model.head.out.bias.zero_()
+        model.head.out.weight[1, 128] = 1.0  # features = [s_a, s_b, |s_a - s_b|, ...]; index 128 = s_b[0]
     out = TripletCELoss(margin=1.0, triplet_weight=2.0, ce_weight=0.5)(model, point, counter, negative)
     assert all(v.dim() == 0 and not v.requires_grad for v in out.parts.values())  # 0-d, detached: no host read
     parts = {k: v.item() for k, v in out.parts.items()}
@@ -30,7 +30,7 @@ def test_loss_parts_by_hand(tiny_model_and_tokenizer):
     assert parts["ce_pos"] == pytest.approx(ce_pos, rel=1e-5)
     assert parts["ce_neg"] == pytest.approx(ce_neg, rel=1e-5)
     assert parts["loss"] == pytest.approx(2.0 * parts["triplet"] + 0.5 * (ce_pos + ce_neg), rel=1e-5)
-    assert out.features.shape[0] == 2 and out.head_input.shape == out.features.shape
+    assert out.head_pre.shape[0] == 2 and out.head_post.shape == out.head_pre.shape
 
 
 def test_triplet_is_zero_when_negative_far_enough(tiny_model_and_tokenizer):
@@ -52,7 +52,7 @@ def test_loss_backpropagates_into_encoder_and_head(tiny_model_and_tokenizer):
     out = TripletCELoss()(model, emb.index([0]), emb.index([1]), emb.index([2]))
     out.total.backward()
     assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
-    assert model.out.weight.grad.abs().sum() > 0 and model.sim_head.weight.grad.abs().sum() > 0
+    assert model.head.out.weight.grad.abs().sum() > 0 and model.sim_head.weight.grad.abs().sum() > 0
 
 
 # -- InfoNCE (in-batch + mined negatives) -------------------------------------------------------------------------
@@ -249,12 +249,12 @@ def test_what_a_loss_returns_besides_its_value(tiny_model_and_tokenizer, name):
     loss = TripletCELoss() if name == "triplet_ce" else InfoNCELoss(scale=20.0)
     out = loss(model, point, counter, negative, text_id=text_id)
     assert out.total.requires_grad and out.total.item() == out.parts["loss"].item()
-    features = model.pair_features(
+    features = model.head.pair_features(
         Embeddings(torch.cat([point.sim, point.sim]), torch.cat([point.pooled, point.pooled])),
         Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
     )
-    torch.testing.assert_close(out.features, features)
-    torch.testing.assert_close(out.head_input, model.head(features)[0])
+    torch.testing.assert_close(out.head_pre, features)
+    torch.testing.assert_close(out.head_post, model.head(features)[1])
     if name == "infonce":
         assert set(out.parts) == {"loss", "infonce", "ce_pos", "ce_neg", "masked"}
         assert out.parts["masked"].item() == pytest.approx(4 / 3)

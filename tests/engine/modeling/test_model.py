@@ -4,21 +4,18 @@ import numpy as np
 import pytest
 import torch
 
+from biencoder.engine.config.heads import head_spec
 from biencoder.engine.config.schema import FUSIONS
 from biencoder.engine.modeling.encoding import Encoding, TokenizedTexts, encode, pair_margins
-from biencoder.engine.modeling.model import (
-    FUSION_PARTS,
-    BiModel,
-    Embeddings,
-    head_statistics,
-    head_statistics_vector,
-)
+from biencoder.engine.modeling.head import FUSION_PARTS, head_statistics, head_statistics_vector
+from biencoder.engine.modeling.model import BiModel, Embeddings
 from conftest import compose_cfg
 
 
-def make_model(encoder, fusion="concat", ln=False, relu=False, pooling="pooler"):
+def make_model(encoder, fusion="concat", ln=False, relu=False, pooling="pooler", **head):
     torch.manual_seed(0)
-    return BiModel(encoder, sim_dim=128, pooling=pooling, fusion=fusion, use_layernorm=ln, use_relu=relu)
+    spec = head_spec({"use_layernorm": ln, "use_relu": relu, **head})
+    return BiModel(encoder, sim_dim=128, pooling=pooling, fusion=fusion, head=spec)
 
 
 @pytest.mark.parametrize(
@@ -31,10 +28,10 @@ def test_shapes_for_every_fusion_and_flag(tiny_model_and_tokenizer, fusion, ln, 
     emb = model.embed(**batch)
     hidden = base.encoder.config.hidden_size
     assert emb.sim.shape == (3, 128) and emb.pooled.shape == (3, hidden)
-    features = model.pair_features(emb, emb.index([2, 0, 1]))
+    features = model.head.pair_features(emb, emb.index([2, 0, 1]))
     assert features.shape[1] == {"concat": 3 * 128 + 3 * hidden, "sim": 3 * 128, "cls": 3 * hidden}[fusion]
-    assert model.classify_pair(emb, emb).shape == (3, 2)
-    assert isinstance(model.norm, torch.nn.LayerNorm) == ln and isinstance(model.act, torch.nn.ReLU) == relu
+    assert model.head.classify_pair(emb, emb).shape == (3, 2)
+    assert isinstance(model.head.norm, torch.nn.LayerNorm) == ln and isinstance(model.head.act, torch.nn.ReLU) == relu
 
 
 @pytest.mark.parametrize("fusion", FUSIONS)
@@ -46,25 +43,26 @@ def test_gathered_pair_features_are_the_pair_features(tiny_model_and_tokenizer, 
     torch.manual_seed(3)
     emb = Embeddings(torch.randn(7, 128), torch.randn(7, 32))
     a, b = torch.tensor([0, 6, 2, 2]), torch.tensor([5, 1, 2, 3])
-    buffer = torch.full((6, model.out.in_features), float("nan"))
-    gathered = model.gather_pair_features(emb, a, b, buffer)
-    assert gathered.shape == (4, model.out.in_features) and gathered.data_ptr() == buffer.data_ptr()
-    assert torch.equal(gathered, model.pair_features(emb.index(a), emb.index(b)))
+    head = model.head
+    buffer = torch.full((6, head.n_features), float("nan"))
+    gathered = head.gather_pair_features(emb, a, b, buffer)
+    assert gathered.shape == (4, head.n_features) and gathered.data_ptr() == buffer.data_ptr()
+    assert torch.equal(gathered, head.pair_features(emb.index(a), emb.index(b)))
     assert buffer[4:].isnan().all()  # nothing written past the block
     with pytest.raises(ValueError, match="cannot hold"):
-        model.gather_pair_features(emb, a, b, buffer[:3])
+        head.gather_pair_features(emb, a, b, buffer[:3])
 
 
 def test_layernorm_changes_forward_and_normalises(tiny_model_and_tokenizer):
     base, _ = tiny_model_and_tokenizer
     plain, ln = make_model(base.encoder), make_model(base.encoder, ln=True)
-    ln.out.load_state_dict(plain.out.state_dict())
+    ln.head.out.load_state_dict(plain.head.out.state_dict())
     ln.sim_head.load_state_dict(plain.sim_head.state_dict())
     torch.manual_seed(1)
     a = Embeddings(torch.randn(5, 128) * 3 + 2, torch.randn(5, 32) * 5)
     b = Embeddings(torch.randn(5, 128), torch.randn(5, 32))
-    assert not torch.allclose(plain.classify_pair(a, b), ln.classify_pair(a, b))
-    head_input, _ = ln.head(ln.pair_features(a, b))
+    assert not torch.allclose(plain.head.classify_pair(a, b), ln.head.classify_pair(a, b))
+    _, head_input, _ = ln.head(ln.head.pair_features(a, b))
     assert torch.allclose(head_input.mean(1), torch.zeros(5), atol=1e-5)
     assert torch.allclose(head_input.var(1, unbiased=False), torch.ones(5), atol=1e-3)
 
@@ -73,12 +71,12 @@ def test_relu_clamps(tiny_model_and_tokenizer):
     base, _ = tiny_model_and_tokenizer
     relu = make_model(base.encoder, relu=True)
     ln_relu = make_model(base.encoder, ln=True, relu=True)
-    features = torch.randn(4, relu.out.in_features)
+    features = torch.randn(4, relu.head.n_features)
     for model in (relu, ln_relu):
-        head_input, _ = model.head(features)
+        _, head_input, _ = model.head(features)
         assert (head_input >= 0).all() and (head_input == 0).any()
-    assert torch.equal(relu.head(features)[0], features.clamp(min=0))
-    plain_input, _ = make_model(base.encoder).head(features)
+    assert torch.equal(relu.head(features)[1], features.clamp(min=0))
+    _, plain_input, _ = make_model(base.encoder).head(features)
     assert torch.equal(plain_input, features)
 
 
@@ -88,12 +86,13 @@ def test_the_four_variant_configs_build_four_different_heads(tiny_model_and_toke
     heads = {}
     for variant in ("ln_relu", "ln", "relu", "plain"):
         model, _ = build_model(compose_cfg(["model=tiny", f"+variant={variant}"]).model)
-        heads[variant] = (type(model.norm).__name__, type(model.act).__name__)
+        heads[variant] = [name for name, _ in model.head.named_children()]
+        heads[variant] += [type(model.head.norm).__name__, type(model.head.act).__name__]
     assert heads == {
-        "ln_relu": ("LayerNorm", "ReLU"),
-        "ln": ("LayerNorm", "Identity"),
-        "relu": ("Identity", "ReLU"),
-        "plain": ("Identity", "Identity"),
+        "ln_relu": ["hidden", "norm", "act", "out", "LayerNorm", "ReLU"],
+        "ln": ["hidden", "norm", "out", "LayerNorm", "NoneType"],
+        "relu": ["hidden", "act", "out", "NoneType", "ReLU"],
+        "plain": ["hidden", "out", "NoneType", "NoneType"],
     }
 
 
@@ -131,7 +130,7 @@ def test_pair_margins_are_classify_pairs_margins_to_the_bit(tiny_model_and_token
     with torch.no_grad():
         logits = torch.cat(
             [
-                model.classify_pair(emb.index(a[i : i + batch_size]), emb.index(b[i : i + batch_size]))
+                model.head.classify_pair(emb.index(a[i : i + batch_size]), emb.index(b[i : i + batch_size]))
                 for i in range(0, len(a), batch_size)
             ]
         )

@@ -204,7 +204,7 @@ def test_query_blocks_leave_the_classifier_batches_of_one_whole_pass(tiny_model_
     model = tiny_model_and_tokenizer[0]
     split, emb = tied
     assert len(split.table) % 64  # 2Q not a multiple of the batch: blocks of any size would cut batches apart
-    gather = model.gather_pair_features
+    gather = model.head.gather_pair_features
 
     def batches_of(cells: int) -> list[list[tuple[int, int]]]:
         seen = []
@@ -213,7 +213,7 @@ def test_query_blocks_leave_the_classifier_batches_of_one_whole_pass(tiny_model_
             seen.append(list(zip(rows_a.tolist(), rows_b.tolist(), strict=True)))
             return gather(emb, rows_a, rows_b, out)
 
-        monkeypatch.setattr(model, "gather_pair_features", recording)
+        monkeypatch.setattr(model.head, "gather_pair_features", recording)
         evaluate_tasks(split, "classifier", model, emb, Rerank(batch_size=64, cells=cells))
         return seen
 

@@ -33,8 +33,8 @@ def candidate_scorer(tiny_model):
     candidate's pooled[0]."""
     model = copy.deepcopy(tiny_model)
     with torch.no_grad():
-        model.out.weight.zero_(), model.out.bias.zero_()
-        model.out.weight[1, 3 * 128 + 32] = 1.0  # features: s_a, s_b, |s_a - s_b|, p_a, p_b, |p_a - p_b|
+        model.head.out.weight.zero_(), model.head.out.bias.zero_()
+        model.head.out.weight[1, 3 * 128 + 32] = 1.0  # features: s_a, s_b, |s_a - s_b|, p_a, p_b, |p_a - p_b|
     return model
 
 
@@ -166,7 +166,7 @@ def test_query_ranks_refuse_non_finite_scores():
 def test_nan_classifier_in_retrieve_rerank_names_the_split(line):
     split, emb, model = line
     with torch.no_grad():
-        model.out.bias[1] = float("nan")
+        model.head.out.bias[1] = float("nan")
     with pytest.raises(NonFiniteMargins, match=r"^8 of 8 classifier margins on split train are not finite"):
         retrieve_rerank(model, emb, split, Rerank(k=2, index="exact"))
     with pytest.raises(NonFiniteMargins, match="on split train"):

@@ -68,7 +68,10 @@ def test_run_folder_contents(demo_run):
     best_test = next(r for r in rows if r["epoch"] == final["best_epoch"] and r["split"] == "test")
     assert hits.shape == (32,) and hits.mean() == pytest.approx(best_test["top1"])
     ckpt = torch.load(out / "best.pt", weights_only=True)
-    assert ckpt["model_cfg"]["head"] == {"use_layernorm": True, "use_relu": False}
+    assert ckpt["model_cfg"]["head"] == {
+        **{"use_layernorm": True, "use_relu": False, "norm": None, "activation": None},
+        **{"dropout": 0.0, "hidden": []},
+    }
     assert (out / "train.log").read_text().count("epoch") >= 2
     resolved = yaml.safe_load((out / "config_resolved.yaml").read_text())
     assert resolved["model"]["head"]["use_layernorm"] is True and "${" not in json.dumps(resolved)

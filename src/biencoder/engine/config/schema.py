@@ -3,10 +3,10 @@
 The dataclasses are registered with Hydra's ConfigStore (:func:`biencoder.hydra_glue.register`) as the base of
 ``conf/config.yaml``, so composition rejects unknown keys and wrong types; the YAML files of ``conf/`` hold only
 what differs from these defaults (``tests/engine/config/test_config_defaults.py``). Also here: the choices of the keys
-that take one, the embedding cache's default folder, and the rules that name a run's cell (:func:`variant_name`) and
-pick its best epoch (:func:`selection`). A run's flat settings and which keys change results are :mod:`.settings`; the
-packaged paths and their resolvers, :mod:`.packaged`. Hydra-free and torch-free: imports only OmegaConf and
-:mod:`.packaged`, so every engine module (and the plot) may import it.
+that take one and the embedding cache's default folder. The rule that picks a run's best epoch is :mod:`.selection`.
+What the head keys say together and the name of a run's cell are :mod:`.heads`; a run's flat settings and which keys
+change results, :mod:`.settings`; the packaged paths and their resolvers, :mod:`.packaged`. Hydra-free and
+torch-free: imports only OmegaConf and :mod:`.packaged`, so every engine module (and the plot) may import it.
 """
 
 from __future__ import annotations
@@ -26,8 +26,12 @@ SIM_INITS = ("random", "pca")
 RETRIEVE_SPACES = ("sim", "encoder")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
-#: eval.select: the val metrics of a metrics.jsonl row that can pick the best epoch (null: :func:`selection`'s rule)
+#: eval.select: the val metrics of a metrics.jsonl row that can pick the best epoch (null: :mod:`.selection`'s rule)
 SELECT_METRICS = ("top1", "retrieval_top1", "mrr", "ndcg_at_10", "mrr_at_10", "recall_at_100")
+#: the built-in components of the pair head (model.head.norm, model.head.activation; engine/modeling/head.py builds
+#: them); a factory of the user's own is named by import path instead (docs/heads.md)
+NORMS = ("none", "layernorm", "rmsnorm", "batchnorm")
+ACTIVATIONS = ("none", "relu", "gelu", "tanh", "silu")
 
 #: the choices of trainer.device and trainer.precision (biencoder.engine.machine.runtime.decide reads them)
 DEVICES = ("auto", "cpu", "cuda")
@@ -69,8 +73,21 @@ class EncoderSchema:
 
 @dataclass
 class HeadSchema:
-    use_layernorm: bool = False
-    use_relu: bool = False
+    """The pair classifier's head (docs/heads.md): the norm, then the activation, then dropout, in front of the output
+    layer and after each hidden layer. How the flags and the keys relate: :mod:`.heads`."""
+
+    # the card's flags: true = the norm is LayerNorm / the activation ReLU; false = it is not; null = not said
+    use_layernorm: bool | None = None
+    use_relu: bool | None = None
+    # none | layernorm | rmsnorm | batchnorm | module:factory (your own, called with the width); null = what
+    # use_layernorm says (none when nothing does)
+    norm: str | None = None
+    # none | relu | gelu | tanh | silu | module:factory (called with the width); null = what use_relu says
+    activation: str | None = None
+    # the probability of zeroing a value in training, in front of the output layer and after each hidden layer
+    dropout: float = 0.0
+    # widths of the hidden layers between the pair features and the output layer; empty = the output layer alone
+    hidden: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -283,69 +300,3 @@ class Schema:
 
 
 register_resolvers()  # the defaults above name the packaged paths: resolvable once this module is imported
-
-
-def variant_name(cfg, choice: str | None = None) -> str:
-    """A run's variant: ``choice`` (the ``+variant=`` option it was composed with) when given, else the ablation cell
-    its head flags describe (:func:`flags_name`). The one rule for the run folder's name (``${variant_name:}``), the
-    apps and the runner."""
-    if choice:
-        return str(choice)
-    return flags_name(cfg.model.head.use_layernorm, cfg.model.head.use_relu)
-
-
-def flags_name(use_layernorm: bool, use_relu: bool) -> str:
-    """The ablation cell a pair of head flags belongs to: ln_relu, ln, relu or plain."""
-    return {(True, True): "ln_relu", (True, False): "ln", (False, True): "relu"}.get(
-        (bool(use_layernorm), bool(use_relu)), "plain"
-    )
-
-
-#: how people read the per-epoch metrics that can select a best epoch (final.json's ``selection.metric``)
-METRIC_LABELS = {
-    "top1": "top-1 (reranked)",
-    "retrieval_top1": "retrieval top-1",
-    "mrr": "MRR (reranked)",
-    "ndcg_at_10": "nDCG@10",
-    "mrr_at_10": "MRR@10",
-    "recall_at_100": "recall@100",
-}
-#: what selected the best epoch of a finished run whose final.json has no ``selection`` (written before it existed)
-SELECTION_BEFORE_RECORD = {"split": "val", "metric": "top1"}
-
-
-def selection(ce_weight: float, metric: str | None = None, layout: str | None = None) -> dict[str, str]:
-    """The metric that picks a run's best epoch, as ``final.json`` records it (``"selection"``):
-    ``{"split": "val", "metric": m}``. ``m`` is ``metric`` (``eval.select``) when one is given, else the metric the
-    run's numbers come from: the reranked ``top1`` when the pair classifier trains (``loss.ce_weight`` > 0), else
-    ``retrieval_top1`` (the nearest neighbour is the true counter): with ``ce_weight=0`` the classifier gets no
-    training signal, so its reranking is noise. A BEIR folder (``layout``, ``data.layout``, is ``beir``) is compared
-    by nDCG@10 in its field, so there the classifier's runs pick by the val ``ndcg_at_10`` of the final ranking. The
-    best epoch decides ``best.pt``, ``final.json``'s ``best``, the 8 tasks, ``test_hits.npy`` (the per-query top-1
-    outcome on test of the ranking ``m`` reads: the retrieval order for ``retrieval_top1``, else the reranked one)
-    and ``test.run``, so every table built on a run reads this one rule."""
-    if metric is not None:
-        return {"split": "val", "metric": str(metric)}
-    if ce_weight <= 0:
-        return {"split": "val", "metric": "retrieval_top1"}
-    return {"split": "val", "metric": "ndcg_at_10" if layout == "beir" else "top1"}
-
-
-def selection_label(chosen: dict) -> str:
-    """How summaries name a :func:`selection`: ``val retrieval top-1``, ``val top-1 (reranked)``."""
-    return f"{chosen['split']} {METRIC_LABELS.get(chosen['metric'], chosen['metric'])}"
-
-
-def untrained_classifier_note(score: str) -> str:
-    """The one line a run with ``loss.ce_weight=0`` prints at its start and in its summary (such a run is allowed:
-    InfoNCE alone is a retrieval model; what it must not do is report the untrained classifier's reranking as its
-    result). ``score``: its ``eval.score``, named when the 8 tasks rerank with that classifier."""
-    tasks = (
-        f"; eval.score={score} scores the 8 tasks with that classifier too: add eval.score=sim"
-        if score in ("rerank", "classifier")
-        else ""
-    )
-    return (
-        "loss.ce_weight=0: the pair classifier is not trained, so the reranked top1 and mrr are noise; the best "
-        f"epoch is chosen by val retrieval_top1, this run's result{tasks}"
-    )

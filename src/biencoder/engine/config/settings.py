@@ -1,7 +1,7 @@
 """A run's settings as flat dotted keys, and which of them change its results: :data:`NON_RESULT_KEYS` (what a resumed
 run may change and a comparison groups across), :func:`run_settings` (a saved config's settings, keys added since at
-their schema defaults), :func:`flatten`, and what ``trainer.resume`` asks for (:func:`resume_requested`,
-:func:`resume_folder`). Hydra-free and torch-free, like :mod:`.schema`.
+their schema defaults, the head resolved), :func:`flatten`, and what ``trainer.resume`` asks for
+(:func:`resume_requested`, :func:`resume_folder`). Hydra-free and torch-free, like :mod:`.schema`.
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from ...errors import ConfigError
+from .heads import head_spec
 from .schema import LOSS_OPTIONS, Schema
 
 #: Config keys (or prefixes ending in ".") that never change what a run computes: where files go, how much is printed,
@@ -108,7 +110,25 @@ def run_settings(config: dict) -> dict:
     for name in sorted(LOSS_OPTIONS, key=lambda name: name == own):  # the run's own loss last: its defaults win
         option = OmegaConf.to_container(OmegaConf.structured(LOSS_OPTIONS[name]))
         known.update({f"loss.{key}": value for key, value in option.items() if key != "name"})
-    return {**{k: v for k, v in known.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
+    return _resolved_head(
+        {**{k: v for k, v in known.items() if not (isinstance(v, str) and "${" in v)}, **flatten(config)}
+    )
+
+
+HEAD = "model.head."
+
+
+def _resolved_head(flat: dict) -> dict:
+    """``flat`` with its ``model.head.*`` keys replaced by the head they describe (:func:`~.heads.head_spec`): norm,
+    activation, dropout and hidden resolved, both flags null. Configs that build the same head (a card variant's
+    flags, the same head spelt with the keys, a run from before the keys existed) then have the same settings: they
+    resume each other and share a cell. A config whose flags contradict its keys is left as it is."""
+    try:
+        spec = head_spec({k[len(HEAD) :]: v for k, v in flat.items() if k.startswith(HEAD)})
+    except ConfigError:
+        return flat
+    resolved = {f"{HEAD}{k}": v for k, v in spec.as_config().items()}
+    return {**flat, **resolved, f"{HEAD}use_layernorm": None, f"{HEAD}use_relu": None}
 
 
 def _resolve_env(value: str) -> str:

@@ -19,12 +19,15 @@ import typing
 from omegaconf import DictConfig, OmegaConf
 
 from ...errors import ConfigError
+from .heads import check_component, head_spec
 from .schema import (
+    ACTIVATIONS,
     DEVICES,
     FUSIONS,
     INDEXES,
     LAYOUTS,
     LOSS_OPTIONS,
+    NORMS,
     PAIR_FORMATS,
     POOLINGS,
     POOLS,
@@ -197,6 +200,26 @@ def _model(cfg: DictConfig) -> None:
     _choice(cfg, "model.sim_init", SIM_INITS)
     _positive(cfg, "model.sim_dim")
     _positive(cfg, "model.max_length", minimum=8)
+    _head(cfg)
+
+
+def _head(cfg: DictConfig) -> None:
+    """``model.head``: each component a built-in or an importable factory, a dropout in [0, 1), widths >= 1, and no
+    flag that contradicts its key (:func:`~.heads.head_spec`)."""
+    head = cfg.model.head
+    check_component("norm", head.norm, NORMS)
+    check_component("activation", head.activation, ACTIVATIONS)
+    if not 0 <= head.dropout < 1:
+        raise ConfigError(f"model.head.dropout={head.dropout!r} is not valid: it must be a probability in [0, 1)")
+    hidden = head.hidden
+    is_list = OmegaConf.is_list(hidden) or isinstance(hidden, list)
+    if not is_list or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in hidden):
+        shown = list(hidden) if is_list else hidden
+        raise ConfigError(
+            f"model.head.hidden={shown!r} is not valid: it must be a list of widths >= 1, e.g. "
+            "model.head.hidden=[256] (empty: no hidden layer)"
+        )
+    head_spec(head)
 
 
 def _trainer(cfg: DictConfig) -> None:

@@ -8,7 +8,7 @@ text alone when the title is empty); texts lose the whitespace at their ends, as
 
 :func:`read_beir` gives a :class:`BeirData`, which has the interface of the other readers' corpora (``used(dedup)``,
 ``deduplicated()``, ``overlap()``, ``paired(split, pool)``, ``counts``, ``dropped``, ``files``), so the runner reads it
-alike. Its splits are :class:`~.paired.JudgedSplit`: every query judged (a score > 0) relevant to at least one
+alike. Its splits are :class:`~.judged.JudgedSplit`: every query judged (a score > 0) relevant to at least one
 document, each (query, relevant document) a training pair, the corpus the candidates of every split (``data.pool=all``;
 ``positives``: the documents relevant to a query of the split), the grades kept for a graded metric. Judgements with
 score 0 or less are read and dropped (BEIR's "not relevant"); a query judged only so is left out.
@@ -31,8 +31,9 @@ import pandas as pd
 from ..config.packaged import beir_demo
 from ..config.schema import DataSchema
 from .arguana import CorpusError
+from .judged import JudgedSplit
 from .pair_records import BEIR_FILES, beir_files
-from .paired import SPLIT_NAMES, JudgedSplit, split_name
+from .paired import SPLIT_NAMES, split_name
 
 #: the qrels file of each split, as BEIR names them (``dev`` is the validation split)
 QRELS = {name: BEIR_FILES[name].removeprefix("qrels/") for name in SPLIT_NAMES}
@@ -259,7 +260,7 @@ class BeirData:
         return out
 
     def paired(self, split: str, pool: str = DataSchema.pool) -> JudgedSplit:
-        """The :class:`~.paired.JudgedSplit` of ``split``: its judged queries (rows 0..Q-1, in order of first
+        """The :class:`~.judged.JudgedSplit` of ``split``: its judged queries (rows 0..Q-1, in order of first
         judgement), then the documents: the whole corpus in file order (``pool=all``), or those relevant to a query
         of the split in order of first judgement (``positives``). Relevance by query, highest grade first, then in
         file order."""

@@ -150,7 +150,7 @@ def run_splits(data) -> tuple[Corpus | PairFiles, dict[str, PairedSplit]]:
 
     ``data.layout=arguana`` reads the folders under ``root`` (``max_debates`` slices them); ``pairs`` reads pair files
     (:func:`.pairs.read_pairs`); ``beir`` a BEIR folder under ``root`` (:func:`.beir.read_beir`: its splits are
-    :class:`~.paired.JudgedSplit`, the corpus the candidates of each). Either way ``dedup`` removes the cross-split
+    :class:`~.judged.JudgedSplit`, the corpus the candidates of each). Either way ``dedup`` removes the cross-split
     overlap by text and ``pool`` is the candidate pool of the per-epoch top-1. Keys a run saved before they existed
     take their schema defaults."""
     pool = data.get("pool", "all")

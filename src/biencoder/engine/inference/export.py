@@ -5,9 +5,11 @@
 pooler's dense + tanh as a ``Dense``), then the 128-d sim head as a ``Dense`` without activation. So
 ``SentenceTransformer(out_dir).encode(texts)`` gives the run's sim embeddings (the retrieval space).
 
-``<out_dir>/pair_classifier/`` holds the pair classifier (LayerNorm / ReLU / output layer) as ``model.safetensors``
-with ``config.json``; :func:`load_pair_classifier` returns it as a module whose ``classify_pair`` takes the sim and
-pooled embeddings of both texts; :func:`embed` gives both from the exported folder::
+``<out_dir>/pair_classifier/`` holds the pair head (:class:`~biencoder.engine.modeling.head.PairHead`: its hidden
+layers, norm, activation and output layer; docs/heads.md) as ``model.safetensors`` with ``config.json``, whose
+``head`` holds the head's keys; :func:`load_pair_classifier` rebuilds it as a module whose ``classify_pair`` takes
+the sim and pooled embeddings of both texts (a component of the user's own must be importable where it is loaded);
+:func:`embed` gives both from the exported folder::
 
     from sentence_transformers import SentenceTransformer
     from biencoder.engine.inference.export import embed, load_pair_classifier
@@ -26,22 +28,15 @@ from pathlib import Path
 from torch import nn
 
 from ...errors import ConfigError
+from ..config.heads import head_spec
 from ..config.schema import TrainerSchema
 from ..files import read_json, strict_json
 from ..machine.runtime import eval_batch_size
-from ..modeling.model import Embeddings, PairHead
+from ..modeling.head import PairHead
+from ..modeling.model import Embeddings
 from ..runs.checkpoint import load_checkpoint
 
 CLASSIFIER = "pair_classifier"
-
-
-class PairClassifier(PairHead):
-    """The exported pair classifier (the same module code as the trained
-    :class:`~biencoder.engine.modeling.model.BiModel`'s)."""
-
-    def __init__(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool):
-        super().__init__()
-        self._make_head(fusion, sim_dim, hidden, use_layernorm, use_relu)
 
 
 def _st_modules():
@@ -145,18 +140,20 @@ def _st_model_modules(model, model_cfg: dict, hf: str) -> list:
 
 
 def _save_classifier(model, model_cfg: dict, settings: dict, head_dir: Path) -> None:
-    """The pair classifier's weights (``model.safetensors``) and ``config.json`` into the new folder ``head_dir``."""
+    """The pair head's weights and buffers (``model.safetensors``: :class:`PairHead`'s own keys, a BatchNorm's running
+    statistics included) and ``config.json`` (``hidden``: the encoder's width; ``head``: the head's keys) into the new
+    folder ``head_dir``."""
     from safetensors.torch import save_file
 
     head_dir.mkdir()
-    state = {k: v.detach().contiguous() for k, v in model.state_dict().items() if k.startswith(("norm.", "out."))}
-    save_file(state, str(head_dir / "model.safetensors"))
+    save_file(
+        {k: v.detach().contiguous() for k, v in model.head.state_dict().items()}, str(head_dir / "model.safetensors")
+    )
     config = {
-        "fusion": model.fusion,
+        "fusion": model.head.fusion,
         "sim_dim": model.sim_head.out_features,
         "hidden": model.encoder.config.hidden_size,
-        "use_layernorm": model_cfg["head"]["use_layernorm"],
-        "use_relu": model_cfg["head"]["use_relu"],
+        "head": model.head.spec.as_config(),
         "pooling": model_cfg["pooling"],
         "max_length": model_cfg["max_length"],
         "run": settings,
@@ -164,17 +161,22 @@ def _save_classifier(model, model_cfg: dict, settings: dict, head_dir: Path) -> 
     (head_dir / "config.json").write_text(strict_json(config, indent=2) + "\n")
 
 
-def load_pair_classifier(folder: str | Path) -> PairClassifier:
-    """The exported pair classifier of ``folder`` (an export's folder or its ``pair_classifier/``), in eval mode."""
+def load_pair_classifier(folder: str | Path) -> PairHead:
+    """The exported pair head of ``folder`` (an export's folder or its ``pair_classifier/``), in eval mode: the head
+    its ``config.json`` names (an export from before the head keys: its two flags), with its weights. Raises
+    :class:`ConfigError` in one line when a component of the user's own that it names cannot be imported here."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
     if (folder / CLASSIFIER).is_dir():
         folder = folder / CLASSIFIER
     config = read_json((folder / "config.json").read_text())
-    classifier = PairClassifier(
-        config["fusion"], config["sim_dim"], config["hidden"], config["use_layernorm"], config["use_relu"]
-    )
+    # an export from before the head keys holds the flags at the top, beside "hidden" (the encoder's width)
+    head = config["head"] if "head" in config else {k: config[k] for k in ("use_layernorm", "use_relu")}
+    try:
+        classifier = PairHead(config["fusion"], config["sim_dim"], config["hidden"], head_spec(head))
+    except ConfigError as err:
+        raise ConfigError(f"the pair classifier in '{folder}': {err}") from None
     classifier.load_state_dict(load_file(str(folder / "model.safetensors")))
     return classifier.eval()
 

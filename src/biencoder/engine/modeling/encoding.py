@@ -265,10 +265,9 @@ def pair_margins(
     emb = emb.to(device)
     out = torch.empty(len(rows_a), dtype=torch.float32, device=device)
     with eval_mode(model), torch.inference_mode():
-        features = torch.empty(min(batch_size, len(rows_a)), model.out.in_features, dtype=emb.sim.dtype, device=device)
+        score = model.head.pair_scorer(emb, min(batch_size, len(rows_a)))
         for start in range(0, len(rows_a), batch_size):
             stop = start + batch_size
-            _, logits = model.head(model.gather_pair_features(emb, rows_a[start:stop], rows_b[start:stop], features))
-            logits = logits.float()
+            logits = score(rows_a[start:stop], rows_b[start:stop]).float()
             torch.sub(logits[:, 1], logits[:, 0], out=out[start:stop])
     return out.cpu().numpy()

@@ -36,25 +36,27 @@ class LossOutput:
     #: loss (the weighted total), triplet, ce_pos, ce_neg (unweighted): detached 0-d tensors on the loss's device, so
     #: that a step never waits for the device; the runner sums them there and reads them once an epoch
     parts: dict[str, Tensor]
-    features: Tensor  # [2B, F] classifier input before LayerNorm/ReLU (positive pairs, then negative pairs)
-    head_input: Tensor  # [2B, F] after them
+    #: [2B, W] what the head's output layer reads before its norm and activation (positive pairs, then negative
+    #: pairs; the pair features when the head has no hidden layer), and [2B, W] after them: the head statistics'
+    #: ``pre`` and ``post`` (:meth:`~biencoder.engine.modeling.head.PairHead.forward`)
+    head_pre: Tensor
+    head_post: Tensor
 
 
 def _pair_cross_entropy(model: BiModel, point: Embeddings, counter: Embeddings, negative: Embeddings):
     """The pair classifier's two cross-entropy terms: (point, counter) → 1 and (point, negative) → 0.
 
-    Returns (ce_pos, ce_neg) as 0-d tensors (means over the B pairs), and the classifier's features and head
-    input [2B, F] (positive pairs first) for the head statistics.
+    Returns (ce_pos, ce_neg) as 0-d tensors (means over the B pairs), and the head's ``pre`` and ``post`` [2B, W]
+    (positive pairs first) for the head statistics.
     """
     batch = point.sim.shape[0]
-    # positives and negatives go through the head in one call so its statistics see both
-    features = model.pair_features(
+    # positives and negatives go through the head in one call so its statistics (and a BatchNorm's) see both
+    pre, post, logits = model.head.pair_outputs(
         Embeddings(torch.cat([point.sim, point.sim]), torch.cat([point.pooled, point.pooled])),
         Embeddings(torch.cat([counter.sim, negative.sim]), torch.cat([counter.pooled, negative.pooled])),
     )
-    head_input, logits = model.head(features)
     ce = F.cross_entropy(logits.float(), _pair_labels(batch, logits.device), reduction="none")
-    return ce[:batch].mean(), ce[batch:].mean(), features, head_input
+    return ce[:batch].mean(), ce[batch:].mean(), pre, post
 
 
 @functools.lru_cache(maxsize=16)
@@ -105,10 +107,10 @@ class TripletCELoss(nn.Module):
     ) -> LossOutput:
         """``text_id`` ([3, B], ignored here): the triplet loss compares each query with its own two rows only."""
         triplet = self.triplet(point.sim, counter.sim, negative.sim)
-        ce_pos, ce_neg, features, head_input = _pair_cross_entropy(model, point, counter, negative)
+        ce_pos, ce_neg, pre, post = _pair_cross_entropy(model, point, counter, negative)
         total = self.triplet_weight * triplet + self.ce_weight * (ce_pos + ce_neg)
         parts = _parts(("loss", "triplet", "ce_pos", "ce_neg"), [total, triplet, ce_pos, ce_neg])
-        return LossOutput(total, parts, features, head_input)
+        return LossOutput(total, parts, pre, post)
 
 
 def _group() -> bool:
@@ -249,13 +251,13 @@ class InfoNCELoss(nn.Module):
         with full_precision(point.sim.device):  # the softmax too: its log-sum-exp over 2B scores of range ±scale
             scores, target, masked = self._scores(point.sim, counter.sim, negative.sim, text_id)
             infonce = F.cross_entropy(scores, target)
-        ce_pos, ce_neg, features, head_input = _pair_cross_entropy(model, point, counter, negative)
+        ce_pos, ce_neg, pre, post = _pair_cross_entropy(model, point, counter, negative)
         total = infonce + self.ce_weight * (ce_pos + ce_neg)
         parts = _parts(
             ("loss", "infonce", "ce_pos", "ce_neg", "masked"),
             [total, infonce, ce_pos, ce_neg, masked.sum(1).float().mean()],
         )
-        return LossOutput(total, parts, features, head_input)
+        return LossOutput(total, parts, pre, post)
 
 
 #: ``loss.name`` → the loss (its keys and defaults: :data:`biencoder.engine.config.schema.LOSS_OPTIONS`)

@@ -1,10 +1,10 @@
-"""The bi-encoder: a shared HF encoder, a sim head and a pair classifier with optional LayerNorm / ReLU.
+"""The bi-encoder: a shared HF encoder, a sim head and the pair head it holds (:mod:`.head`).
 
-Reference: the ablation of Wachsmuth-style counter-argument retrieval with a BERT bi-encoder; the flags
-``use_layernorm`` / ``use_relu`` decide what sits in front of the classifier's output layer. Here: the modules
-(:class:`Embeddings`, :class:`PairHead`, :class:`BiModel`), building them (:func:`build_model`), the encoder's
-attention mask (:func:`encoder_mask`) and the head statistics; running texts through them is
-:mod:`biencoder.engine.modeling.encoding`.
+Reference: the ablation of Wachsmuth-style counter-argument retrieval with a BERT bi-encoder; ``model.head``
+decides what sits in front of the classifier's output layer (docs/heads.md). Here: :class:`Embeddings`,
+:class:`BiModel` and the state-dict keys of the layout before the head was a component (:func:`renamed_head_keys`),
+building them (:func:`build_model`) and the encoder's attention mask (:func:`encoder_mask`); running texts through
+them is :mod:`biencoder.engine.modeling.encoding`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from ...errors import ConfigError
-from ..config.schema import EncoderSchema, EvalSchema, HeadSchema, ModelSchema
+from ..config.heads import HeadSpec, head_spec
+from ..config.schema import EncoderSchema, EvalSchema, ModelSchema
+from .head import PairHead
 
 _TRANSFORMERS_MAJOR = int(version("transformers").split(".")[0])
 
@@ -32,8 +34,8 @@ class Embeddings:
         return self.sim.shape[0]
 
     def index(self, rows) -> Embeddings:
-        """The rows ``rows`` (ints, a repeat allowed), with ``index_select``: on a CPU 3x faster than ``tensor[rows]``
-        (aten::index), the same values."""
+        """The rows ``rows`` (ints, a repeat allowed), gathered with ``index_select`` (on a CPU a faster kernel than
+        ``tensor[rows]``'s aten::index; the same values)."""
         rows = torch.as_tensor(rows, dtype=torch.long, device=self.sim.device)
         return Embeddings(self.sim.index_select(0, rows), self.pooled.index_select(0, rows))
 
@@ -54,63 +56,9 @@ class Embeddings:
         return [Embeddings(s, p) for s, p in zip(self.sim.chunk(n), self.pooled.chunk(n), strict=True)]
 
 
-#: the embeddings each ``model.fusion`` puts in the pair features, in order; each adds [a, b, |a − b|] of it
-FUSION_PARTS = {"concat": ("sim", "pooled"), "sim": ("sim",), "cls": ("pooled",)}
-
-
-class PairHead(nn.Module):
-    """The pair classifier: fused features of (a, b) → optional LayerNorm → optional ReLU → ``Linear(F, 2)``.
-
-    Shared by :class:`BiModel` and the exported ``PairClassifier`` (``biencoder.export``): one definition.
-    """
-
-    def _make_head(self, fusion: str, sim_dim: int, hidden: int, use_layernorm: bool, use_relu: bool) -> None:
-        self.fusion = fusion
-        n_features = sum(3 * {"sim": sim_dim, "pooled": hidden}[part] for part in FUSION_PARTS[fusion])
-        self.norm = nn.LayerNorm(n_features) if use_layernorm else nn.Identity()
-        self.act = nn.ReLU() if use_relu else nn.Identity()
-        self.out = nn.Linear(n_features, 2)
-
-    def pair_features(self, a: Embeddings, b: Embeddings) -> Tensor:
-        """Fused features [B, n_features] of the pairs (a[i], b[i])."""
-        parts = []
-        for part in FUSION_PARTS[self.fusion]:
-            x, y = getattr(a, part), getattr(b, part)
-            parts += [x, y, (x - y).abs()]
-        return torch.cat(parts, dim=-1)
-
-    def gather_pair_features(self, emb: Embeddings, rows_a: Tensor, rows_b: Tensor, out: Tensor) -> Tensor:
-        """:meth:`pair_features` of (emb[rows_a[i]], emb[rows_b[i]]) written into ``out`` [≥ B, n_features] (no
-        autograd; ``out`` of the embeddings' dtype): the rows are gathered straight into their places, with no
-        intermediate tensors. The same values; the margins of a split's shortlists took 13–42 % less time on a CPU
-        (``scripts/bench.py --items eval``). Returns ``out[:B]``."""
-        if out.shape[0] < len(rows_a) or out.shape[1] != self.out.in_features:
-            raise ValueError(
-                f"a buffer of {tuple(out.shape)} cannot hold the features of {len(rows_a)} pairs "
-                f"({self.out.in_features} each)"
-            )
-        out, start = out[: len(rows_a)], 0
-        for part in FUSION_PARTS[self.fusion]:
-            table = getattr(emb, part)
-            x, y, diff = out[:, start : start + 3 * table.shape[1]].chunk(3, dim=1)
-            torch.index_select(table, 0, rows_a, out=x)
-            torch.index_select(table, 0, rows_b, out=y)
-            torch.sub(x, y, out=diff).abs_()
-            start += 3 * table.shape[1]
-        return out
-
-    def head(self, features: Tensor) -> tuple[Tensor, Tensor]:
-        """Features [B, F] → (head input after the optional LayerNorm/ReLU [B, F], logits [B, 2])."""
-        head_input = self.act(self.norm(features))
-        return head_input, self.out(head_input)
-
-    def classify_pair(self, point: Embeddings, candidate: Embeddings) -> Tensor:
-        """Logits [B, 2] for (point[i], candidate[i]); class 1 = the candidate counters the point."""
-        return self.head(self.pair_features(point, candidate))[1]
-
-
-class BiModel(PairHead):
-    """Shared encoder → pooled embedding → ``Linear(hidden, sim_dim)``; pair classifier over fused features.
+class BiModel(nn.Module):
+    """Shared encoder → pooled embedding → ``Linear(hidden, sim_dim)``; the pair head (:class:`PairHead`) over fused
+    features, held as ``model.head``.
 
     Args:
         encoder: a HF ``PreTrainedModel`` (BERT family); used for points, counters and negatives alike.
@@ -118,11 +66,13 @@ class BiModel(PairHead):
         pooling: ``mean`` (masked mean), ``cls`` (first token) or ``pooler`` (BERT pooler output).
         fusion: pair features; ``concat`` = [s_a, s_b, |s_a−s_b|, p_a, p_b, |p_a−p_b|], ``sim`` = the s part,
             ``cls`` = the p part (s = sim embedding, p = pooled embedding).
-        use_layernorm: LayerNorm over the feature vector before the output layer.
-        use_relu: ReLU (after the LayerNorm, if any) before the output layer.
+        head: the pair head's specification (:func:`~biencoder.engine.config.heads.head_spec`); None: the default
+            config's (no norm, no activation, no dropout, no hidden layer).
 
     The defaults are the schema's (``model.sim_dim``, ``model.pooling``, ``model.fusion``, ``model.head.*``):
-    ``BiModel(encoder)`` is the model the default config builds around ``encoder`` (:func:`bimodel`).
+    ``BiModel(encoder)`` is the model the default config builds around ``encoder`` (:func:`bimodel`). A state dict
+    of the layout before the head was a component (its keys ``norm.*``, ``out.*``) loads as it always did
+    (:func:`renamed_head_keys`).
     """
 
     def __init__(
@@ -131,8 +81,7 @@ class BiModel(PairHead):
         sim_dim: int = ModelSchema.sim_dim,
         pooling: str = ModelSchema.pooling,
         fusion: str = ModelSchema.fusion,
-        use_layernorm: bool = HeadSchema.use_layernorm,
-        use_relu: bool = HeadSchema.use_relu,
+        head: HeadSpec | None = None,
     ):
         super().__init__()
         hidden = encoder.config.hidden_size
@@ -143,7 +92,9 @@ class BiModel(PairHead):
         self.encoder = encoder
         self.pooling = pooling
         self.sim_head = nn.Linear(hidden, sim_dim)
-        self._make_head(fusion, sim_dim, hidden, use_layernorm, use_relu)  # after sim_head: the same init as ever
+        # after sim_head: the weights are drawn in the same order as when the head's layers were the model's own
+        self.head = PairHead(fusion, sim_dim, hidden, head_spec(None) if head is None else head)
+        self.register_load_state_dict_pre_hook(_rename_old_head_keys)
 
     @torch.no_grad()
     def init_sim_from_pca(self, pooled: Tensor) -> None:
@@ -192,6 +143,29 @@ class BiModel(PairHead):
         """The parameters no training loss reaches: the encoder's pooler, unless ``pooling="pooler"`` uses it."""
         pooler = getattr(self.encoder, "pooler", None)
         return [] if pooler is None or self.pooling == "pooler" else list(pooler.parameters())
+
+
+#: the top-level modules of the pair head before it was a component of its own (now under ``head.``)
+OLD_HEAD_MODULES = ("norm.", "out.")
+
+
+def renamed_head_keys(state_dict: dict, prefix: str = "") -> dict:
+    """``state_dict`` of a :class:`BiModel` (its keys under ``prefix``) with the keys of the old layout, where the
+    pair head's modules were the model's own (``norm.*``, ``out.*``: ``best.pt``, ``last.pt`` and the best weights
+    they hold, written before the head was ``model.head``), renamed to ``head.norm.*``, ``head.out.*``. Keys of the
+    current layout are left as they are; a new dict, in the same order."""
+    return {
+        (f"{prefix}head.{k[len(prefix) :]}" if k.startswith(tuple(prefix + m for m in OLD_HEAD_MODULES)) else k): v
+        for k, v in state_dict.items()
+    }
+
+
+def _rename_old_head_keys(module, state_dict, prefix, *_) -> None:
+    """``load_state_dict``'s pre-hook of :class:`BiModel`: an old state dict's head keys renamed in place."""
+    renamed = renamed_head_keys(state_dict, prefix)
+    if list(renamed) != list(state_dict):
+        state_dict.clear()
+        state_dict.update(renamed)
 
 
 def is_encoder_weight(name: str) -> bool:
@@ -278,50 +252,10 @@ def build_model(model_cfg, progress: bool = True) -> tuple[BiModel, object]:
 
 def bimodel(encoder: nn.Module, model_cfg) -> BiModel:
     """:class:`BiModel` around ``encoder`` with the heads the ``model`` config (a DictConfig or a plain dict) names."""
-    head = model_cfg["head"]
     return BiModel(
         encoder,
         sim_dim=model_cfg["sim_dim"],
         pooling=model_cfg["pooling"],
         fusion=model_cfg["fusion"],
-        use_layernorm=head["use_layernorm"],
-        use_relu=head["use_relu"],
+        head=head_spec(model_cfg["head"]),
     )
-
-
-#: what :func:`head_statistics` reports per tensor (``pre``, ``post``), in the order of its [2, 6] table
-HEAD_STATISTICS = ("sample_mean", "sample_mean_std", "sample_var", "sample_var_std", "feature_var_std", "zero_share")
-#: the names of :func:`head_statistics_vector`'s 12 values
-HEAD_STATISTIC_NAMES = tuple(f"head_{tag}_{name}" for tag in ("pre", "post") for name in HEAD_STATISTICS)
-
-
-def head_statistics_vector(features: Tensor, head_input: Tensor) -> Tensor:
-    """:func:`head_statistics` as [12] float32 values on the inputs' device (both [B, F]), named by
-    :data:`HEAD_STATISTIC_NAMES`; computed without a host read."""
-    # both tensors at once: each statistic is one op for the two
-    x = torch.stack([features.detach(), head_input.detach()]).float()  # [2, B, F]
-    mean = x.mean(dim=-1)  # [2, B]
-    # variances from centred squares: torch's var() takes a slow path on a CPU for these shapes (4-5x)
-    var = (x - mean[..., None]).square_().mean(dim=-1)
-    feature_var = (x - x.mean(dim=-2, keepdim=True)).square_().mean(dim=-2)  # [2, F]
-    return torch.stack(
-        [
-            mean.mean(dim=-1),
-            mean.std(dim=-1, unbiased=False),
-            var.mean(dim=-1),
-            var.std(dim=-1, unbiased=False),
-            feature_var.std(dim=-1, unbiased=False),
-            (x == 0).float().mean(dim=(-2, -1)),
-        ],
-        dim=-1,
-    ).flatten()  # [2, 6] → [12]
-
-
-def head_statistics(features: Tensor, head_input: Tensor) -> dict[str, Tensor]:
-    """Statistics of the classifier input before (``pre``) and after (``post``) the optional LayerNorm/ReLU.
-
-    Both tensors are [B, F]. Per-sample mean/variance (averaged over samples, and their std across samples),
-    the spread (std) of per-feature variances, and the share of exact zeros. Values are 0-d tensors on the
-    input's device, keyed ``head_{pre|post}_{name}`` (name in :data:`HEAD_STATISTICS`).
-    """
-    return dict(zip(HEAD_STATISTIC_NAMES, head_statistics_vector(features, head_input).unbind(), strict=True))

@@ -7,7 +7,7 @@ nearest allowed point and the nearest allowed counter; at equal distance the low
 With probability ``random_rate`` a uniformly random eligible argument is taken instead; only the points of the pairs
 without a random negative are searched for.
 
-A BEIR split (:class:`~biencoder.engine.data.paired.JudgedSplit`) draws from its documents only
+A BEIR split (:class:`~biencoder.engine.data.judged.JudgedSplit`) draws from its documents only
 (:attr:`~biencoder.engine.data.paired.PairedSplit.negative_rows`), and a query's negative never has the text of the
 query, of its own document or of any document relevant to it (:meth:`~biencoder.engine.data.paired.PairedSplit.
 banned_texts`): one negative per query, shared by the triplets of its relevant documents.

@@ -25,7 +25,7 @@ import torch
 from ...errors import ConfigError
 from ..machine import distributed
 from ..machine.rng import set_rng_states
-from ..modeling.model import BiModel, bimodel, build_model, is_encoder_weight
+from ..modeling.model import BiModel, bimodel, build_model, is_encoder_weight, renamed_head_keys
 from .best import BestEpoch
 from .records import RunFolderError
 
@@ -49,7 +49,10 @@ def load_checkpoint(
 ) -> tuple[BiModel, object, dict, dict]:
     """(model in eval mode, tokenizer, model config, run settings) from a run folder or its ``best.pt``.
 
-    Checkpoints from before ``encoder_config`` was saved are rebuilt from ``model_cfg``'s encoder path instead.
+    Checkpoints from before ``encoder_config`` was saved are rebuilt from ``model_cfg``'s encoder path instead; those
+    from before the head was a component (only the two flags in ``model_cfg``, the head's keys at the top level) load
+    as the same head. Raises :class:`ConfigError` in one line for a file that is no checkpoint, one that does not fit
+    the model it names, and a head whose own component cannot be imported here (naming what to install).
     """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
@@ -67,16 +70,19 @@ def load_checkpoint(
             f"{what}='{file}' is not a readable biencoder checkpoint ({type(err).__name__}): "
             "pass the best.pt of a finished run"
         ) from None
-    if "encoder_config" in ckpt:
-        config = dict(ckpt["encoder_config"])
-        encoder = AutoModel.from_config(AutoConfig.for_model(config.pop("model_type"), **config))
-        with tempfile.TemporaryDirectory() as tmp:
-            for name, data in ckpt["tokenizer_files"].items():
-                (Path(tmp) / name).write_bytes(data)
-            tokenizer = AutoTokenizer.from_pretrained(tmp)
-        model = bimodel(encoder, model_cfg)
-    else:
-        model, tokenizer = build_model(model_cfg, progress)
+    try:
+        if "encoder_config" in ckpt:
+            config = dict(ckpt["encoder_config"])
+            encoder = AutoModel.from_config(AutoConfig.for_model(config.pop("model_type"), **config))
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, data in ckpt["tokenizer_files"].items():
+                    (Path(tmp) / name).write_bytes(data)
+                tokenizer = AutoTokenizer.from_pretrained(tmp)
+            model = bimodel(encoder, model_cfg)
+        else:
+            model, tokenizer = build_model(model_cfg, progress)
+    except ConfigError as err:  # the encoder it names, or a component of its head, is not to be had here
+        raise ConfigError(f"{what}='{file}': {err}") from None
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as err:
@@ -138,6 +144,7 @@ def restore_last(state: dict, path: Path, trainer, fingerprint: str | None) -> t
     best = BestEpoch.from_saved(state["best"])
     weights = best.state
     if weights is not None:  # last.pt leaves out a frozen encoder's weights: the model's own, as the runner's
+        weights = renamed_head_keys(weights)  # a last.pt from before the head was a component: today's keys
         frozen = {
             k: v.detach().to("cpu", copy=v.device.type != "cpu")
             for k, v in model.state_dict().items()

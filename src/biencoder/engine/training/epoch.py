@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from ..machine import distributed
 from ..machine.runtime import Runtime
 from ..modeling.encoding import to_device
-from ..modeling.model import HEAD_STATISTIC_NAMES, BiModel, head_statistics_vector
+from ..modeling.head import HEAD_STATISTIC_NAMES, head_statistics_vector
+from ..modeling.model import BiModel
 from ..retrieval.negatives import MinedNegatives, mine_negatives, random_rate
 from .flat_params import FlatParameters, flat_state, per_parameter_state
 from .settings import TrainingSettings, lr_factor
@@ -156,6 +157,9 @@ class EpochTrainer:
                 device_ids=[self.device.index] if self.device.type == "cuda" else None,
                 # with cls/mean pooling the encoder's pooler computes an output no loss uses
                 find_unused_parameters=not self.frozen and self.settings.pooling != "pooler",
+                # rank 0's buffers to every rank before each forward: a BatchNorm head trains from and is evaluated
+                # with rank 0's running statistics, its batch statistics each process's own (docs/heads.md)
+                broadcast_buffers=True,
             )
         return torch.compile(step) if self.settings.compile else step
 
@@ -296,7 +300,7 @@ class EpochTrainer:
             self.optimizer.zero_grad(set_to_none=False)  # the flat gradient is zeroed in place: backward adds into it
             out.total.backward()
         sums.add(
-            out.parts, lambda: torch.cat([head_statistics_vector(out.features, out.head_input), self.grad_norms()])
+            out.parts, lambda: torch.cat([head_statistics_vector(out.head_pre, out.head_post), self.grad_norms()])
         )
         if self.graphed is None:
             self.optimizer.step()

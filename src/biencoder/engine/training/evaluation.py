@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig
 
-from ..config.schema import selection
+from ..config.selection import selection
 from ..machine import distributed
 from ..modeling.encoding import Encoding, embed_pooled, encode, encode_pooled
 from ..modeling.model import BiModel, Embeddings

@@ -15,7 +15,8 @@ import torch
 
 from ..config.schema import DataSchema
 from ..data.corpus import run_splits, seen_queries
-from ..data.paired import JUDGED_POOL_TEXT, POOL_TEXT, JudgedSplit, PairedSplit
+from ..data.judged import JUDGED_POOL_TEXT, JudgedSplit
+from ..data.paired import POOL_TEXT, PairedSplit
 from ..machine import distributed
 from ..modeling.cache import encoder_fingerprint
 from ..modeling.encoding import TextEncoder, TokenizedTexts, pooled_vectors

@@ -11,7 +11,8 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from ...errors import BiencoderError
-from ..config.schema import selection, variant_name
+from ..config.heads import variant_name
+from ..config.selection import selection
 from ..config.validation import validate
 from ..machine import distributed
 from ..machine.runtime import Runtime

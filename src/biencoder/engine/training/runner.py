@@ -8,10 +8,9 @@ fsynced per epoch), ``train.log``, ``last.pt`` (the full training state, for ``t
 background: :mod:`biencoder.engine.runs.checkpoint`) and, at the end, ``best.pt``, ``test_hits.npy`` and ``final.json``
 (atomically; ``status`` done, or failed / diverged with the error: :func:`biencoder.engine.training.run.run`) with
 the 8 official tasks for the best-by-val weights. The best epoch is the first with the highest val value of the
-metric :func:`biencoder.engine.config.schema.selection` names (``final.json``'s ``selection``): the reranked top-1, or
-the retrieval top-1 when the pair classifier is not trained (``loss.ce_weight=0``). With ``model.encoder.freeze=true``
-the encoder's outputs come from the embedding cache. Under ``torchrun`` rank 0 mines, evaluates and writes; every rank
-trains on its shard (DDP). No Hydra here: the runner takes a plain ``DictConfig``.
+metric that :mod:`biencoder.engine.config.selection` names (``final.json``'s ``selection``). With
+``model.encoder.freeze=true`` the encoder's outputs come from the embedding cache. Under ``torchrun`` rank 0 mines,
+evaluates and writes; every rank trains on its shard (DDP). No Hydra here: the runner takes a plain ``DictConfig``.
 """
 
 from __future__ import annotations
@@ -27,7 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from ..config.schema import selection, untrained_classifier_note, variant_name
+from ..config.heads import variant_name
+from ..config.selection import selection, untrained_classifier_note
 from ..machine import distributed
 from ..machine.rng import rng_states
 from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
@@ -57,7 +57,7 @@ class Runner:
 
     ``runtime``: the start-up decision of device, precision and process group (:func:`start_up`, made here when
     None); the runner never asks torch again. ``variant``: the cell's name (the app passes Hydra's ``+variant=``
-    choice; default: named after the head flags, :func:`schema.variant_name`). The config is trusted:
+    choice; default: named after the head flags, :func:`heads.variant_name`). The config is trusted:
     :func:`biencoder.engine.training.run.run` validates it once.
     """
 
