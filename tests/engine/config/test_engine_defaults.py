@@ -157,7 +157,9 @@ def _function_defaults(fn, source: str | None = None) -> dict[str, ast.expr]:
 
 
 def _field_defaults(cls: type) -> dict[str, ast.expr]:
-    """A dataclass's field -> its default's expression (``= value`` or ``field(default=value)``), bases first."""
+    """A dataclass's field -> its default's expression (``= value`` or ``field(default=value)``), bases first; each
+    expression carries the globals of the module that wrote it (``scope``: a field inherited from another module's
+    class reads that module's names)."""
     out: dict[str, ast.expr] = {}
     for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
@@ -168,6 +170,7 @@ def _field_defaults(cls: type) -> dict[str, ast.expr]:
                 if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
                     value = next((kw.value for kw in value.keywords if kw.arg == "default"), None)
                 if value is not None:
+                    value.scope = vars(inspect.getmodule(klass))
                     out[stmt.target.id] = value
     return out
 
@@ -178,7 +181,7 @@ def _params(where: str, fn, exprs: dict[str, ast.expr], scope: dict) -> list[Par
     except (TypeError, ValueError):
         return []
     return [
-        Param(where, p.name, p.default, exprs.get(p.name), scope)
+        Param(where, p.name, p.default, exprs.get(p.name), getattr(exprs.get(p.name), "scope", scope))
         for p in signature.parameters.values()
         if p.default is not inspect.Parameter.empty
     ]
