@@ -16,7 +16,7 @@ import functools
 import math
 import typing
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ...errors import ConfigError
 from .schema import (
@@ -230,6 +230,27 @@ def _negatives(cfg: DictConfig) -> None:
         _positive(cfg, key, kind=float, minimum=0)
         if OmegaConf.select(cfg, key) > 1:
             raise ConfigError(f"{key}={OmegaConf.select(cfg, key)!r} is not valid: it must be in [0, 1]")
+    if OmegaConf.select(cfg, "negatives.relative_margin") is not None:
+        _positive(cfg, "negatives.relative_margin", kind=float, minimum=0)
+    _rank_range(OmegaConf.select(cfg, "negatives.rank_range"))
+
+
+def _rank_range(value) -> None:
+    """``negatives.rank_range``: null, or [lo, hi] with integers 1 <= lo <= hi."""
+    if value is None:
+        return
+    values = list(value) if isinstance(value, (list, ListConfig)) else None
+    if (
+        values is None
+        or len(values) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+        or not 1 <= values[0] <= values[1]
+    ):
+        shown = f"[{','.join(map(str, values))}]" if values is not None else repr(value)
+        raise ConfigError(
+            f"negatives.rank_range={shown} is not valid: use [lo,hi], integers with 1 <= lo <= hi (rank 1 is the "
+            "nearest eligible argument; e.g. negatives.rank_range=[10,50]), or null for the nearest"
+        )
 
 
 def _eval(cfg: DictConfig) -> None:

@@ -6,6 +6,24 @@ argument whose text equals the point's or the counter's text, is the hard negati
 nearest allowed point and the nearest allowed counter; at equal distance the lower row, a point, wins.)
 With probability ``random_rate`` a uniformly random eligible argument is taken instead; only the points of the pairs
 without a random negative are searched for.
+
+Two selection rules change which eligible argument a hard pair gets (:class:`Mining`; both off by default, so the
+nearest one, as ever):
+
+* ``negatives.relative_margin`` m: a candidate is skipped when its distance to the point is below (1 + m) times the
+  counter's. It is sentence-transformers' ``mine_hard_negatives(relative_margin=m)``, which skips a candidate whose
+  similarity exceeds ``positive_score - abs(positive_score) * m``, with the similarity read as minus the Euclidean
+  distance of the sim vectors (the distance this space retrieves by): −d > −d⁺ − d⁺·m is d < (1 + m)·d⁺. A pair for
+  which no argument passes takes the farthest eligible one (the one nearest to passing).
+* ``negatives.rank_range`` [lo, hi]: the negative is drawn uniformly among the candidates ranked lo..hi (1 = the
+  nearest; the point itself, its counter and their texts' twins take no rank; with a margin, only the candidates
+  that pass it count), as FlagEmbedding's ``hn_mine --range_for_sampling lo-hi`` samples among the ranks lo..hi of
+  its search (it counts from 0 over the whole corpus and drops the positives and the query after slicing). A pair
+  with fewer than lo candidates takes its last one. The draws come from the mining RNG after the random negatives'
+  draws, so a seed's random negatives are the same under every rule.
+
+:func:`negatives_record` is what ``negatives.log=true`` writes per epoch, :func:`summarise_record` one epoch's
+summary of it (``biencoder-corpus negatives``).
 """
 
 from __future__ import annotations
@@ -35,11 +53,26 @@ class Mining:
     n_neighbors: int = NegativesSchema.n_neighbors
     index: str = NegativesSchema.index
     device: str | torch.device = "cpu"
+    relative_margin: float | None = NegativesSchema.relative_margin
+    rank_range: tuple[int, int] | None = NegativesSchema.rank_range
 
     @classmethod
     def of_run(cls, negatives: NegativesSchema, runtime: Runtime) -> Mining:
-        """A run's: ``negatives.n_neighbors`` and ``negatives.index``, on the runtime's device."""
-        return cls(negatives.n_neighbors, negatives.index, runtime.device)
+        """A run's: ``negatives.n_neighbors``, ``negatives.index``, ``negatives.relative_margin`` and
+        ``negatives.rank_range``, on the runtime's device."""
+        margin, ranks = negatives.relative_margin, negatives.rank_range
+        return cls(
+            negatives.n_neighbors,
+            negatives.index,
+            runtime.device,
+            relative_margin=None if margin is None else float(margin),
+            rank_range=None if ranks is None else (int(ranks[0]), int(ranks[1])),
+        )
+
+    @property
+    def hardest(self) -> bool:
+        """The nearest eligible argument, as ever: neither selection rule is on."""
+        return self.relative_margin is None and self.rank_range is None
 
 
 @dataclass
@@ -115,6 +148,61 @@ def _first_allowed_block(
     return best, dist
 
 
+def _ranked_allowed(
+    tree: NeighbourIndex,
+    points: np.ndarray,
+    banned: np.ndarray,
+    text_id: np.ndarray,
+    floor: np.ndarray,
+    mining: Mining,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``need`` candidates (hi of ``mining.rank_range``, else 1) of each query vector of ``points`` [T, D],
+    nearest first: rows whose text is not banned and whose distance is at least the query's ``floor`` [T]. Returns
+    (rows [T, need], -1 past the last found; the farthest allowed row [T], for the queries that found none, else -1).
+    k doubles from ``mining.n_neighbors`` until every query has ``need`` or the whole table is fetched; a block of
+    :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time."""
+    need = mining.rank_range[1] if mining.rank_range is not None else 1
+    rows = np.full((len(points), need), -1)
+    farthest = np.full(len(points), -1)
+    for start in range(0, len(points), SEARCH_BLOCK):
+        todo = np.arange(len(points))[start : start + SEARCH_BLOCK]
+        step = max(mining.n_neighbors, need)
+        while len(todo):
+            step = min(step, tree.n)
+            d, cand = tree.query(points[todo], step)  # [T, step] nearest first
+            allowed = np.all(text_id[cand][:, :, None] != banned[todo][:, None, :], axis=2)
+            ok = allowed & (d >= floor[todo][:, None])
+            whole = step == tree.n
+            done = (ok.sum(axis=1) >= need) | whole
+            first = np.argsort(~ok[done], axis=1, kind="stable")[:, :need]  # positions of the first ok, in order
+            found = np.take_along_axis(ok[done], first, axis=1)
+            rows[todo[done], : first.shape[1]] = np.where(found, np.take_along_axis(cand[done], first, axis=1), -1)
+            if whole:
+                none = todo[done][~found[:, 0]] if found.shape[1] else todo[done]
+                if len(none):
+                    last = allowed[np.isin(todo, none)][:, ::-1].argmax(axis=1)
+                    farthest[none] = cand[np.isin(todo, none), step - 1 - last]
+                break
+            todo, step = todo[~done], 2 * step
+    return rows, farthest
+
+
+def _pick(rows: np.ndarray, farthest: np.ndarray, rank_range: tuple[int, int] | None, rng) -> np.ndarray:
+    """One row per query from its candidates ``rows`` [T, need] (-1 past the last): the first without a
+    ``rank_range``, else a uniform draw among the ranks lo..min(hi, found) (the last found when fewer than lo);
+    ``farthest`` where none was found."""
+    found = (rows >= 0).sum(axis=1)
+    if rank_range is None:
+        position = np.zeros(len(rows), dtype=np.int64)
+    else:
+        lo, hi = rank_range
+        top = np.minimum(hi, found)
+        low = np.minimum(lo, np.maximum(top, 1))
+        position = rng.integers(low, np.maximum(top, low), endpoint=True) - 1
+    picked = rows[np.arange(len(rows)), np.minimum(position, rows.shape[1] - 1)]
+    return np.where(found > 0, picked, farthest)
+
+
 def mine_negatives(
     sim: np.ndarray, split: PairedSplit, rate: float, rng: np.random.Generator, mining: Mining = Mining()
 ) -> MinedNegatives:
@@ -140,14 +228,85 @@ def mine_negatives(
     is_random = rng.random(len(queries)) < rate
     row = np.full(len(queries), -1)
     hard = np.flatnonzero(~is_random)
+    ranked = None
     if len(hard):
         tree = NeighbourIndex(sim, mining.index, mining.device)
-        row[hard], _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
+        if mining.hardest:
+            row[hard], _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
+        else:
+            positive = np.linalg.norm(sim[queries[hard]] - sim[split.counter[hard]], axis=1)
+            floor = (1.0 + mining.relative_margin) * positive if mining.relative_margin is not None else positive * 0
+            ranked = _ranked_allowed(tree, sim[queries[hard]], banned[hard], text_id, floor, mining)
     todo = np.flatnonzero(is_random)
     while len(todo):  # rejection sampling: eligible arguments are the vast majority
         draw = rng.integers(0, len(text_id), size=len(todo))
         ok = np.all(text_id[draw][:, None] != banned[todo], axis=1)
         row[todo[ok]] = draw[ok]
         todo = todo[~ok]
+    if ranked is not None:  # after the random negatives' draws: those are the same under every rule
+        row[hard] = _pick(*ranked, mining.rank_range, rng)
     distance = np.linalg.norm(sim[queries] - sim[row], axis=1)
     return MinedNegatives(row=row, is_random=is_random, distance=distance, rate=rate)
+
+
+#: the arrays of one epoch's record (``negatives/epoch_<NNN>.npz``), one value per training pair, in pair order
+RECORD_FIELDS = ("row", "is_random", "rank", "distance", "positive_distance", "positive_of_other")
+
+
+def negatives_record(sim: np.ndarray, split: PairedSplit, mined: MinedNegatives, block: int = SEARCH_BLOCK) -> dict:
+    """What ``negatives.log=true`` writes for one epoch: per pair (:data:`RECORD_FIELDS`) the negative's ``row`` in
+    the split's table, ``is_random``, its ``rank`` (1 + the eligible arguments strictly nearer the point: 1 is the
+    hardest eligible one; float64 squared distances, so equal distances share a rank), its ``distance`` to the point
+    and the counter's (``positive_distance``), and ``positive_of_other``: its text is the counter (known positive) of
+    another pair. Plus ``rate``, the epoch's share of random negatives."""
+    sim = np.asarray(sim, dtype=np.float64)
+    queries, counters, text_id = split.query, split.counter, split.text_id
+    banned = forbidden_texts(split)
+    squares = (sim * sim).sum(axis=1)
+    rank = np.zeros(len(queries), dtype=np.int64)
+    for start in range(0, len(queries), block):
+        part = slice(start, start + block)
+        q = sim[queries[part]]
+        d2 = squares[queries[part], None] + squares[None, :] - 2.0 * q @ sim.T  # [B, 2Q]
+        own = d2[np.arange(len(q)), mined.row[part]]
+        eligible = (text_id[None, :] != banned[part, 0, None]) & (text_id[None, :] != banned[part, 1, None])
+        rank[part] = 1 + ((d2 < own[:, None]) & eligible).sum(axis=1)
+    return {
+        "row": mined.row.astype(np.int64),
+        "is_random": mined.is_random.astype(bool),
+        "rank": rank,
+        "distance": np.asarray(mined.distance, dtype=np.float64),
+        "positive_distance": np.linalg.norm(sim[queries] - sim[counters], axis=1),
+        "positive_of_other": np.isin(text_id[mined.row], text_id[counters]),
+        "rate": np.float64(mined.rate),
+    }
+
+
+def summarise_record(record, previous=None) -> dict[str, float]:
+    """One epoch's summary of a :func:`negatives_record` (``biencoder-corpus negatives``): the share of hard
+    negatives; the share of negatives (all, and hard ones) whose text is another pair's counter; the hard negatives'
+    median rank, median distance, median positive distance and median gap (negative's distance minus the positive's:
+    below 0, the negative is nearer the point than its counter); the share of pairs whose negative is the one of the
+    ``previous`` epoch's record."""
+    hard = ~np.asarray(record["is_random"], dtype=bool)
+    other = np.asarray(record["positive_of_other"], dtype=bool)
+    gap = np.asarray(record["distance"]) - np.asarray(record["positive_distance"])
+
+    def median(values) -> float:
+        return float(np.median(values)) if len(values) else float("nan")
+
+    return {
+        "pairs": int(len(hard)),
+        "rate": float(record["rate"]),
+        "share_hard": float(hard.mean()),
+        "share_positive_of_other": float(other.mean()),
+        "share_positive_of_other_hard": float(other[hard].mean()) if hard.any() else float("nan"),
+        "median_rank_hard": median(np.asarray(record["rank"])[hard]),
+        "median_distance_hard": median(np.asarray(record["distance"])[hard]),
+        "median_positive_distance": median(np.asarray(record["positive_distance"])),
+        "median_gap_hard": median(gap[hard]),
+        "share_negative_below_positive_hard": float((gap[hard] < 0).mean()) if hard.any() else float("nan"),
+        "share_same_as_previous": float((np.asarray(record["row"]) == np.asarray(previous["row"])).mean())
+        if previous is not None
+        else float("nan"),
+    }

@@ -37,6 +37,7 @@ from ..retrieval.rerank import Rerank
 from ..runs.best import BestEpoch
 from ..runs.checkpoint import checkpoint_payload, restore_last, training_state
 from ..runs.folder import RunFolder
+from ..runs.negative_log import log_negatives
 from ..runs.tracking import Tracker
 from .epoch import EpochTrainer
 from .evaluation import SPLITS, Evaluation
@@ -193,6 +194,8 @@ class Runner:
         through :attr:`phase`. Returns (the training split's sim vectors the next epoch mines with, best so far)."""
         epoch_start = time.time()
         negatives = self.phase("mine", lambda: self.trainer.mine(epoch, train_sim))
+        if self.main and self.cfg.negatives.log:  # what this epoch mined, in the run folder
+            self.phase("log negatives", lambda: log_negatives(self.out_dir, epoch, train_sim, self.trainer, negatives))
         train_stats = self.phase("train", lambda: self.trainer.train_epoch(epoch, negatives))
         if self.main:
             stats = {**train_stats, **negatives.stats()}
