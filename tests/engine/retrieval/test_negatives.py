@@ -278,7 +278,8 @@ def brute_force(sim, split, mining):
     "margin, ranks", [(None, (1, 1)), (0.0, None), (0.3, None), (None, (2, 9)), (0.2, (3, 40)), (None, (300, 400))]
 )
 def test_the_rules_pick_what_a_search_of_every_argument_gives(index, margin, ranks):
-    """Against a brute-force ranking, with k doubling from 1 past banned duplicate texts and blocks of 256 queries."""
+    """Against a brute-force ranking, past banned duplicate texts, over two blocks of queries (256, then 44); the
+    default rule (a k-nearest search from k=1, by either index) picks what rank 1 picks."""
     q = 300
     split = paired_split([f"p{i}" for i in range(q)], [f"c{i % 250}" for i in range(q)])  # some duplicate counters
     sim = np.random.default_rng(3).normal(size=(2 * q, 3))

@@ -22,6 +22,9 @@ nearest one, as ever):
   with fewer than lo candidates takes its last one. The draws come from the mining RNG after the random negatives'
   draws, so a seed's random negatives are the same under every rule.
 
+Under a rule every eligible argument is ranked by its exact float64 distance (:func:`_ranked_allowed`), so
+``negatives.n_neighbors`` and ``negatives.index`` play no part there.
+
 :func:`negatives_record` is what ``negatives.log=true`` writes per epoch, :func:`summarise_record` one epoch's
 summary of it (``biencoder-corpus negatives``).
 """
@@ -148,42 +151,57 @@ def _first_allowed_block(
     return best, dist
 
 
+def _row_block(n_rows: int) -> int:
+    """Queries per block of a full [block, n_rows] float64 distance pass: at most
+    :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK`, and about 4 M distances (32 MB) a block."""
+    return max(1, min(SEARCH_BLOCK, (1 << 22) // max(n_rows, 1)))
+
+
+def _squared_distances(points: np.ndarray, sim: np.ndarray, squares: np.ndarray) -> np.ndarray:
+    """[B, N] float64 squared Euclidean distances of ``points`` [B, D] to every row of ``sim`` [N, D] (``squares``: the
+    rows' squared norms), never below 0."""
+    return np.maximum((points * points).sum(axis=1)[:, None] + squares[None, :] - 2.0 * points @ sim.T, 0.0)
+
+
+def _nearest(key: np.ndarray, need: int) -> np.ndarray:
+    """[B, need] columns of the ``need`` smallest of each row of ``key``, smallest first, equal values lower column
+    first (which of equal values at the ``need``-th place gets in is argpartition's choice)."""
+    if need == 1:
+        return key.argmin(axis=1)[:, None]  # the first of equal values
+    if need < key.shape[1]:
+        part = np.argpartition(key, need - 1, axis=1)[:, :need]
+    else:
+        part = np.broadcast_to(np.arange(key.shape[1]), key.shape)
+    values = np.take_along_axis(key, part, axis=1)
+    order = np.lexsort((part, values), axis=1)
+    return np.take_along_axis(part, order, axis=1)
+
+
 def _ranked_allowed(
-    tree: NeighbourIndex,
-    points: np.ndarray,
-    banned: np.ndarray,
-    text_id: np.ndarray,
-    floor: np.ndarray,
-    mining: Mining,
+    sim: np.ndarray, points: np.ndarray, banned: np.ndarray, text_id: np.ndarray, floor: np.ndarray, need: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The first ``need`` candidates (hi of ``mining.rank_range``, else 1) of each query vector of ``points`` [T, D],
-    nearest first: rows whose text is not banned and whose distance is at least the query's ``floor`` [T]. Returns
-    (rows [T, need], -1 past the last found; the farthest allowed row [T], for the queries that found none, else -1).
-    k doubles from ``mining.n_neighbors`` until every query has ``need`` or the whole table is fetched; a block of
-    :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK` queries at a time."""
-    need = mining.rank_range[1] if mining.rank_range is not None else 1
+    """The first ``need`` candidates of each query vector of ``points`` [T, D], nearest first (equal distances: the
+    lower row first): rows of ``sim`` whose text is not banned and whose distance is at least the query's ``floor``
+    [T]. Returns (rows [T, need], -1 past the last found; the farthest allowed row [T] for the queries that found
+    none, else -1).
+
+    One exact float64 pass over every row per block of queries (:func:`_row_block`), not a k-nearest search: a margin
+    can skip many candidates (with a random head, the counter is often far down the ranking), which would make a
+    search's k double up to the whole table, each time from the start."""
+    squares = (sim * sim).sum(axis=1)
+    need = min(need, len(sim))
     rows = np.full((len(points), need), -1)
     farthest = np.full(len(points), -1)
-    for start in range(0, len(points), SEARCH_BLOCK):
-        todo = np.arange(len(points))[start : start + SEARCH_BLOCK]
-        step = max(mining.n_neighbors, need)
-        while len(todo):
-            step = min(step, tree.n)
-            d, cand = tree.query(points[todo], step)  # [T, step] nearest first
-            allowed = np.all(text_id[cand][:, :, None] != banned[todo][:, None, :], axis=2)
-            ok = allowed & (d >= floor[todo][:, None])
-            whole = step == tree.n
-            done = (ok.sum(axis=1) >= need) | whole
-            first = np.argsort(~ok[done], axis=1, kind="stable")[:, :need]  # positions of the first ok, in order
-            found = np.take_along_axis(ok[done], first, axis=1)
-            rows[todo[done], : first.shape[1]] = np.where(found, np.take_along_axis(cand[done], first, axis=1), -1)
-            if whole:
-                none = todo[done][~found[:, 0]] if found.shape[1] else todo[done]
-                if len(none):
-                    last = allowed[np.isin(todo, none)][:, ::-1].argmax(axis=1)
-                    farthest[none] = cand[np.isin(todo, none), step - 1 - last]
-                break
-            todo, step = todo[~done], 2 * step
+    size = _row_block(len(sim))
+    for start in range(0, len(points), size):
+        part = slice(start, start + size)
+        distance = np.sqrt(_squared_distances(points[part], sim, squares))
+        allowed = (text_id[None, :] != banned[part, 0, None]) & (text_id[None, :] != banned[part, 1, None])
+        key = np.where(allowed & (distance >= floor[part, None]), distance, np.inf)
+        first = _nearest(key, need)
+        found = np.isfinite(np.take_along_axis(key, first, axis=1))
+        rows[part] = np.where(found, first, -1)
+        farthest[part] = np.where(found[:, 0], -1, np.where(allowed, distance, -np.inf).argmax(axis=1))
     return rows, farthest
 
 
@@ -230,13 +248,14 @@ def mine_negatives(
     hard = np.flatnonzero(~is_random)
     ranked = None
     if len(hard):
-        tree = NeighbourIndex(sim, mining.index, mining.device)
         if mining.hardest:
+            tree = NeighbourIndex(sim, mining.index, mining.device)
             row[hard], _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
         else:
             positive = np.linalg.norm(sim[queries[hard]] - sim[split.counter[hard]], axis=1)
             floor = (1.0 + mining.relative_margin) * positive if mining.relative_margin is not None else positive * 0
-            ranked = _ranked_allowed(tree, sim[queries[hard]], banned[hard], text_id, floor, mining)
+            need = mining.rank_range[1] if mining.rank_range is not None else 1
+            ranked = _ranked_allowed(sim, sim[queries[hard]], banned[hard], text_id, floor, need)
     todo = np.flatnonzero(is_random)
     while len(todo):  # rejection sampling: eligible arguments are the vast majority
         draw = rng.integers(0, len(text_id), size=len(todo))
@@ -253,7 +272,7 @@ def mine_negatives(
 RECORD_FIELDS = ("row", "is_random", "rank", "distance", "positive_distance", "positive_of_other")
 
 
-def negatives_record(sim: np.ndarray, split: PairedSplit, mined: MinedNegatives, block: int = SEARCH_BLOCK) -> dict:
+def negatives_record(sim: np.ndarray, split: PairedSplit, mined: MinedNegatives, block: int | None = None) -> dict:
     """What ``negatives.log=true`` writes for one epoch: per pair (:data:`RECORD_FIELDS`) the negative's ``row`` in
     the split's table, ``is_random``, its ``rank`` (1 + the eligible arguments strictly nearer the point: 1 is the
     hardest eligible one; float64 squared distances, so equal distances share a rank), its ``distance`` to the point
@@ -264,11 +283,11 @@ def negatives_record(sim: np.ndarray, split: PairedSplit, mined: MinedNegatives,
     banned = forbidden_texts(split)
     squares = (sim * sim).sum(axis=1)
     rank = np.zeros(len(queries), dtype=np.int64)
+    block = block or _row_block(len(sim))
     for start in range(0, len(queries), block):
         part = slice(start, start + block)
-        q = sim[queries[part]]
-        d2 = squares[queries[part], None] + squares[None, :] - 2.0 * q @ sim.T  # [B, 2Q]
-        own = d2[np.arange(len(q)), mined.row[part]]
+        d2 = _squared_distances(sim[queries[part]], sim, squares)  # [B, 2Q]
+        own = d2[np.arange(len(d2)), mined.row[part]]
         eligible = (text_id[None, :] != banned[part, 0, None]) & (text_id[None, :] != banned[part, 1, None])
         rank[part] = 1 + ((d2 < own[:, None]) & eligible).sum(axis=1)
     return {
