@@ -163,6 +163,14 @@ def _squared_distances(points: np.ndarray, sim: np.ndarray, squares: np.ndarray)
     return np.maximum((points * points).sum(axis=1)[:, None] + squares[None, :] - 2.0 * points @ sim.T, 0.0)
 
 
+def _allowed(text_id: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    """[B, N] bool: row n's text ``text_id[n]`` is none of query b's ``banned[b]`` text ids (any number of them)."""
+    allowed = np.ones((len(banned), len(text_id)), dtype=bool)
+    for column in banned.T:
+        allowed &= text_id[None, :] != column[:, None]
+    return allowed
+
+
 def _nearest(key: np.ndarray, need: int) -> np.ndarray:
     """[B, need] columns of the ``need`` smallest of each row of ``key``, smallest first, equal values lower column
     first (which of equal values at the ``need``-th place gets in is argpartition's choice)."""
@@ -196,7 +204,7 @@ def _ranked_allowed(
     for start in range(0, len(points), size):
         part = slice(start, start + size)
         distance = np.sqrt(_squared_distances(points[part], sim, squares))
-        allowed = (text_id[None, :] != banned[part, 0, None]) & (text_id[None, :] != banned[part, 1, None])
+        allowed = _allowed(text_id, banned[part])
         key = np.where(allowed & (distance >= floor[part, None]), distance, np.inf)
         first = _nearest(key, need)
         found = np.isfinite(np.take_along_axis(key, first, axis=1))
@@ -288,7 +296,7 @@ def negatives_record(sim: np.ndarray, split: PairedSplit, mined: MinedNegatives,
         part = slice(start, start + block)
         d2 = _squared_distances(sim[queries[part]], sim, squares)  # [B, 2Q]
         own = d2[np.arange(len(d2)), mined.row[part]]
-        eligible = (text_id[None, :] != banned[part, 0, None]) & (text_id[None, :] != banned[part, 1, None])
+        eligible = _allowed(text_id, banned[part])
         rank[part] = 1 + ((d2 < own[:, None]) & eligible).sum(axis=1)
     return {
         "row": mined.row.astype(np.int64),
