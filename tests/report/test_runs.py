@@ -161,7 +161,7 @@ def test_a_corrupt_run_is_left_out_with_one_line_and_the_others_are_read(tmp_pat
 
 def test_a_list_valued_setting_separates_cells_and_keys_them(tmp_path):
     """negatives.rank_range=[10,50] is a list in the saved config: it splits the cells like any key, and the paired
-    comparisons can key cells by it (a list was unhashable there)."""
+    comparisons can key cells by it (a list was unhashable there) and take null as the reference value."""
     from biencoder.report.tables import paired_comparisons
 
     for name, seed, ranks in (("a", 0, None), ("b", 1, None), ("c", 0, [10, 50]), ("d", 1, [10, 50])):
@@ -173,4 +173,5 @@ def test_a_list_valued_setting_separates_cells_and_keys_them(tmp_path):
     assert assign_cells(runs) == ["negatives.rank_range"]
     assert {r.flat["negatives.rank_range"] for r in runs} == {None, (10, 50)}
     assert len({r.cell for r in runs}) == 2
-    paired_comparisons(runs, ["negatives.rank_range=None"], 200, strict=False)
+    table = paired_comparisons(runs, ["negatives.rank_range=null"], 200, strict=True)  # null: the rule off
+    assert len(table) == 1
