@@ -10,6 +10,10 @@
 * ``export-beir <corpus> <folder>``: an ArguAna-layout corpus as a BEIR folder (``corpus.jsonl``: every argument of a
   pair; ``queries.jsonl``: the points; ``qrels/train.tsv``, ``dev.tsv``, ``test.tsv``: each point's counter, score 1),
   then read back to show that ``data=beir`` gives the same queries and relevant documents.
+* ``negatives <run folder>``: what a run with ``negatives.log=true`` mined, one row per epoch
+  (:func:`biencoder.engine.retrieval.negative_record.summarise_record`): the share of negatives whose text is a known
+  positive (counter) of another query, the hard negatives' median rank, distance and gap to the positive's distance,
+  and how many negatives stayed those of the epoch before.
 
 The readers are :mod:`biencoder.engine.data.corpus` and :mod:`biencoder.engine.data.pair_files` (``read_corpus`` and
 ``read_pairs`` are also :mod:`biencoder`'s).
@@ -29,6 +33,8 @@ from .engine.data.corpus import Corpus, read_corpus
 from .engine.data.pair_files import EXPORTED, PairFiles, export_pairs, read_pairs
 from .engine.data.pair_records import SUFFIXES
 from .engine.files import strict_json
+from .engine.retrieval.negative_record import summarise_record
+from .engine.runs.negative_log import NEGATIVES_DIR, read_negative_log
 from .errors import command
 
 
@@ -124,6 +130,59 @@ def stats(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the columns ``negatives`` prints: (summary key, header, format)
+NEGATIVE_COLUMNS = (
+    ("rate", "random_rate", "{:.2f}"),
+    ("share_hard", "hard", "{:.3f}"),
+    ("share_positive_of_other", "pos_of_other", "{:.3f}"),
+    ("share_positive_of_other_hard", "pos_of_other_hard", "{:.3f}"),
+    ("median_rank_hard", "rank_hard", "{:.0f}"),
+    ("median_distance_hard", "dist_hard", "{:.3f}"),
+    ("median_positive_distance", "dist_pos", "{:.3f}"),
+    ("median_gap_hard", "gap_hard", "{:+.3f}"),
+    ("share_negative_below_positive_hard", "nearer_than_pos", "{:.3f}"),
+    ("share_same_as_previous", "same_as_prev", "{:.3f}"),
+)
+
+
+def negative_summaries(run: Path) -> list[dict]:
+    """One :func:`summarise_record` per ``negatives/epoch_<NNN>.npz`` of the run folder ``run``, epoch order, each with
+    its ``epoch``; :class:`CorpusError` when there is none."""
+    records = read_negative_log(run)
+    if not records:
+        raise CorpusError(
+            f"{run} holds no {NEGATIVES_DIR}/epoch_*.npz: run the training with negatives.log=true "
+            "to record what each epoch mined"
+        )
+    rows, previous = [], None
+    for epoch, record in records:
+        rows.append({"epoch": epoch, **summarise_record(record, previous)})
+        previous = record
+    return rows
+
+
+def negatives(args: argparse.Namespace) -> int:
+    rows = negative_summaries(Path(args.run))
+    if args.json:
+        print(strict_json(rows, indent=2))
+        return 0
+    print(
+        f"{args.run}: {rows[0]['pairs']} training pairs, {len(rows)} epochs. pos_of_other: share of negatives whose "
+        "text is the counter (known positive) of another query; rank, dist, gap (negative's distance minus the "
+        "positive's): medians over the hard negatives; nearer_than_pos: share of hard negatives nearer the point "
+        "than its counter; same_as_prev: share of pairs with last epoch's negative"
+    )
+    widths = [max(len(header), 8) for _, header, _ in NEGATIVE_COLUMNS]
+    print(f"{'epoch':>5}  " + "  ".join(f"{h:>{w}}" for (_, h, _), w in zip(NEGATIVE_COLUMNS, widths, strict=True)))
+    for row in rows:
+        cells = [
+            ("-" if row[key] != row[key] else fmt.format(row[key]))  # NaN: no hard negative, or the first epoch
+            for key, _, fmt in NEGATIVE_COLUMNS
+        ]
+        print(f"{row['epoch']:>5}  " + "  ".join(f"{c:>{w}}" for c, w in zip(cells, widths, strict=True)))
+    return 0
+
+
 def same_splits(corpus: Corpus, pairs: PairFiles) -> list[str]:
     """Where the paired splits of ``corpus`` and of its exported ``pairs`` differ (texts and their order), official
     and deduplicated; empty when they agree."""
@@ -192,7 +251,7 @@ def export_as_beir(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m biencoder.corpus",
-        description="What an ArguAna corpus or a set of pair files holds; ArguAna as pair files or a BEIR folder.",
+        description="What a corpus or pair files hold; ArguAna as pair files or a BEIR folder; what a run mined.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     stats_parser = sub.add_parser("stats", help="counts per split, the cross-split overlap and what data.dedup drops")
@@ -227,8 +286,14 @@ def main(argv: list[str] | None = None) -> int:
     beir_parser.add_argument(
         "folder", help="a new or empty folder for corpus.jsonl, queries.jsonl and qrels/{train,dev,test}.tsv"
     )
+    negatives_parser = sub.add_parser(
+        "negatives", help="what a run with negatives.log=true mined, per epoch (share of known positives, distances)"
+    )
+    negatives_parser.add_argument("run", help="a run folder holding negatives/epoch_*.npz")
+    negatives_parser.add_argument("--json", action="store_true", help="print one JSON list: one object per epoch")
     args = parser.parse_args(argv)
-    return {"stats": stats, "export-pairs": export, "export-beir": export_as_beir}[args.command](args)
+    commands = {"stats": stats, "export-pairs": export, "export-beir": export_as_beir, "negatives": negatives}
+    return commands[args.command](args)
 
 
 if __name__ == "__main__":

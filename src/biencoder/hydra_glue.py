@@ -22,10 +22,10 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
 from .engine.config import heads
+from .engine.config.keys import unknown_key_message
 from .engine.config.packaged import register_resolvers
 from .engine.config.schema import LOSS_OPTIONS, Schema
 from .engine.config.settings import flatten
-from .engine.config.validation import unknown_key_message
 from .engine.data.arguana import arguana_root
 from .engine.runs.folder import discard_if_ours, new_dir_resolver, run_dir_resolver
 from .engine.runs.lock import claim, writes_run_folders

@@ -195,3 +195,21 @@ def test_a_corrupt_run_is_left_out_with_one_line_and_the_others_are_read(tmp_pat
         assert sum(m.startswith(f"{folder}: skipped, ") and why in m for m in skipped) == 1, why
     with pytest.raises(SummaryError, match=r"4 skipped; the first: .*bad/a/metrics.jsonl line 1 is not JSON"):
         find_runs([tmp_path / "bad"])
+
+
+def test_a_list_valued_setting_separates_cells_and_keys_them(tmp_path):
+    """negatives.rank_range=[10,50] is a list in the saved config: it splits the cells like any key, and the paired
+    comparisons can key cells by it (a list was unhashable there) and take null as the reference value."""
+    from biencoder.report.tables import paired_comparisons
+
+    for name, seed, ranks in (("a", 0, None), ("b", 1, None), ("c", 0, [10, 50]), ("d", 1, [10, 50])):
+        folder = write_run(tmp_path / name, "plain", seed, [0.2, 0.3], [0.2, 0.3], hits=[True, False, True])
+        config = yaml.safe_load((folder / ".hydra" / "config.yaml").read_text())
+        config["negatives"] = {"rank_range": ranks}
+        (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = find_runs([tmp_path])
+    assert assign_cells(runs) == ["negatives.rank_range"]
+    assert {r.flat["negatives.rank_range"] for r in runs} == {None, (10, 50)}
+    assert len({r.cell for r in runs}) == 2
+    table = paired_comparisons(runs, ["negatives.rank_range=null"], 200, strict=True)  # null: the rule off
+    assert len(table) == 1

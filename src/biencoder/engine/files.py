@@ -254,3 +254,8 @@ class BackgroundWriter:
 
 def save_npy_atomic(path: Path, array: np.ndarray) -> None:
     _replace_atomic(path, lambda f: np.save(f, array))
+
+
+def save_npz_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez_compressed`` of ``arrays`` so that a reader never sees half a file."""
+    _replace_atomic(path, lambda f: np.savez_compressed(f, **arrays))

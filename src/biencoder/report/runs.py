@@ -159,8 +159,13 @@ def read_run(folder: Path) -> Run | None:
         seen=seen,
         variant=str(metrics["variant"].iloc[0]),
         seed=int(metrics["seed"].iloc[0]),
-        flat=run_settings(config),
+        flat={key: _hashable(value) for key, value in run_settings(config).items()},
     )
+
+
+def _hashable(value):
+    """A setting as cells compare and key it: a list (``negatives.rank_range=[10,50]``) as a tuple."""
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
 
 
 def _array(file: Path, metrics: pd.DataFrame) -> np.ndarray | None:

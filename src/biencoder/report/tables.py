@@ -196,7 +196,10 @@ def _reference_cell(ref: str, identity: tuple, cell_of: dict) -> str | None:
 
 
 def _typed(value: str, like):
-    """``value`` (from the command line) as the type of a config value ``like``."""
+    """``value`` (from the command line) as the type of a config value ``like``; ``null`` (or ``None``) is null, the
+    value of a rule that is off (``--reference negatives.rank_range=null``)."""
+    if value.lower() in ("null", "none"):
+        return None
     if isinstance(like, bool):
         return value.lower() == "true"
     if isinstance(like, (int, float)):

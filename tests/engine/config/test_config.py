@@ -53,6 +53,11 @@ def test_unknown_variant_fails_at_composition():
         ("negatives.random_rate.decay=-0.1", "negatives.random_rate.decay"),
         ("trainer.precision=fp16", "trainer.precision"),
         ("negatives.index=faiss", "negatives.index"),
+        ("negatives.relative_margin=-0.05", "negatives.relative_margin"),
+        ("negatives.rank_range=[0,5]", "negatives.rank_range"),  # rank 1 is the nearest
+        ("negatives.rank_range=[50,10]", "negatives.rank_range"),
+        ("negatives.rank_range=[10]", "negatives.rank_range"),
+        ("negatives.rank_range=[1,2,3]", "negatives.rank_range"),
         ("loss.name=focal", "loss.name"),
         ("loss=infonce loss.scale=0", "loss.scale"),
         ("loss.ce_weight=-1", "loss.ce_weight"),
@@ -370,7 +375,7 @@ def test_every_typed_key_of_a_plain_config_refuses_a_value_of_another_type_in_on
             checked.add(key)
     # the keys of the issue, and one of each kind, are among those checked; validate walks the same keys
     assert {"seed", "trainer.warmup_ratio", "trainer.eval_batch_size", "loss.scale", "loss.gather"} <= checked
-    from biencoder.engine.config.validation import typed_keys
+    from biencoder.engine.config.keys import typed_keys
 
     assert {key for key, *_ in typed_keys()} == checked
 
@@ -405,3 +410,32 @@ def test_a_wrong_type_in_a_plain_config_is_one_line_naming_the_key_the_value_and
     with pytest.raises(ConfigError) as err:
         validate(plain)
     assert str(err.value) == line
+
+
+def test_the_negative_rules_are_checked_in_one_line_each():
+    """What a bad negatives.relative_margin or negatives.rank_range is told, and that a misspelt key is named."""
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(["negatives.rank_range=[50,10]"]))
+    assert str(err.value) == (
+        "negatives.rank_range=[50,10] is not valid: use [lo,hi], integers with 1 <= lo <= hi (rank 1 is the nearest "
+        "eligible argument; e.g. negatives.rank_range=[10,50]), or null for the nearest"
+    )
+    with pytest.raises(
+        ConfigError, match=r"^negatives\.relative_margin=-0\.05 is not valid: it must be a number >= 0$"
+    ):
+        validate(compose_cfg(["negatives.relative_margin=-0.05"]))
+    with pytest.raises(
+        ConfigError,
+        match=r"^unknown config key negatives\.relative_margn \(did you mean negatives\.relative_margin\?\)",
+    ):
+        validate(compose_cfg(["+negatives.relative_margn=0.05"]))  # + lets it past the schema, not past validate
+    with pytest.raises(ConfigCompositionException, match=r"negatives\.rank_rang"):
+        compose_cfg(["negatives.rank_rang=[1,2]"])
+    for good in (["negatives.rank_range=[10,50]", "negatives.relative_margin=0.05"], ["negatives.rank_range=[1,1]"]):
+        validate(compose_cfg(good))
+    cfg = OmegaConf.create(OmegaConf.to_container(compose_cfg()))
+    cfg.negatives.rank_range = "10-50"  # a plain config (the engine from Python): no schema checks the type
+    with pytest.raises(ConfigError, match=r"^negatives\.rank_range='10-50' is not valid"):
+        validate(cfg)

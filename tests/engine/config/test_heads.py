@@ -133,7 +133,7 @@ def test_a_bad_head_is_refused_in_one_line_naming_the_key(overrides, expected):
 
 
 def test_a_misspelt_head_key_gets_did_you_mean():
-    from biencoder.engine.config.validation import unknown_key_message
+    from biencoder.engine.config.keys import unknown_key_message
 
     assert unknown_key_message("model.head.activaton") == (
         "unknown config key model.head.activaton (did you mean model.head.activation?): fix its spelling, or see "

@@ -209,3 +209,123 @@ def test_the_search_says_none_for_a_query_whose_every_text_is_banned():
         best, dist = _first_allowed(NeighbourIndex(sim, index), sim, np.array([0, 1]), banned, text_id, 1)
         assert best.tolist() == [-1, 3] and dist.tolist() == [np.inf, 2.0]
         assert best.dtype.kind == "i" and dist.dtype.kind == "f"
+
+
+# -- the selection rules: negatives.relative_margin and negatives.rank_range ---------------------------------------
+#: 4 pairs on a line (rows 0..3 points, 4..7 counters). Point 0 sits at 0 and its counter at 1; the other arguments,
+#: nearest first from point 0: p1 0.5, c1 1.04, p2 1.2, c2 3, p3 10, c3 10.5 (ranks 1..6 of point 0)
+PLANTED = [0.0, 0.5, 1.2, 10.0, 1.0, 1.04, 3.0, 10.5]
+
+
+def planted(mining: Mining, seed: int = 0) -> np.ndarray:
+    split = paired_split(["p0", "p1", "p2", "p3"], ["c0", "c1", "c2", "c3"])
+    sim = np.array(PLANTED)[:, None]
+    return mine_negatives(sim, split, 0.0, np.random.default_rng(seed), mining).row
+
+
+@pytest.mark.parametrize(
+    "margin, row",
+    [
+        (None, 1),  # the nearest eligible: p1 at 0.5, nearer than the counter (1)
+        (0.0, 5),  # no nearer than the counter: c1 at 1.04
+        (0.1, 2),  # at least 1.1: p2 at 1.2
+        (2.0, 6),  # at least 3: c2 at exactly 3 passes
+        (20.0, 7),  # at least 21: none does, so the farthest eligible, c3 at 10.5
+    ],
+)
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+def test_relative_margin_skips_the_candidates_within_it_of_the_positive(margin, row, index):
+    assert planted(Mining(n_neighbors=1, index=index, relative_margin=margin))[0] == row
+
+
+@pytest.mark.parametrize(
+    "ranks, rows",
+    [
+        ((1, 1), {1}),  # rank 1: the hardest, as without a range
+        ((3, 3), {2}),
+        ((2, 4), {5, 2, 6}),  # c1, p2, c2
+        ((5, 50), {3, 7}),  # the range past the last candidate: ranks 5..6
+        ((9, 12), {7}),  # fewer than lo candidates: the last one
+    ],
+)
+def test_rank_range_draws_uniformly_among_the_ranks_lo_to_hi(ranks, rows):
+    drawn = [planted(Mining(n_neighbors=1, rank_range=ranks), seed)[0] for seed in range(300)]
+    assert set(drawn) == rows
+    counts = np.bincount(drawn)[sorted(rows)]
+    assert counts.min() > 300 / len(rows) * 0.7  # uniform: each rank about as often
+
+
+def test_margin_and_rank_range_together_rank_only_the_candidates_that_pass():
+    drawn = {planted(Mining(n_neighbors=1, relative_margin=0.1, rank_range=(1, 2)), seed)[0] for seed in range(100)}
+    assert drawn == {2, 6}  # p2 (1.2) and c2 (3): p1 and c1 are within 10 % of the counter's distance
+
+
+def brute_force(sim, split, mining):
+    """Per pair, every eligible row nearest first (stable by row) that passes the margin: the rules by hand."""
+    banned, text_id, counter = forbidden_texts(split), split.text_id, split.counter
+    out = []
+    for pair, point in enumerate(split.query):
+        d = np.linalg.norm(sim - sim[point], axis=1)
+        floor = 0.0 if mining.relative_margin is None else (1 + mining.relative_margin) * d[counter[pair]]
+        order = np.argsort(d, kind="stable")
+        keep = ~np.isin(text_id[order], banned[pair]) & (d[order] >= floor)
+        out.append(order[keep].tolist())
+    return out
+
+
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+@pytest.mark.parametrize(
+    "margin, ranks", [(None, (1, 1)), (0.0, None), (0.3, None), (None, (2, 9)), (0.2, (3, 40)), (None, (300, 400))]
+)
+def test_the_rules_pick_what_a_search_of_every_argument_gives(index, margin, ranks):
+    """Against a brute-force ranking, past banned duplicate texts, over two blocks of queries (256, then 44); the
+    default rule (a k-nearest search from k=1, by either index) picks what rank 1 picks."""
+    q = 300
+    split = paired_split([f"p{i}" for i in range(q)], [f"c{i % 250}" for i in range(q)])  # some duplicate counters
+    sim = np.random.default_rng(3).normal(size=(2 * q, 3))
+    mining = Mining(n_neighbors=1, index=index, relative_margin=margin, rank_range=ranks)
+    mined = mine_negatives(sim, split, 0.0, np.random.default_rng(5), mining)
+    for pair, candidates in enumerate(brute_force(sim, split, mining)):
+        lo, hi = ranks or (1, 1)
+        allowed = candidates[lo - 1 : hi] or candidates[-1:]
+        assert mined.row[pair] in allowed, pair
+    if ranks == (1, 1):  # the nearest eligible: what the default rule picks
+        default = mine_negatives(sim, split, 0.0, np.random.default_rng(5), Mining(n_neighbors=1, index=index))
+        np.testing.assert_array_equal(mined.row, default.row)
+
+
+@pytest.mark.parametrize("mining", [Mining(relative_margin=0.05), Mining(rank_range=(10, 50))])
+def test_a_seed_gives_the_same_random_negatives_under_every_rule(mining):
+    """The rank draws come after the random negatives' draws: which pairs are random and what they got is the same."""
+    split = paired_split([f"p{i}" for i in range(400)], [f"c{i}" for i in range(400)])
+    sim = np.random.default_rng(2).normal(size=(800, 4))
+    default = mine_negatives(sim, split, 0.5, np.random.default_rng(4))
+    ruled = mine_negatives(sim, split, 0.5, np.random.default_rng(4), mining)
+    np.testing.assert_array_equal(ruled.is_random, default.is_random)
+    np.testing.assert_array_equal(ruled.row[ruled.is_random], default.row[default.is_random])
+    assert (ruled.row[~ruled.is_random] != default.row[~default.is_random]).mean() > 0.3  # the rule did something
+
+
+def test_the_record_of_the_planted_negatives():
+    """negatives.log's record: the rank among the eligible arguments, both distances, and whether the negative is the
+    counter of another pair."""
+    from biencoder.engine.retrieval.negative_record import negatives_record, summarise_record
+
+    split = paired_split(["p0", "p1", "p2", "p3"], ["c0", "c1", "c2", "c3"])
+    sim = np.array(PLANTED)[:, None]
+    mined = mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(rank_range=(3, 3)))
+    record = negatives_record(sim, split, mined, block=3)  # blocks of 3 queries: one full, one partial
+    assert mined.row[0] == 2 and record["rank"][0] == 3  # p2, the third nearest of point 0
+    assert record["rank"].tolist() == [3] * 4
+    np.testing.assert_allclose(record["distance"][0], 1.2)
+    np.testing.assert_allclose(record["positive_distance"], [1.0, 0.54, 1.8, 0.5])
+    assert record["positive_of_other"].tolist() == (mined.row >= 4).tolist()
+    hardest = mine_negatives(sim, split, 0.0, np.random.default_rng(0))
+    assert negatives_record(sim, split, hardest)["rank"].tolist() == [1] * 4
+    summary = summarise_record(record, previous=negatives_record(sim, split, hardest))
+    assert summary["share_hard"] == 1.0 and summary["median_rank_hard"] == 3.0
+    assert summary["share_positive_of_other"] == float(np.mean(mined.row >= 4))
+    assert summary["share_same_as_previous"] == float(np.mean(mined.row == hardest.row))
+    gap = record["distance"] - record["positive_distance"]
+    assert summary["median_gap_hard"] == pytest.approx(float(np.median(gap)))
+    assert np.isnan(summarise_record(record)["share_same_as_previous"])  # the first epoch has none before it

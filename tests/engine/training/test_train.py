@@ -91,8 +91,14 @@ def test_same_seed_same_numbers(demo_run, tmp_path, global_determinism):
     assert numbers(read_rows(tmp_path / "other" / "metrics.jsonl")) != numbers(read_rows(out / "metrics.jsonl"))
 
 
-def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
-    """The seed's Dataset kept the stale column, so every 'negative' was the positive itself."""
+@pytest.mark.parametrize(
+    "rule",
+    [[], ["negatives.rank_range=[2,6]"], ["negatives.relative_margin=0.05"]],
+    ids=["hardest", "ranks", "margin"],
+)
+def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch, rule):
+    """The seed's Dataset kept the stale column, so every 'negative' was the positive itself. Under every selection
+    rule (negatives.rank_range, negatives.relative_margin) what is mined is what is trained on."""
     events = []
     real_mine, real_collate = EpochTrainer.mine, triplets_module.TripletCollate.__call__
 
@@ -108,7 +114,7 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch):
 
     monkeypatch.setattr(EpochTrainer, "mine", mine)
     monkeypatch.setattr(triplets_module.TripletCollate, "__call__", collate)
-    runner = Runner(compose_cfg(FAST + ["negatives.random_rate.start=0.5"]), tmp_path)
+    runner = Runner(compose_cfg(FAST + ["negatives.random_rate.start=0.5", *rule]), tmp_path)
     runner.fit()
     split = runner.data.splits["train"]
     epochs = []

@@ -229,6 +229,16 @@ class NegativesSchema:
     n_neighbors: int = 10
     # exact (blocked torch distances + top-k on the training device) | balltree (scikit-learn, the seed's)
     index: str = "exact"
+    # skip hard-negative candidates within this relative margin of the positive: a candidate needs a distance to the
+    # query >= (1 + m) x the positive's (sentence-transformers' mine_hard_negatives relative_margin, similarity read
+    # as minus the distance); null = off (the nearest eligible argument, as ever)
+    relative_margin: float | None = None
+    # [lo, hi]: the hard negative is drawn uniformly among the eligible arguments ranked lo..hi by distance (1 = the
+    # nearest; FlagEmbedding's range_for_sampling); null = off (rank 1)
+    rank_range: list[int] | None = None
+    # every epoch, each training query's negative (row, rank, distance, the positive's distance) in
+    # negatives/epoch_<NNN>.npz of the run folder (biencoder-corpus negatives <run folder> summarises them)
+    log: bool = False
 
 
 @dataclass

@@ -22,7 +22,8 @@ from .schema import LOSS_OPTIONS, Schema
 #: and bf16 runs never share a cell. ``runtime.`` is the record of the process that ran (device name, processes).
 #: ``negatives.index`` and ``eval.index`` say how the neighbours are searched, not which ones are found (exact and
 #: BallTree return the same, ``tests/engine/retrieval/test_search.py``), so runs made when BallTree was the default
-#: stay in their cells and resume under today's default. ``trainer.stats_every`` says which steps the logged ``head_*``
+#: stay in their cells and resume under today's default; ``negatives.log`` only writes what was mined.
+#: ``trainer.stats_every`` says which steps the logged ``head_*``
 #: and ``grad_norm_*`` statistics sample, not what the model computes: runs from before it share cells with today's.
 #: ``trainer.head_stats_every`` is its retired name (2026-11-24): runs that recorded it resume and share cells too. The
 #: pair files' paths (``data.train`` ...) are where the data lies, like ``data.root``; what they hold is the
@@ -51,6 +52,7 @@ NON_RESULT_KEYS = (
     "eval.output",
     "eval.split",
     "negatives.index",
+    "negatives.log",
     "eval.index",
     "trainer.stats_every",
     "trainer.head_stats_every",

@@ -70,6 +70,18 @@ class Runtime:
         """``cpu``, or the GPU's name as CUDA reports it (e.g. ``NVIDIA H100 80GB HBM3``)."""
         return torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu"
 
+    def describe(self, processes: int, threads: int) -> str:
+        """The machine as a run's first log line names it: the GPU, the precision, deterministic or not, the
+        ``processes`` and (on a CPU) the torch ``threads``."""
+        how = (
+            ([self.device_name] if self.device.type == "cuda" else [])
+            + [self.precision]
+            + (["deterministic"] if self.deterministic else [])
+            + [f"{processes} process{'es' if processes > 1 else ''}"]
+            + ([f"{threads} CPU thread{'s' if threads > 1 else ''}"] if self.device.type == "cpu" else [])
+        )
+        return ", ".join(how)
+
     def pair_batch_size(self, configured: int | None) -> int:
         """Pairs per classifier call (and rows per sim-head call) in evaluation: ``eval.pair_batch_size``, or by device
         when it is null (:func:`pair_batch_size`)."""

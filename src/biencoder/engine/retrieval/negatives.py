@@ -11,6 +11,26 @@ A BEIR split (:class:`~biencoder.engine.data.judged.JudgedSplit`) draws from its
 (:attr:`~biencoder.engine.data.paired.PairedSplit.negative_rows`), and a query's negative never has the text of the
 query, of its own document or of any document relevant to it (:meth:`~biencoder.engine.data.paired.PairedSplit.
 banned_texts`): one negative per query, shared by the triplets of its relevant documents.
+
+Two selection rules change which eligible argument a hard pair gets (:class:`Mining`; both off by default, so the
+nearest one, as ever):
+
+* ``negatives.relative_margin`` m: a candidate is skipped when its distance to the point is below (1 + m) times the
+  counter's. It is sentence-transformers' ``mine_hard_negatives(relative_margin=m)``, which skips a candidate whose
+  similarity exceeds ``positive_score - abs(positive_score) * m``, with the similarity read as minus the Euclidean
+  distance of the sim vectors (the distance this space retrieves by): −d > −d⁺ − d⁺·m is d < (1 + m)·d⁺. A pair for
+  which no argument passes takes the farthest eligible one (the one nearest to passing).
+* ``negatives.rank_range`` [lo, hi]: the negative is drawn uniformly among the candidates ranked lo..hi (1 = the
+  nearest; the point itself, its counter and their texts' twins take no rank; with a margin, only the candidates
+  that pass it count), as FlagEmbedding's ``hn_mine --range_for_sampling lo-hi`` samples among the ranks lo..hi of
+  its search (it counts from 0 over the whole corpus and drops the positives and the query after slicing). A pair
+  with fewer than lo candidates takes its last one. The draws come from the mining RNG after the random negatives'
+  draws, so a seed's random negatives are the same under every rule.
+
+Under a rule every eligible argument is ranked by its exact float64 distance (:func:`_ranked_allowed`), so
+``negatives.n_neighbors`` and ``negatives.index`` play no part there.
+
+What ``negatives.log=true`` records of each epoch's negatives is :mod:`.negative_record`.
 """
 
 from __future__ import annotations
@@ -40,11 +60,26 @@ class Mining:
     n_neighbors: int = NegativesSchema.n_neighbors
     index: str = NegativesSchema.index
     device: str | torch.device = "cpu"
+    relative_margin: float | None = NegativesSchema.relative_margin
+    rank_range: tuple[int, int] | None = NegativesSchema.rank_range
 
     @classmethod
     def of_run(cls, negatives: NegativesSchema, runtime: Runtime) -> Mining:
-        """A run's: ``negatives.n_neighbors`` and ``negatives.index``, on the runtime's device."""
-        return cls(negatives.n_neighbors, negatives.index, runtime.device)
+        """A run's: ``negatives.n_neighbors``, ``negatives.index``, ``negatives.relative_margin`` and
+        ``negatives.rank_range``, on the runtime's device."""
+        margin, ranks = negatives.relative_margin, negatives.rank_range
+        return cls(
+            negatives.n_neighbors,
+            negatives.index,
+            runtime.device,
+            relative_margin=None if margin is None else float(margin),
+            rank_range=None if ranks is None else (int(ranks[0]), int(ranks[1])),
+        )
+
+    @property
+    def hardest(self) -> bool:
+        """The nearest eligible argument, as ever: neither selection rule is on."""
+        return self.relative_margin is None and self.rank_range is None
 
 
 @dataclass
@@ -121,6 +156,94 @@ def _first_allowed_block(
     return best, dist
 
 
+def row_block(n_rows: int) -> int:
+    """Queries per block of a full [block, n_rows] float64 distance pass: at most
+    :data:`~biencoder.engine.retrieval.search.SEARCH_BLOCK`, and about 4 M distances (32 MB) a block."""
+    return max(1, min(SEARCH_BLOCK, (1 << 22) // max(n_rows, 1)))
+
+
+def squared_distances(points: np.ndarray, sim: np.ndarray, squares: np.ndarray) -> np.ndarray:
+    """[B, N] float64 squared Euclidean distances of ``points`` [B, D] to every row of ``sim`` [N, D] (``squares``: the
+    rows' squared norms), never below 0."""
+    return np.maximum((points * points).sum(axis=1)[:, None] + squares[None, :] - 2.0 * points @ sim.T, 0.0)
+
+
+def allowed_texts(text_id: np.ndarray, banned: np.ndarray) -> np.ndarray:
+    """[B, N] bool: row n's text ``text_id[n]`` is none of query b's ``banned[b]`` text ids (any number of them)."""
+    allowed = np.ones((len(banned), len(text_id)), dtype=bool)
+    for column in banned.T:
+        allowed &= text_id[None, :] != column[:, None]
+    return allowed
+
+
+def _nearest(key: np.ndarray, need: int) -> np.ndarray:
+    """[B, need] columns of the ``need`` smallest of each row of ``key``, smallest first, equal values lower column
+    first (which of equal values at the ``need``-th place gets in is argpartition's choice)."""
+    if need == 1:
+        return key.argmin(axis=1)[:, None]  # the first of equal values
+    if need < key.shape[1]:
+        part = np.argpartition(key, need - 1, axis=1)[:, :need]
+    else:
+        part = np.broadcast_to(np.arange(key.shape[1]), key.shape)
+    values = np.take_along_axis(key, part, axis=1)
+    order = np.lexsort((part, values), axis=1)
+    return np.take_along_axis(part, order, axis=1)
+
+
+def _ranked_allowed(
+    sim: np.ndarray, points: np.ndarray, banned: np.ndarray, text_id: np.ndarray, floor: np.ndarray, need: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first ``need`` candidates of each query vector of ``points`` [T, D], nearest first (equal distances: the
+    lower row first): rows of ``sim`` whose text is not banned and whose distance is at least the query's ``floor``
+    [T]. Returns (rows [T, need], -1 past the last found; the farthest allowed row [T] for the queries that found
+    none, else -1).
+
+    One exact float64 pass over every row per block of queries (:func:`row_block`), not a k-nearest search: a margin
+    can skip many candidates (with a random head, the counter is often far down the ranking), which would make a
+    search's k double up to the whole table, each time from the start."""
+    squares = (sim * sim).sum(axis=1)
+    need = min(need, len(sim))
+    rows = np.full((len(points), need), -1)
+    farthest = np.full(len(points), -1)
+    size = row_block(len(sim))
+    for start in range(0, len(points), size):
+        part = slice(start, start + size)
+        distance = np.sqrt(squared_distances(points[part], sim, squares))
+        allowed = allowed_texts(text_id, banned[part])
+        key = np.where(allowed & (distance >= floor[part, None]), distance, np.inf)
+        first = _nearest(key, need)
+        found = np.isfinite(np.take_along_axis(key, first, axis=1))
+        rows[part] = np.where(found, first, -1)
+        farthest[part] = np.where(found[:, 0], -1, np.where(allowed, distance, -np.inf).argmax(axis=1))
+    return rows, farthest
+
+
+def _pick(rows: np.ndarray, farthest: np.ndarray, rank_range: tuple[int, int] | None, rng) -> np.ndarray:
+    """One row per query from its candidates ``rows`` [T, need] (-1 past the last): the first without a
+    ``rank_range``, else a uniform draw among the ranks lo..min(hi, found) (the last found when fewer than lo);
+    ``farthest`` where none was found."""
+    found = (rows >= 0).sum(axis=1)
+    if rank_range is None:
+        position = np.zeros(len(rows), dtype=np.int64)
+    else:
+        lo, hi = rank_range
+        top = np.minimum(hi, found)
+        low = np.minimum(lo, np.maximum(top, 1))
+        position = rng.integers(low, np.maximum(top, low), endpoint=True) - 1
+    picked = rows[np.arange(len(rows)), np.minimum(position, rows.shape[1] - 1)]
+    return np.where(found > 0, picked, farthest)
+
+
+def _rule_candidates(searched, points, counters, banned, text_id, mining: Mining) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_ranked_allowed` under ``mining``'s rules for the pairs whose point and counter vectors are ``points``
+    and ``counters``: each pair's floor of distance (1 + m times its counter's; none without a margin) and the ranks
+    a ``rank_range`` draws among."""
+    positive = np.linalg.norm(points - counters, axis=1)
+    floor = (1.0 + mining.relative_margin) * positive if mining.relative_margin is not None else positive * 0
+    need = mining.rank_range[1] if mining.rank_range is not None else 1
+    return _ranked_allowed(searched, points, banned, text_id, floor, need)
+
+
 def mine_negatives(
     sim: np.ndarray, split: PairedSplit, rate: float, rng: np.random.Generator, mining: Mining = Mining()
 ) -> MinedNegatives:
@@ -147,18 +270,23 @@ def mine_negatives(
     # (most of them early on: rate 0.8 at epoch 0). The search is row by row, so the hard rows are what a search of
     # every pair gives them; the RNG is drawn in the same order as ever
     is_random = rng.random(len(queries)) < rate
-    row = np.full(len(queries), -1)
+    pick = np.full(len(queries), -1)  # places among the searched rows (a BEIR split's documents), -1: none
     hard = np.flatnonzero(~is_random)
-    if len(hard):
-        searched = sim if whole else sim[pool]
+    searched, ranked = (sim if whole else sim[pool]), None
+    if len(hard) and mining.hardest:
         tree = NeighbourIndex(searched, mining.index, mining.device)
-        found, _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
-        row[hard] = found if whole else np.where(found >= 0, pool[found], -1)
+        pick[hard], _ = _first_allowed(tree, sim, queries[hard], banned[hard], text_id, mining.n_neighbors)
+    elif len(hard):
+        points, counters = sim[queries[hard]], sim[split.counter[hard]]
+        ranked = _rule_candidates(searched, points, counters, banned[hard], text_id, mining)
     todo = np.flatnonzero(is_random)
     while len(todo):  # rejection sampling: eligible arguments are the vast majority
         draw = rng.integers(0, len(text_id), size=len(todo))
         ok = np.all(text_id[draw][:, None] != banned[todo], axis=1)
-        row[todo[ok]] = draw[ok] if whole else pool[draw[ok]]
+        pick[todo[ok]] = draw[ok]
         todo = todo[~ok]
+    if ranked is not None:  # after the random negatives' draws: those are the same under every rule
+        pick[hard] = _pick(*ranked, mining.rank_range, rng)
+    row = pick if whole else np.where(pick >= 0, pool[pick], -1)
     distance = np.linalg.norm(sim[queries] - sim[row], axis=1)
     return MinedNegatives(row=row, is_random=is_random, distance=distance, rate=rate)

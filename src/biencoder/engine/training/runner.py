@@ -37,6 +37,7 @@ from ..retrieval.rerank import Rerank
 from ..runs.best import BestEpoch
 from ..runs.checkpoint import checkpoint_payload, restore_last, training_state
 from ..runs.folder import RunFolder
+from ..runs.negative_log import log_negatives
 from ..runs.tracking import Tracker
 from .epoch import EpochTrainer
 from .evaluation import SPLITS, Evaluation
@@ -162,27 +163,19 @@ class Runner:
     def _log_start(self) -> None:
         """The rest of the run's set-up in ``train.log`` once it is made (the header came first): the note of an
         untrained classifier, then the data (:meth:`RunData.log`)."""
-        if self.selection["metric"] != "top1":
+        if self.selection["metric"] == "retrieval_top1":  # selection()'s rule for an untrained classifier
             log.warning(untrained_classifier_note(self.cfg.eval.score))
         self.data.log(self.cfg.data, self.evaluation.pairs)
 
     def _log_header(self) -> None:
         """The run's first line in ``train.log``: cell, seed, machine and pairs."""
-        cfg, rt, n, threads = self.cfg, self.runtime, distributed.world_size(), torch.get_num_threads()
-        how = (
-            ([rt.device_name] if rt.device.type == "cuda" else [])
-            + [rt.precision]
-            + (["deterministic"] if rt.deterministic else [])
-            + [f"{n} process{'es' if n > 1 else ''}"]
-            + ([f"{threads} CPU thread{'s' if threads > 1 else ''}"] if rt.device.type == "cpu" else [])
-        )
         log.info(
             "variant %s seed %d on %s (%s) | %s | pairs train/val/test %s",
             self.variant,
-            cfg.seed,
+            self.cfg.seed,
             self.device,
-            ", ".join(how),
-            cfg.data.name,
+            self.runtime.describe(distributed.world_size(), torch.get_num_threads()),
+            self.cfg.data.name,
             "/".join(str(s.n_pairs) for s in self.data.splits.values()),
         )
 
@@ -194,6 +187,8 @@ class Runner:
         through :attr:`phase`. Returns (the training split's sim vectors the next epoch mines with, best so far)."""
         epoch_start = time.time()
         negatives = self.phase("mine", lambda: self.trainer.mine(epoch, train_sim))
+        if self.main and self.cfg.negatives.log:  # what this epoch mined, in the run folder
+            self.phase("log negatives", lambda: log_negatives(self.out_dir, epoch, train_sim, self.trainer, negatives))
         train_stats = self.phase("train", lambda: self.trainer.train_epoch(epoch, negatives))
         if self.main:
             stats = {**train_stats, **negatives.stats()}
