@@ -26,6 +26,9 @@ SIM_INITS = ("random", "pca")
 RETRIEVE_SPACES = ("sim", "encoder")
 SCHEDULERS = ("constant", "linear")
 SCORES = ("rerank", "classifier", "sim", "encoder_cosine", "tfidf")
+#: eval.protocol: what biencoder.evaluate measures (docs/protocol.md): the 8 official tasks on eval.split's pairs, or
+#: the MTEB/BEIR ArguAna protocol (eval.split's points against every distinct text of the corpus; nDCG@10)
+PROTOCOLS = ("tasks", "mteb")
 
 #: the choices of trainer.device and trainer.precision (biencoder.engine.machine.runtime.decide reads them)
 DEVICES = ("auto", "cpu", "cuda")
@@ -234,6 +237,9 @@ class EvalSchema:
     test_queries: int | None = None
     checkpoint: str | None = None  # evaluate app: a run folder or a best.pt
     split: str = "test"  # evaluate app: val | test
+    # evaluate app: tasks (the 8 official tasks on eval.split) | mteb (MTEB's ArguAna: eval.split's points against
+    # every distinct argument text of the whole corpus, their own text excluded; nDCG@10, MRR@10, R@100)
+    protocol: str = "tasks"
     output: str | None = None  # evaluate app: JSON path (default: <output dir>/eval.json)
 
 

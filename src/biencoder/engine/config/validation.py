@@ -29,6 +29,7 @@ from .schema import (
     POOLINGS,
     POOLS,
     PRECISIONS,
+    PROTOCOLS,
     RETRIEVE_SPACES,
     SCHEDULERS,
     SCORES,
@@ -246,6 +247,7 @@ def _eval(cfg: DictConfig) -> None:
         if cfg.eval[f"{split}_queries"] is not None:
             _positive(cfg, f"eval.{split}_queries")
     _choice(cfg, "eval.score", SCORES)
+    _choice(cfg, "eval.protocol", PROTOCOLS)
 
 
 #: the data keys only pair files read (data.layout=pairs)
