@@ -41,6 +41,7 @@ CHOICES = {
     "RETRIEVE_SPACES": ("eval.retrieve",),
     "SCHEDULERS": ("trainer.scheduler",),
     "SCORES": ("eval.score",),
+    "PROTOCOLS": ("eval.protocol",),
     "DEVICES": ("trainer.device",),
     "PRECISIONS": ("trainer.precision",),
     "INDEXES": ("negatives.index", "eval.index"),

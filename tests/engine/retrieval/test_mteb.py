@@ -53,7 +53,7 @@ ROWS = [
 
 
 def test_queries_and_candidates_of_a_corpus_by_hand(make_corpus):
-    queries = corpus_queries(read_corpus(make_corpus(LAYOUT)), "test")
+    queries = corpus_queries(read_corpus(make_corpus(LAYOUT)), "test", None)
     assert queries.texts == ROWS  # every distinct text of every split, the unpaired points too
     assert queries.n_pairs == 2 and queries.query_ids == ("tB/d3/pro01", "tB/d3/pro02")
     assert queries.query.tolist() == [1, 3]  # the test points' texts are training's and validation's rows
@@ -62,7 +62,7 @@ def test_queries_and_candidates_of_a_corpus_by_hand(make_corpus):
     # a false candidate; every other text is one, the other query's text and the unpaired points included
     mask = queries.false_candidates(np.arange(2))
     assert [np.flatnonzero(~m).tolist() for m in mask] == [[1, 6], [3, 4]]
-    val = corpus_queries(read_corpus(make_corpus(LAYOUT, "again")), "validation")
+    val = corpus_queries(read_corpus(make_corpus(LAYOUT, "again")), "validation", None)
     assert val.query.tolist() == [3] and val.counter.tolist() == [4] and len(val.table) == 7
 
 
@@ -70,7 +70,7 @@ def test_a_counter_with_its_points_text_is_refused(make_corpus):
     layout = json.loads(json.dumps(LAYOUT))
     layout["test"]["tB"]["d3"]["pro"][0] = ["same text", "same text"]
     with pytest.raises(ValueError, match="1 point\\(s\\) of test have their counter's text, e.g. tB/d3/pro01"):
-        corpus_queries(read_corpus(make_corpus(layout)), "test")
+        corpus_queries(read_corpus(make_corpus(layout)), "test", None)
 
 
 def line_queries(n: int, own: list[int], relevant: list[int]) -> CorpusQueries:
@@ -115,7 +115,8 @@ def test_a_duplicate_of_the_query_text_would_rank_first_were_it_not_excluded(lin
     """The same vectors with q0's own row a false candidate: it ranks first and pushes the counter to 2."""
     queries, emb, _ = line
     kept = protocol_ranks(queries, "sim", emb=emb)
-    with_own = CorpusQueries(queries.name, queries.table, np.array([5, 50, 2, 100]), queries.counter, queries.query_ids)
+    own = np.array([5, 50, 2, 100])
+    with_own = CorpusQueries(queries.name, queries.table, own, queries.counter, queries.query_ids)
     emb.sim[5, 0] = 0.0  # row 5 now has q0's vector: a second copy of the query text, a false candidate
     assert protocol_ranks(with_own, "sim", emb=emb).rank.tolist() == [2, 6, 119, 22]
     assert kept.rank[0] == 1
@@ -135,7 +136,7 @@ def test_the_runs_final_ranking_by_hand(line):
 
 
 def test_cosine_and_tfidf_rank_every_candidate(make_corpus):
-    queries = corpus_queries(read_corpus(make_corpus(LAYOUT)), "test")
+    queries = corpus_queries(read_corpus(make_corpus(LAYOUT)), "test", None)
     pooled = torch.eye(7)  # every text orthogonal to every other: all candidates tie at cosine 0
     ranks = protocol_ranks(queries, "encoder_cosine", emb=Embeddings(pooled, pooled))
     assert ranks.rank.tolist() == [6, 6]  # 7 texts less the query's own: its counter after the 5 it ties
@@ -157,9 +158,10 @@ def test_the_evaluate_app_records_the_protocol(tmp_path):
     result = run_evaluation(cfg, tmp_path)
     saved = json.loads((tmp_path / "eval.json").read_text())
     assert saved["protocol"] == "mteb" and "tasks" not in saved and saved["mteb"] == result["mteb"]
+    assert "query_ids" not in saved["mteb"]  # the pair ids are folder names of the corpus: not written
     got = saved["mteb"]
     corpus = read_corpus(demo_root())
-    assert got["queries"] == len(got["ranks"]) == len(got["query_ids"]) == corpus.counts["test"]["pairs"]
+    assert got["queries"] == len(got["ranks"]) == corpus.counts["test"]["pairs"]
     assert got["candidates"] == corpus.arguments["text"].nunique()
     ranks = Ranks(np.array(got["ranks"]))
     assert protocol_metrics(ranks) == {k: got[k] for k in protocol_metrics(ranks)}
@@ -179,7 +181,7 @@ def test_real_corpus_queries_and_candidates(real_corpus):
     """MTEB's ArguAna has 1406 queries and 8674 documents; this corpus's test split has 1406 points, 1401 with a
     counter (the queries), and 8567 distinct argument texts in its three splits (docs/protocol.md says why they
     differ)."""
-    queries = corpus_queries(real_corpus, "test")
+    queries = corpus_queries(real_corpus, "test", None)
     assert queries.n_pairs == 1401 and len(queries.table) == 8567
     assert real_corpus.counts["test"]["points"] == 1406
     assert len(set(queries.query.tolist())) == 1294  # test points whose text another test point repeats share a row

@@ -93,14 +93,10 @@ def _scored(
 
 def _protocol_record(queries: CorpusQueries, ranks) -> dict:
     """The ``mteb`` entry of an evaluation record: :func:`protocol_metrics` of the ranks, ``candidates`` (distinct
-    texts of the corpus; each query has one fewer, its own), and per query its pair id and the rank of its counter
-    (``query_ids``, ``ranks``: what a bootstrap over queries resamples)."""
-    return {
-        **protocol_metrics(ranks),
-        "candidates": len(queries.table),
-        "query_ids": list(queries.query_ids),
-        "ranks": ranks.rank.tolist(),
-    }
+    texts of the corpus; each query has one fewer, its own), and ``ranks``: the rank of each query's counter, in the
+    order of the split's pairs (by pair id, as every run's test_hits.npy), what a bootstrap over queries resamples.
+    The pair ids are not written: they are the corpus's folder names."""
+    return {**protocol_metrics(ranks), "candidates": len(queries.table), "ranks": ranks.rank.tolist()}
 
 
 def evaluation_output(cfg: DictConfig, out_dir: Path) -> Path:

@@ -73,7 +73,7 @@ class CorpusQueries:
         return mask
 
 
-def corpus_queries(corpus: Corpus, split: str = "test", max_debates: int | None = None) -> CorpusQueries:
+def corpus_queries(corpus: Corpus, split: str, max_debates: int | None) -> CorpusQueries:
     """The MTEB protocol's queries and candidates of ``corpus`` (as read from disk: the official splits, since the
     candidates are every text of every split whatever ``data.dedup`` says): the points of ``split`` that have a
     counter (of its first ``max_debates`` debates, :meth:`Corpus.paired`) against every distinct argument text.
