@@ -64,7 +64,7 @@ def mteb_rows(
     the cells (:func:`~.statistics.verdicts`)."""
     rows = []
     values: dict[str, dict[str, np.ndarray]] = {}
-    for name, record in baselines.items():
+    for name, record in sorted(baselines.items(), key=lambda item: list(BASELINE_FILES).index(item[0])):
         values[name] = {m: _values(record, m)[None, :] for m in METRICS}
         rows.append({"name": BASELINE_FILES[name], "seeds": None, "record": record, "values": values[name]})
     for cell, seeds in sorted(cells.items()):
@@ -118,9 +118,10 @@ def mteb_markdown(rows: list[dict], comparisons: list[dict], n_boot: int = N_BOO
                 f"{p_text(c['p_holm'], c['p_holm_low'], c['p_holm_high'])} | {c['verdict']} |"
             )
         lines.append(
-            "\nΔ: the cell's nDCG@10 minus zero-shot's on the same queries; paired bootstrap over seeds and queries "
-            f"({MIN_SEEDS_FOR_SEED_LEVEL}+ seeds; zero-shot is one ranking, repeated for each seed), {n_boot:,} "
-            f"resamples; [MC range]: ±{MC_Z:g} Monte Carlo standard errors of p; Holm over the cells. Verdict: "
-            "better / worse when the whole adjusted range is below α, at the line when it straddles α."
+            "\nΔ: the cell's nDCG@10 minus zero-shot's on the same queries; paired bootstrap over seeds, then "
+            f"queries, for a cell of {MIN_SEEDS_FOR_SEED_LEVEL}+ seeds (zero-shot is one ranking, repeated for each "
+            "seed), over queries only for fewer (no claim about training randomness), "
+            f"{n_boot:,} resamples; [MC range]: ±{MC_Z:g} Monte Carlo standard errors of p; Holm over the cells. "
+            "Verdict: better / worse when the whole adjusted range is below α, at the line when it straddles α."
         )
     return "\n".join(lines)
