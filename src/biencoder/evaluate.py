@@ -1,4 +1,5 @@
-"""The ``python -m biencoder.evaluate`` app: the 8 official tasks on one split, for a checkpoint or a baseline.
+"""The ``python -m biencoder.evaluate`` app: the 8 official tasks on one split (or the MTEB protocol on its points,
+``eval.protocol=mteb``), for a checkpoint or a baseline.
 
 The Hydra shell over :func:`biencoder.engine.inference.evaluation.run_evaluation` (what is evaluated, and how, is
 said there): it names the output folder, logs the task table and where the record went, and turns bad input into one
@@ -29,13 +30,23 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         result = run_evaluation(cfg, out_dir)
+        if "mteb" in result:
+            got = result["mteb"]
+            what = f"MTEB protocol on {result['split']}"
+            table = (
+                f"{got['queries']} queries, {got['candidates']} candidates: nDCG@10 {got['ndcg_at_10']:.4f}, "
+                f"MRR@10 {got['mrr_at_10']:.4f}, R@100 {got['recall_at_100']:.4f}, "
+                f"accuracy@1 {got['accuracy_at_1']:.4f}"
+            )
+        else:
+            what, table = f"8 tasks on {result['split']}", format_tasks({result["split"]: result["tasks"]})
         log.info(
-            "8 tasks on %s, score=%s (%.1f s, peak RSS %.0f MB)\n%s\nwritten to %s",
-            result["split"],
+            "%s, score=%s (%.1f s, peak RSS %.0f MB)\n%s\nwritten to %s",
+            what,
             result["score"],
             result["wall_time_s"],
             result["peak_rss_mb"],
-            format_tasks({result["split"]: result["tasks"]}),
+            table,
             evaluation_output(cfg, out_dir),
         )
     except BiencoderError as err:

@@ -42,6 +42,7 @@ CHOICES = {
     "SCHEDULERS": ("trainer.scheduler",),
     "SCORES": ("eval.score",),
     "SELECT_METRICS": ("eval.select",),
+    "PROTOCOLS": ("eval.protocol",),
     "DEVICES": ("trainer.device",),
     "PRECISIONS": ("trainer.precision",),
     "INDEXES": ("negatives.index", "eval.index"),

@@ -19,12 +19,12 @@ from biencoder.engine.retrieval.official_tasks import (
     NOT_A_CANDIDATE,
     TASKS,
     TaskPools,
-    _scorer,
     baseline_ranks,
     block_ranks,
     candidate_types,
     evaluate_tasks,
     pool_sizes,
+    scorer_of,
     task_masks,
     tfidf_scores,
 )
@@ -187,7 +187,7 @@ def test_scores_in_blocks_rank_as_the_whole_matrix(tiny_model_and_tokenizer, tie
     results = []
     for cells in cells_choices(split):
         multiple = 64 // np.gcd(64, len(split.table)) if score == "classifier" else 1
-        scorer = _scorer(split, score, model, emb, "cpu", 64)
+        scorer = scorer_of(split, score, model, emb, "cpu", 64)
         got = block_ranks(split, scorer, TaskPools(split), cells=cells, multiple=multiple)
         assert {t: r.tolist() for t, r in got.items()} == {t: r.tolist() for t, r in expected.items()}, cells
         if score != "encoder_cosine":  # a BLAS rounds a float32 dot product by where it sits (cosine_scorer)
@@ -226,7 +226,7 @@ def test_query_blocks_leave_the_classifier_batches_of_one_whole_pass(tiny_model_
 def test_equal_vectors_tie_in_the_cosine_whatever_the_blocks(tied):
     """A point with its true counter's text ties it (and so ranks it second) under the cosine, in any block."""
     split, emb = tied
-    scorer = _scorer(split, "encoder_cosine", None, emb, "cpu", 64)
+    scorer = scorer_of(split, "encoder_cosine", None, emb, "cpu", 64)
     for cells in cells_choices(split):
         for block in query_blocks(split.n_pairs, len(split.table), cells):
             scores = scorer(block)

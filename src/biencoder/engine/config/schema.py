@@ -32,6 +32,9 @@ SELECT_METRICS = ("top1", "retrieval_top1", "mrr", "ndcg_at_10", "mrr_at_10", "r
 #: them); a factory of the user's own is named by import path instead (docs/heads.md)
 NORMS = ("none", "layernorm", "rmsnorm", "batchnorm")
 ACTIVATIONS = ("none", "relu", "gelu", "tanh", "silu")
+#: eval.protocol: what biencoder.evaluate measures (docs/protocol.md): the 8 official tasks on eval.split's pairs, or
+#: the MTEB/BEIR ArguAna protocol (eval.split's points against every distinct text of the corpus; nDCG@10)
+PROTOCOLS = ("tasks", "mteb")
 
 #: the choices of trainer.device and trainer.precision (biencoder.engine.machine.runtime.decide reads them)
 DEVICES = ("auto", "cpu", "cuda")
@@ -269,6 +272,9 @@ class EvalSchema:
     test_queries: int | None = None
     checkpoint: str | None = None  # evaluate app: a run folder or a best.pt
     split: str = "test"  # evaluate app: val | test
+    # evaluate app: tasks (the 8 official tasks on eval.split) | mteb (MTEB's ArguAna: eval.split's points against
+    # every distinct argument text of the whole corpus, their own text excluded; nDCG@10, MRR@10, R@100)
+    protocol: str = "tasks"
     output: str | None = None  # evaluate app: JSON path (default: <output dir>/eval.json)
 
 

@@ -28,6 +28,7 @@ from .schema import (
     POOLINGS,
     POOLS,
     PRECISIONS,
+    PROTOCOLS,
     RETRIEVE_SPACES,
     SCHEDULERS,
     SCORES,
@@ -179,6 +180,7 @@ def _eval(cfg: DictConfig) -> None:
                 f"eval.select={cfg.eval.select} reads the classifier's reranking, which loss.ce_weight=0 leaves "
                 "untrained: select by retrieval_top1 (the rule's choice), or train the classifier"
             )
+    _choice(cfg, "eval.protocol", PROTOCOLS)
 
 
 #: the data keys only pair files read (data.layout=pairs)

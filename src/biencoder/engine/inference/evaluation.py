@@ -1,5 +1,6 @@
-"""The 8 official tasks (:mod:`biencoder.engine.retrieval.official_tasks`) on one split, for a checkpoint or an
-untrained baseline: :func:`run_evaluation`, which ``python -m biencoder.evaluate`` runs (its Hydra shell).
+"""The 8 official tasks (:mod:`biencoder.engine.retrieval.official_tasks`) on one split, or the MTEB protocol
+(:mod:`biencoder.engine.retrieval.mteb`, ``eval.protocol=mteb``) on its points, for a checkpoint or an untrained
+baseline: :func:`run_evaluation`, which ``python -m biencoder.evaluate`` runs (its Hydra shell).
 
 It takes the steps a run takes, in a run's order: the corpus and paired splits a run on the config reads
 (:func:`~biencoder.engine.data.corpus.run_splits`), the test queries such a run has seen
@@ -19,12 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 from ...errors import ConfigError
 from ..config.validation import validate
 from ..data.arguana import CorpusError
-from ..data.corpus import PairedSplit, run_splits, seen_queries, split_name
+from ..data.corpus import PairedSplit, read_corpus, run_splits, seen_queries, split_name
 from ..files import write_json_atomic
 from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
 from ..modeling.encoding import Encoding, TextEncoder, embed_pooled, pooled_vectors
 from ..modeling.model import BiModel, Embeddings, build_model
 from ..retrieval.metrics import query_groups
+from ..retrieval.mteb import CorpusQueries, corpus_queries, protocol_metrics, protocol_ranks
 from ..retrieval.official_tasks import evaluate_tasks
 from ..retrieval.rerank import Rerank
 from ..runs.checkpoint import load_checkpoint
@@ -34,18 +36,24 @@ NEEDS_TRAINED = ("rerank", "classifier", "sim")
 
 
 def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
-    """The 8 tasks on ``eval.split`` with ``eval.score``, for ``eval.checkpoint`` (or the untrained ``model`` config
-    without one); the record is written as JSON to :func:`evaluation_output` and returned. Raises
-    :class:`ConfigError` for a config this evaluation cannot run, before any work."""
+    """The 8 tasks on ``eval.split`` with ``eval.score`` (or, with ``eval.protocol=mteb``, the MTEB protocol on its
+    points), for ``eval.checkpoint`` (or the untrained ``model`` config without one); the record is written as JSON
+    to :func:`evaluation_output` and returned: ``tasks`` (:func:`evaluate_tasks`), or ``mteb``
+    (:func:`_protocol_record`). Raises :class:`ConfigError` for a config this evaluation cannot run, before any
+    work."""
     start = time.time()
     name, score = _checked(cfg)
-    split, groups = _evaluated_split(cfg, name)
+    if cfg.eval.protocol == "mteb":  # the candidates are every text of the corpus on disk, whatever data.dedup says
+        split, groups = corpus_queries(read_corpus(cfg.data.root), name, cfg.data.max_debates), None
+    else:
+        split, groups = _evaluated_split(cfg, name)
     # one process, whatever the environment says (never under torchrun)
     runtime = decide(cfg.trainer.device, cfg.trainer.precision, cfg.trainer.deterministic, environ={})
     runtime.apply()
     set_seed_everywhere(cfg.seed)
-    tasks, retrieve, model_cfg = _scored(cfg, split, groups, runtime)
+    measured, retrieve, model_cfg = _scored(cfg, split, groups, runtime)
     result = {
+        "protocol": cfg.eval.protocol,
         "score": score,
         "retrieve": retrieve if score == "rerank" else None,
         "split": name,
@@ -54,7 +62,7 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
         "checkpoint": None if cfg.eval.checkpoint is None else str(cfg.eval.checkpoint),
         "encoder": None if score == "tfidf" else model_cfg["encoder"]["name_or_path"],
         "pooling": None if score == "tfidf" else model_cfg["pooling"],
-        "tasks": tasks,
+        **measured,
         "wall_time_s": round(time.time() - start, 2),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }
@@ -65,18 +73,30 @@ def run_evaluation(cfg: DictConfig, out_dir: Path) -> dict:
 
 
 def _scored(
-    cfg: DictConfig, split: PairedSplit, groups: dict | None, runtime: Runtime
+    cfg: DictConfig, split: PairedSplit | CorpusQueries, groups: dict | None, runtime: Runtime
 ) -> tuple[dict, str, dict | None]:
-    """(the 8 tasks of ``split`` with ``eval.score``, the space ``rerank`` retrieved in, the model config or None for
-    TF-IDF): ``eval.retrieve``, else the space the checkpoint was selected with, else ``sim``."""
+    """(``{"tasks": the 8 tasks of split}`` with ``eval.score``, or ``{"mteb": the protocol's record}`` for
+    :class:`CorpusQueries`; the space ``rerank`` retrieved in; the model config or None for TF-IDF). The space:
+    ``eval.retrieve``, else the space the checkpoint was selected with, else ``sim``."""
     score, retrieve = cfg.eval.score, cfg.eval.retrieve  # retrieve None: the checkpoint's own
     model = emb = model_cfg = None  # TF-IDF needs no model
     if score != "tfidf":
         model, emb, model_cfg, trained = _embedded(cfg, split, runtime)
         retrieve = retrieve or trained
     rerank = replace(Rerank.of_run(cfg.eval, runtime), space=retrieve or "sim")
-    tasks = evaluate_tasks(split, score, model, emb, rerank, groups)
-    return tasks, retrieve or "sim", model_cfg
+    if isinstance(split, CorpusQueries):
+        measured = {"mteb": _protocol_record(split, protocol_ranks(split, score, model, emb, rerank))}
+    else:
+        measured = {"tasks": evaluate_tasks(split, score, model, emb, rerank, groups)}
+    return measured, retrieve or "sim", model_cfg
+
+
+def _protocol_record(queries: CorpusQueries, ranks) -> dict:
+    """The ``mteb`` entry of an evaluation record: :func:`protocol_metrics` of the ranks, ``candidates`` (distinct
+    texts of the corpus; each query has one fewer, its own), and ``ranks``: the rank of each query's counter, in the
+    order of the split's pairs (by pair id, as every run's test_hits.npy), what a bootstrap over queries resamples.
+    The pair ids are not written: they are the corpus's folder names."""
+    return {**protocol_metrics(ranks), "candidates": len(queries.table), "ranks": ranks.rank.tolist()}
 
 
 def evaluation_output(cfg: DictConfig, out_dir: Path) -> Path:
@@ -102,8 +122,8 @@ def _checked(cfg: DictConfig) -> tuple[str, str]:
         ) from None
     if cfg.data.layout != "arguana":
         raise ConfigError(
-            f"data={cfg.data.name}: biencoder-evaluate runs the 8 official tasks, which need ArguAna's "
-            "debates, sides and themes (data=arguana or data=demo); a run on pair files has its top-1 "
+            f"data={cfg.data.name}: biencoder-evaluate runs the 8 official tasks or the MTEB protocol, which need "
+            "ArguAna's debates, sides and themes (data=arguana or data=demo); a run on pair files has its top-1 "
             "and baselines in its final.json"
         )
     if cfg.eval.checkpoint is None and cfg.eval.score in NEEDS_TRAINED:

@@ -219,7 +219,7 @@ def evaluate_tasks(
         # the classifier scores B·2Q pairs a block: a multiple of batch_size keeps its batches those of one whole pass
         size = rerank.batch_size
         multiple = size // math.gcd(size, len(split.table)) if score == "classifier" else 1
-        scorer = _scorer(split, score, model, emb, rerank.device, size)
+        scorer = scorer_of(split, score, model, emb, rerank.device, size)
         ranks = block_ranks(split, scorer, pools, cells=rerank.cells, multiple=multiple)
     results = {}
     for task in TASKS:
@@ -232,7 +232,7 @@ def evaluate_tasks(
     return results
 
 
-def _scorer(
+def scorer_of(
     split: PairedSplit, score: str, model: BiModel | None, emb: Embeddings | None, device, batch_size: int
 ) -> Scorer:
     """The :data:`Scorer` of ``score`` (any of :func:`evaluate_tasks`'s but rerank)."""
