@@ -8,11 +8,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO, grid_layout, write_corpus
+from helpers import finished_folders
 
 FAST = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "trainer.batch_size=8", "eval.tasks=false"]
 PLOT = [str(REPO / "scripts" / "plot_top1.py")]
@@ -204,17 +204,6 @@ CASES = [
         "line 2 is not JSON",
     ),
 ]
-
-
-def finished_folders(root: Path) -> list[Path]:
-    out = []
-    for final in root.rglob("final.json"):
-        try:
-            if json.loads(final.read_text()).get("status") == "done":
-                out.append(final.parent)
-        except json.JSONDecodeError:
-            pass
-    return out
 
 
 @pytest.mark.slow

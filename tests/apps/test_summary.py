@@ -11,8 +11,7 @@ from omegaconf import OmegaConf
 from biencoder.callbacks import SweepSummary
 from biencoder.summary import main
 from conftest import FAST, REPO, compose_cfg
-from project.test_docs import console_scripts
-from report.test_runs import write_run
+from helpers import console_scripts, write_run
 
 
 def test_cli_outputs_and_errors(tmp_path, capsys):

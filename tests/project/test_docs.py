@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from helpers import console_scripts
+
 REPO = Path(__file__).resolve().parents[2]
 SKIPPED_DIRS = {".git", ".venv", "logs", "outputs", "multirun", "node_modules", "build", "dist"}
 NOT_SHELL = {"python", "py", "yaml", "yml", "json", "toml", "bibtex", "diff"}
@@ -146,13 +148,6 @@ def outside_paths(files: list[Path], root: Path = REPO) -> list[str]:
 
 
 # -- the commands in code blocks -----------------------------------------------------------------------------------
-def console_scripts(root: Path = REPO) -> dict[str, str]:
-    """``biencoder-train`` → ``biencoder.train:cli``, from pyproject.toml's [project.scripts]."""
-    text = (root / "pyproject.toml").read_text(encoding="utf-8")
-    section = re.search(r"^\[project\.scripts\]\s*$(.*?)(?=^\[)", text, flags=re.M | re.S)
-    return dict(re.findall(r'^\s*"?([\w-]+)"?\s*=\s*"([\w.]+:\w+)"', section[1], flags=re.M))
-
-
 def shell_segments(line: str) -> list[list[str]]:
     """The simple commands of one logical shell line (split at |, &&, ||, ;), comments dropped, without leading
     ``VAR=value`` assignments and ``do``/``then`` keywords."""

@@ -214,3 +214,16 @@ def test_long_and_wide_functions_are_found(tmp_path):
     )
     assert sorted(graph_tool.long_functions(tmp_path / "pkg")) == [("pkg.m", "C.method", 51), ("pkg.m", "long", 51)]
     assert graph_tool.wide_functions(tmp_path / "pkg") == [("pkg.m", "seven", 7)]
+
+
+def test_no_test_file_imports_another():
+    """Helpers that several test files use live in tests/helpers.py or conftest.py: a test file importing another
+    hides where a helper is defined and ties the two files' changes together (issue 52 counted 11 such imports)."""
+    imports = re.compile(r"\s*(from|import) ([\w.]+\.)?test_\w+")
+    found = [
+        f"{path.relative_to(REPO)}: {line.strip()}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        for line in path.read_text().splitlines()
+        if imports.match(line)
+    ]
+    assert found == []

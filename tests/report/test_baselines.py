@@ -22,7 +22,7 @@ from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import holm
 from biencoder.summary import main
 from conftest import REPO
-from report.test_runs import write_run
+from helpers import write_run
 
 TINY = {
     "name": "tiny",

@@ -9,7 +9,7 @@ from biencoder.report import SummaryError
 from biencoder.report.design import find_design
 from biencoder.report.factorial import factorial_markdown, factorial_table
 from biencoder.report.runs import assign_cells, find_runs
-from report.test_runs import write_run
+from helpers import write_run
 
 Q = 100  # test queries of every planted run
 

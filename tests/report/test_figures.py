@@ -4,7 +4,7 @@ import yaml
 
 from biencoder.report.figures import figure, plot
 from biencoder.report.runs import assign_cells, find_runs
-from report.test_runs import write_run
+from helpers import write_run
 
 
 def test_a_six_cell_figure_keeps_every_legend_entry_inside(tmp_path):

@@ -1,62 +1,12 @@
 """Finding run folders and grouping runs into cells (biencoder.report.runs), on hand-made run folders."""
 
 import json
-from pathlib import Path
 
 import numpy as np
 import yaml
 
 from biencoder.report.runs import assign_cells, best_rows, find_runs, queries_label, recorded_baseline
-
-
-def write_run(
-    folder: Path,
-    variant: str,
-    seed: int,
-    val: list[float],
-    test: list[float],
-    hits=None,
-    complete=True,
-    data="demo",
-    tasks=None,
-    head=None,
-):
-    """A run folder in the runner's format with the given per-epoch val/test top1 (train rows too); ``head``: its
-    ``model.head`` (default: the card variant's two flags, as every run wrote them before the head keys)."""
-    (folder / ".hydra").mkdir(parents=True)
-    if head is None:
-        flags = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}
-        head = dict(zip(("use_layernorm", "use_relu"), flags[variant], strict=True))
-    config = {
-        "seed": seed,
-        "data": {"name": data, "root": None},
-        "model": {"name": "tiny", "head": head},
-    }
-    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
-    rows = []
-    for epoch, (v, t) in enumerate(zip(val, test, strict=False)):
-        base = {
-            "epoch": epoch,
-            "variant": variant,
-            "seed": seed,
-            "retrieval_top1": 0.0,
-            "mrr": 0.0,
-            "recall_at_k": 0.0,
-        }
-        rows += [
-            {**base, "split": "train", "top1": 0.5, "loss": 2.0 - epoch, "head_post_sample_var": 1.0},
-            {**base, "split": "val", "top1": v},
-            {**base, "split": "test", "top1": t},
-        ]
-    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if hits is not None:
-        np.save(folder / "test_hits.npy", np.asarray(hits, dtype=bool))
-    if complete:
-        final = {"status": "done", "variant": variant, "seed": seed}
-        if tasks:
-            final["tasks"] = {"score": "rerank", "test": {k: {"accuracy_at_1": a} for k, a in tasks.items()}}
-        (folder / "final.json").write_text(json.dumps(final))
-    return folder
+from helpers import write_run
 
 
 def test_runs_from_before_a_new_key_share_its_default(tmp_path):

@@ -9,7 +9,7 @@ import yaml
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.stability import run_outcomes, stability_tables
 from biencoder.summary import main
-from report.test_runs import write_run
+from helpers import write_run
 
 
 def lr_run(folder, variant, seed, lr, val, status="done"):

@@ -27,7 +27,7 @@ from biencoder.report.statistics import (
     wilson,
 )
 from biencoder.report.tables import _comparisons_markdown, paired_comparisons, summary_table
-from report.test_runs import write_run
+from helpers import write_run
 
 
 def test_bootstrap_known_answers():

@@ -8,7 +8,7 @@ from biencoder.report import SummaryError
 from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import holm
 from biencoder.report.tables import paired_comparisons, summary_table
-from report.test_runs import write_run
+from helpers import write_run
 
 
 def test_discovery_grouping_and_aggregation(tmp_path):

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from apps.test_bad_inputs import finished_folders
 from biencoder.engine.config.packaged import beir_demo
 from biencoder.engine.data.beir import BeirError, read_beir
 from biencoder.engine.data.beir_export import export_beir
@@ -26,6 +25,7 @@ from biencoder.engine.retrieval.rerank import pool_mask
 from biencoder.engine.runs.trec import ranking_files
 from biencoder.engine.training.triplets import triplet_rows
 from conftest import compose_cfg
+from helpers import finished_folders
 
 SYNTHETIC_CORPUS = [
     {"_id": "d1", "title": "Tides", "text": "The moon pulls the sea."},

@@ -2,8 +2,6 @@
 ArguAna reader, the pool and group rules, given negatives, the config checks, and the data hash that keeps runs
 apart."""
 
-import json
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,33 +15,7 @@ from biencoder.engine.retrieval.groups import group_shortlists
 from biencoder.engine.retrieval.rerank import NONE, retrieve
 from biencoder.errors import ConfigError
 from conftest import compose_cfg
-
-#: a hand-countable set: test t0..t2; val repeats test's "a2"; train repeats val's "va1" and holds a duplicated pair
-ROWS = {
-    "train": [
-        ("ta0", "tp0", "g1", "tn0"),
-        ("ta1", "tp1", "g1", None),
-        ("ta1", "tp1", "g2", None),
-        ("va1", "tp3", "g2", None),
-        ("ta4", "tp4", "g2", "tp0"),
-    ],
-    "val": [("va0", "vp0", "g1", None), ("va1", "vp1", "g1", None), ("a2", "vp2", "g2", None)],
-    "test": [("a0", "p0", "g1", None), ("a1", "p1", "g1", None), ("a2", "p2", "g2", None)],
-}
-
-
-def records(split):
-    return [{"anchor": a, "positive": p, "group": g, **({"negative": n} if n else {})} for a, p, g, n in ROWS[split]]
-
-
-def write_jsonl(folder, rows_by_split=None, **extra):
-    """``train.jsonl``, ``val.jsonl``, ``test.jsonl`` of ROWS (or ``rows_by_split``: split -> list of dicts) in
-    ``folder``; returns the data config of them."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "val", "test"):
-        rows = (rows_by_split or {}).get(split, records(split))
-        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return {"layout": "pairs", **{s: str(folder / f"{s}.jsonl") for s in ("train", "val", "test")}, **extra}
+from helpers import ROWS, records, write_jsonl
 
 
 def test_hand_counted_counts_dedup_and_overlap(tmp_path):

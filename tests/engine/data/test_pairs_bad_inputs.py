@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.test_bad_inputs import finished_folders
+from helpers import finished_folders
 
 
 def good(split: str) -> list[dict]:

@@ -321,7 +321,7 @@ def test_retrieval_of_the_positives_pool_in_search_blocks(tiny_model_and_tokeniz
 def test_mining_doubles_k_per_query_in_any_block(monkeypatch):
     """40 pairs share 2 counter texts: a point's nearest rows are mostly banned, so its k doubles until it finds one;
     blocks of 3 queries give every row a search of all gives."""
-    from engine.retrieval.test_negatives import paired_split
+    from helpers import paired_split
 
     split = paired_split([f"p{i}" for i in range(40)], [f"c{i % 2}" for i in range(40)])
     sim = np.zeros((80, 2))

@@ -8,8 +8,7 @@ from biencoder.engine.modeling.encoding import TokenizedTexts, encode
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.official_tasks import evaluate_tasks
 from biencoder.engine.retrieval.rerank import Rerank, retrieve, retrieve_rerank
-from engine.retrieval.test_negatives import paired_split
-from engine.retrieval.test_rerank import candidate_scorer
+from helpers import candidate_scorer, paired_split
 
 
 @pytest.fixture

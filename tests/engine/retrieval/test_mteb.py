@@ -23,7 +23,7 @@ from biencoder.engine.retrieval.mteb import (
     protocol_ranks,
 )
 from biencoder.engine.retrieval.rerank import Rerank
-from engine.retrieval.test_rerank import candidate_scorer
+from helpers import candidate_scorer
 
 #: a corpus of three splits: a test point whose text is also a training point's (a duplicate of the query text
 #: elsewhere in the corpus), a test counter whose text is also a validation counter's, and a point without a

@@ -1,26 +1,8 @@
 import numpy as np
-import pandas as pd
 import pytest
 
-from biencoder.engine.data.corpus import PairedSplit
 from biencoder.engine.retrieval.negatives import Mining, forbidden_texts, mine_negatives, random_rate
-
-
-def paired_split(points, counters, debate=None):
-    """A PairedSplit from texts: row i = point i, row Q + i = counter i."""
-    q = len(points)
-    table = pd.DataFrame(
-        {
-            "theme": "t",
-            "debate": debate or ["d"] * (2 * q),
-            "stance": "pro",
-            "kind": ["point"] * q + ["counter"] * q,
-            "text": list(points) + list(counters),
-            "pair_id": [f"p{i}" for i in range(q)] * 2,
-        }
-    )
-    table["text_id"] = pd.factorize(table["text"])[0]
-    return PairedSplit("train", table)
+from helpers import paired_split
 
 
 def test_planted_nearest_neighbour_skips_self_counter_and_duplicates():

@@ -1,8 +1,6 @@
 """biencoder.engine.retrieval.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two
 shortlist finders (the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
 
-import copy
-
 import numpy as np
 import pytest
 import torch
@@ -21,21 +19,11 @@ from biencoder.engine.retrieval.rerank import (
     shortlist_ranks,
 )
 from biencoder.engine.retrieval.search import distances
-from engine.retrieval.test_negatives import paired_split
+from helpers import candidate_scorer, paired_split
 
 #        rows: 0=P0 1=P1  2=P2  3=P3  4=C0 5=C1  6=C2  7=C3 (C3 has C0's text: the true counter of P3, a twin of C0)
 POSITION = [0.0, 10.0, 20.0, 30.0, 1.0, 13.0, 20.5, 0.5]
 MARGIN = [0.0, 0.0, 0.0, 0.0, 1.0, 3.0, 2.0, 5.0]  # the classifier's margin for any query and this candidate
-
-
-def candidate_scorer(tiny_model):
-    """A copy of the tiny model (sim_dim 128, hidden 32) whose logit margin for (query, candidate) is the
-    candidate's pooled[0]."""
-    model = copy.deepcopy(tiny_model)
-    with torch.no_grad():
-        model.head.out.weight.zero_(), model.head.out.bias.zero_()
-        model.head.out.weight[1, 3 * 128 + 32] = 1.0  # features: s_a, s_b, |s_a - s_b|, p_a, p_b, |p_a - p_b|
-    return model
 
 
 @pytest.fixture

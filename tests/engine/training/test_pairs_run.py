@@ -20,7 +20,7 @@ from biencoder.engine.training.runner import Runner
 from biencoder.engine.training.triplets import triplet_rows
 from biencoder.errors import ConfigError
 from conftest import FAST, REPO, compose_cfg
-from engine.data.test_pairs import write_jsonl
+from helpers import write_jsonl
 
 VOLATILE = {"epoch_time_s"}
 #: what metrics.jsonl rows hold only when the pair files have a group column

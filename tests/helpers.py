@@ -1,0 +1,144 @@
+"""Helpers that tests in several files share: hand-countable pair files (:data:`ROWS`, :func:`write_jsonl`), a
+paired split from texts (:func:`paired_split`), a classifier whose margins are known (:func:`candidate_scorer`), the
+finished run folders under a root (:func:`finished_folders`) and a run folder in the runner's format
+(:func:`write_run`), the console scripts of pyproject.toml (:func:`console_scripts`). Test files import them from
+here, never from one another."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import yaml
+
+from biencoder.engine.data.paired import PairedSplit
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_run(
+    folder: Path,
+    variant: str,
+    seed: int,
+    val: list[float],
+    test: list[float],
+    hits=None,
+    complete=True,
+    data="demo",
+    tasks=None,
+    head=None,
+):
+    """A run folder in the runner's format with the given per-epoch val/test top1 (train rows too); ``head``: its
+    ``model.head`` (default: the card variant's two flags, as every run wrote them before the head keys)."""
+    (folder / ".hydra").mkdir(parents=True)
+    if head is None:
+        flags = {"ln_relu": (True, True), "ln": (True, False), "relu": (False, True), "plain": (False, False)}
+        head = dict(zip(("use_layernorm", "use_relu"), flags[variant], strict=True))
+    config = {
+        "seed": seed,
+        "data": {"name": data, "root": None},
+        "model": {"name": "tiny", "head": head},
+    }
+    (folder / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = []
+    for epoch, (v, t) in enumerate(zip(val, test, strict=False)):
+        base = {
+            "epoch": epoch,
+            "variant": variant,
+            "seed": seed,
+            "retrieval_top1": 0.0,
+            "mrr": 0.0,
+            "recall_at_k": 0.0,
+        }
+        rows += [
+            {**base, "split": "train", "top1": 0.5, "loss": 2.0 - epoch, "head_post_sample_var": 1.0},
+            {**base, "split": "val", "top1": v},
+            {**base, "split": "test", "top1": t},
+        ]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if hits is not None:
+        np.save(folder / "test_hits.npy", np.asarray(hits, dtype=bool))
+    if complete:
+        final = {"status": "done", "variant": variant, "seed": seed}
+        if tasks:
+            final["tasks"] = {"score": "rerank", "test": {k: {"accuracy_at_1": a} for k, a in tasks.items()}}
+        (folder / "final.json").write_text(json.dumps(final))
+    return folder
+
+
+def finished_folders(root: Path) -> list[Path]:
+    out = []
+    for final in root.rglob("final.json"):
+        try:
+            if json.loads(final.read_text()).get("status") == "done":
+                out.append(final.parent)
+        except json.JSONDecodeError:
+            pass
+    return out
+
+
+def candidate_scorer(tiny_model):
+    """A copy of the tiny model (sim_dim 128, hidden 32) whose logit margin for (query, candidate) is the
+    candidate's pooled[0]."""
+    model = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        model.head.out.weight.zero_(), model.head.out.bias.zero_()
+        model.head.out.weight[1, 3 * 128 + 32] = 1.0  # features: s_a, s_b, |s_a - s_b|, p_a, p_b, |p_a - p_b|
+    return model
+
+
+def paired_split(points, counters, debate=None):
+    """A PairedSplit from texts: row i = point i, row Q + i = counter i."""
+    q = len(points)
+    table = pd.DataFrame(
+        {
+            "theme": "t",
+            "debate": debate or ["d"] * (2 * q),
+            "stance": "pro",
+            "kind": ["point"] * q + ["counter"] * q,
+            "text": list(points) + list(counters),
+            "pair_id": [f"p{i}" for i in range(q)] * 2,
+        }
+    )
+    table["text_id"] = pd.factorize(table["text"])[0]
+    return PairedSplit("train", table)
+
+
+#: a hand-countable set: test t0..t2; val repeats test's "a2"; train repeats val's "va1" and holds a duplicated pair
+ROWS = {
+    "train": [
+        ("ta0", "tp0", "g1", "tn0"),
+        ("ta1", "tp1", "g1", None),
+        ("ta1", "tp1", "g2", None),
+        ("va1", "tp3", "g2", None),
+        ("ta4", "tp4", "g2", "tp0"),
+    ],
+    "val": [("va0", "vp0", "g1", None), ("va1", "vp1", "g1", None), ("a2", "vp2", "g2", None)],
+    "test": [("a0", "p0", "g1", None), ("a1", "p1", "g1", None), ("a2", "p2", "g2", None)],
+}
+
+
+def records(split):
+    return [{"anchor": a, "positive": p, "group": g, **({"negative": n} if n else {})} for a, p, g, n in ROWS[split]]
+
+
+def write_jsonl(folder, rows_by_split=None, **extra):
+    """``train.jsonl``, ``val.jsonl``, ``test.jsonl`` of ROWS (or ``rows_by_split``: split -> list of dicts) in
+    ``folder``; returns the data config of them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "val", "test"):
+        rows = (rows_by_split or {}).get(split, records(split))
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"layout": "pairs", **{s: str(folder / f"{s}.jsonl") for s in ("train", "val", "test")}, **extra}
+
+
+def console_scripts(root: Path = REPO) -> dict[str, str]:
+    """``biencoder-train`` → ``biencoder.train:cli``, from pyproject.toml's [project.scripts]."""
+    text = (root / "pyproject.toml").read_text(encoding="utf-8")
+    section = re.search(r"^\[project\.scripts\]\s*$(.*?)(?=^\[)", text, flags=re.M | re.S)
+    return dict(re.findall(r'^\s*"?([\w-]+)"?\s*=\s*"([\w.]+:\w+)"', section[1], flags=re.M))
