@@ -213,7 +213,7 @@ def test_evaluate_says_the_8_tasks_need_arguana(tmp_path):
             tmp_path,
         )
     )
-    assert "biencoder-evaluate runs the 8 official tasks, which need ArguAna's debates" in line
+    assert "biencoder-evaluate runs the 8 official tasks or the MTEB protocol, which need ArguAna's debates" in line
 
 
 @pytest.mark.slow
@@ -224,6 +224,6 @@ def test_help_names_the_pair_files(tmp_path):
         "data=pairs data.train=train.jsonl data.val=val.jsonl data.test=test.jsonl",
         "try data=pairs_demo",
         "docs/own-data.md",
-        "data: arguana, demo, pairs, pairs_demo",
+        "data: arguana, beir, beir_demo, demo, pairs, pairs_demo",
     ):
         assert said in proc.stdout, said

@@ -280,8 +280,8 @@ encoder = BertModel(BertConfig(hidden_size=8, num_hidden_layers=1, num_attention
 encoder.requires_grad_(False)  # frozen, as a run with model.encoder.freeze=true holds it
 model = BiModel(encoder, sim_dim=4, head=head_spec({"norm": "batchnorm"})).train()
 alone = copy.deepcopy(model)  # the same weights, outside DDP: what this process's batch alone gives
-config = SimpleNamespace(trainer=SimpleNamespace(compile=False))
-trainer = SimpleNamespace(frozen=True, device=torch.device("cpu"), cfg=config)
+settings = SimpleNamespace(compile=False, pooling="mean")  # what _step_module reads of TrainingSettings
+trainer = SimpleNamespace(frozen=True, device=torch.device("cpu"), settings=settings)
 step = EpochTrainer._step_module(trainer, TripletStep(model, TripletCELoss()))
 bn = model.head.norm
 batches = [torch.Generator().manual_seed(10 * rank + i) for i in range(2)]
