@@ -31,8 +31,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers import console_scripts
-
 REPO = Path(__file__).resolve().parents[2]
 SKIPPED_DIRS = {".git", ".venv", "logs", "outputs", "multirun", "node_modules", "build", "dist"}
 NOT_SHELL = {"python", "py", "yaml", "yml", "json", "toml", "bibtex", "diff"}
@@ -254,6 +252,8 @@ def help_args(args: list[str]) -> list[str]:
 
 def planned_calls(files: list[Path], root: Path = REPO) -> dict[tuple[str, tuple[str, ...]], list[str]]:
     """{(target, argv to run): [where the documents show it]} for every biencoder command of ``files``."""
+    from helpers import console_scripts  # here: this file also runs as a script, without tests/ on its path
+
     scripts = console_scripts(root)
     calls: dict[tuple[str, tuple[str, ...]], list[str]] = {}
     for path in files:
@@ -359,6 +359,8 @@ def test_commands_are_found_and_turned_into_one_job():
     )
     commands = doc_commands(text)
     assert [line for line, _ in commands] == [2, 4, 4, 5, 5, 5, 6, 7]
+    from helpers import console_scripts
+
     scripts = console_scripts()
     found = [program(argv, scripts) for _, argv in commands]
     found = [f for f in found if f]
