@@ -29,6 +29,7 @@ def test_every_error_of_the_package_is_a_biencoder_error():
             ):
                 found[name] = obj
     assert sorted(found) == [
+        "BeirError",
         "CacheError",
         "ConfigError",
         "CorpusError",
