@@ -2,13 +2,14 @@
 with its reason), and every reader reads those records and the ones written with bare NaN before into the same
 values."""
 
+import gzip
 import json
 import math
 import re
 
 import pytest
 
-from biencoder.engine.files import NON_FINITE, read_json, strict_json, write_json_atomic
+from biencoder.engine.files import NON_FINITE, read_json, strict_json, write_json_atomic, write_text_atomic
 from biencoder.engine.runs.records import append_rows, read_final, read_metrics, truncate_metrics
 from conftest import FAST, REPO, compose_cfg
 
@@ -70,6 +71,18 @@ def test_what_cannot_be_said_is_refused():
         strict_json([NAN])  # outside any record
     with pytest.raises(ValueError, match=NON_FINITE):
         strict_json({NON_FINITE: {}, "x": NAN})
+
+
+def test_a_gz_file_is_gzipped_and_the_same_text_gives_the_same_bytes(tmp_path):
+    """test.run.gz: gzip a tool reads, with no time in its header, so two runs that rank alike write equal files."""
+    text = "q1 Q0 d1 1 100 tag\n" * 50
+    write_text_atomic(tmp_path / "a.run.gz", text)
+    first = (tmp_path / "a.run.gz").read_bytes()
+    assert gzip.decompress(first).decode() == text and len(first) < len(text)
+    write_text_atomic(tmp_path / "a.run.gz", text)  # a later write of the same text
+    assert (tmp_path / "a.run.gz").read_bytes() == first and first[4:8] == bytes(4)  # gzip's MTIME field: 0
+    write_text_atomic(tmp_path / "a.run", text)
+    assert (tmp_path / "a.run").read_text() == text  # any other name: the text as it is
 
 
 def test_records_written_before_read_the_same(tmp_path):

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import copy
+import gzip
 import json
 import logging
 import math
@@ -111,8 +112,12 @@ def _replace_atomic(path: Path, write) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8) so that a reader never sees half a file (temp file + fsync + rename)."""
-    _replace_atomic(path, lambda f: f.write(text.encode()))
+    """Write ``text`` (UTF-8) so that a reader never sees half a file (temp file + fsync + rename); gzipped when
+    ``path`` ends in ``.gz``, with no time in its header (the same text gives the same bytes)."""
+    data = text.encode()
+    if Path(path).suffix == ".gz":
+        data = gzip.compress(data, mtime=0)
+    _replace_atomic(path, lambda f: f.write(data))
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:

@@ -1,6 +1,7 @@
 """A run's test ranking as TREC files (biencoder.engine.runs.trec): the lines by hand, and a real run's files read by
 ir-measures (trec_eval's measures through pytrec_eval) give the run's own figures of its best epoch."""
 
+import gzip
 import json
 
 import ir_measures
@@ -95,7 +96,7 @@ def test_a_runs_own_figures_are_the_librarys_of_its_files(trec_run):
     out, final = trec_run
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     best = next(r for r in rows if r["epoch"] == final["best_epoch"] and r["split"] == "test")
-    run_lines, qrels = (out / RUN_FILE).read_text(), (out / QRELS_FILE).read_text()
+    run_lines, qrels = gzip.decompress((out / RUN_FILE).read_bytes()).decode(), (out / QRELS_FILE).read_text()
     k = best["k"]
     measures = [nDCG @ 10, RR @ 10, R @ 100, P @ 1, RR @ k, R @ k]
     lib = library(measures, qrels, run_lines)
@@ -105,6 +106,8 @@ def test_a_runs_own_figures_are_the_librarys_of_its_files(trec_run):
     assert len({line.split()[0] for line in run_lines.splitlines()}) == best["queries"]
     assert len(qrels.splitlines()) == best["queries"]
     assert 0 < best["ndcg_at_10"] < 1  # a figure a library could disagree with (not every query first)
+    # the gzipped run as a user hands it to ir-measures (by its path) reads as the same lines
+    assert list(ir_measures.read_trec_run(str(out / RUN_FILE))) == list(ir_measures.read_trec_run(run_lines))
 
 
 def test_the_selection_metric_can_be_the_val_ndcg(tmp_path):

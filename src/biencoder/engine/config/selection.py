@@ -25,7 +25,7 @@ def selection(ce_weight: float, metric: str | None, layout: str) -> dict[str, st
     by nDCG@10 in its field, so there the classifier's runs pick by the val ``ndcg_at_10`` of the final ranking. The
     best epoch decides ``best.pt``, ``final.json``'s ``best``, the 8 tasks, ``test_hits.npy`` (the per-query top-1
     outcome on test of the ranking ``m`` reads: the retrieval order for ``retrieval_top1``, else the reranked one)
-    and ``test.run``, so every table built on a run reads this one rule."""
+    and ``test.run.gz``, so every table built on a run reads this one rule."""
     if metric is not None:
         return {"split": "val", "metric": str(metric)}
     if ce_weight <= 0:

@@ -24,7 +24,7 @@ class BestEpoch:
         state: the model's weights at that epoch, on the CPU (None before).
         hits: per test query, hit or miss at that epoch (``test_hits.npy``; None before).
         ranking: [P, d] rows: per test query its final ranking at that epoch
-            (:attr:`~biencoder.engine.retrieval.rerank.EpochRanks.rows`; ``test.run``); None before, or when resumed
+            (:attr:`~biencoder.engine.retrieval.rerank.EpochRanks.rows`; ``test.run.gz``); None before, or when resumed
             from a ``last.pt`` that did not keep it.
         embs: the val and test embeddings of that epoch, kept in memory for the 8 tasks at the end (never saved: a
             resumed run computes them again).

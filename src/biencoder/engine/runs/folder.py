@@ -204,7 +204,7 @@ class RunFolder:
     """One run's folder and the files in it (see the README's "Where results go").
 
     ``metrics.jsonl`` (appended, fsynced per epoch), ``config_resolved.yaml``, ``last.pt`` (full training state),
-    ``best.pt`` (best-by-val weights + what is needed to use them), ``test_hits.npy``, ``test.run`` and
+    ``best.pt`` (best-by-val weights + what is needed to use them), ``test_hits.npy``, ``test.run.gz`` and
     ``test.qrels`` (:mod:`.trec`), ``final.json``, ``train.log``.
     :attr:`last_writer` (a :class:`~biencoder.engine.files.BackgroundWriter`) writes ``last.pt`` for
     :meth:`save_state`; its ``wait()`` and :meth:`finish` wait for this object's writes, not another's.
@@ -330,7 +330,7 @@ class RunFolder:
         texts: dict[str, str] | None = None,
     ) -> None:
         """Wait for the ``last.pt`` write in flight (raising its error; the writer lets go of its memory), then
-        ``<name>.npy`` per array (test_hits, test_seen), each text file of ``texts`` (name → content: ``test.run``,
+        ``<name>.npy`` per array (test_hits, test_seen), each text file of ``texts`` (name → content: ``test.run.gz``,
         ``test.qrels``) and ``best.pt``, then ``final.json`` (status done), so it vouches for the rest; then
         ``last.pt`` goes unless ``keep_last``. Every file is written atomically."""
         self.last_writer.close()

@@ -1,6 +1,6 @@
-"""A run's test ranking as TREC files, so that trec_eval, ir-measures or ranx recompute its figures: ``test.run`` (the
-final ranking of every test query at the best epoch, :func:`run_text`) and ``test.qrels`` (what it was judged by,
-:func:`qrels_text`), written beside ``final.json`` (:meth:`~biencoder.engine.runs.folder.RunFolder.finish`).
+"""A run's test ranking as TREC files, so that trec_eval, ir-measures or ranx recompute its figures: ``test.run.gz``
+(the final ranking of every test query at the best epoch, :func:`run_text`, gzipped) and ``test.qrels`` (what it was
+judged by, :func:`qrels_text`), written beside ``final.json`` (:meth:`~biencoder.engine.runs.folder.RunFolder.finish`).
 
 The contract of the two files (docs/protocol.md, "TREC files"):
 
@@ -28,7 +28,7 @@ from ..retrieval.metrics import FINAL_DEPTH
 from ..retrieval.rerank import NONE
 
 #: what a run file and a qrels file of a run folder are called (the test split's, at the best epoch)
-RUN_FILE, QRELS_FILE = "test.run", "test.qrels"
+RUN_FILE, QRELS_FILE = "test.run.gz", "test.qrels"
 
 
 def trec_id(name: str) -> str:
@@ -69,7 +69,7 @@ def qrels_text(query_ids: list[str], doc_ids: list[str], relevant: np.ndarray, g
 
 
 def ranking_files(split: PairedSplit, pairs: np.ndarray | None, rows: np.ndarray, tag: str) -> dict[str, str]:
-    """{``test.run``: ..., ``test.qrels``: ...} of the final rankings ``rows`` [P, d] of the queries ``pairs``
+    """{``test.run.gz``: ..., ``test.qrels``: ...} of the final rankings ``rows`` [P, d] of the queries ``pairs``
     (indices of pairs of ``split``; None: all) judged by their relevant documents and grades
     (:meth:`~biencoder.engine.data.paired.PairedSplit.judgements`: an ArguAna query's true counter, grade 1)."""
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)

@@ -157,11 +157,11 @@ class Evaluation:
         return scores
 
     def trec_files(self, best: BestEpoch, tag: str) -> dict[str, str]:
-        """``test.run`` and ``test.qrels`` (name → content, :mod:`biencoder.engine.runs.trec`) of the best epoch's
+        """``test.run.gz`` and ``test.qrels`` (name → content, :mod:`biencoder.engine.runs.trec`) of the best epoch's
         final test ranking, the run named ``tag``; none, with a warning, when that ranking is unknown (the best epoch
         came from a ``last.pt`` written before rankings were kept)."""
         if best.ranking is None:
-            log.warning("no test.run: the test ranking of the best epoch (%d) was not kept by its last.pt", best.epoch)
+            log.warning("no test.run.gz: the test ranking of the best epoch (%d) was not kept by its last.pt", best.epoch)
             return {}
         return ranking_files(self.data.splits["test"], self.pairs["test"], best.ranking, tag)
 

@@ -278,7 +278,7 @@ class Runner:
 
     # -- the end ----------------------------------------------------------------------------------------------
     def _finish(self, best: BestEpoch) -> dict:
-        """8 tasks with the best-by-val weights; best.pt, test_hits.npy, test.run, then final.json (status done)."""
+        """8 tasks with the best-by-val weights; best.pt, test_hits.npy, test.run.gz, then final.json (status done)."""
         self.model.load_state_dict(best.state)
         final = self._final(best)
         checkpoint = self._best_checkpoint(best) if self.cfg.trainer.save_checkpoint else None
