@@ -15,6 +15,8 @@ resident-memory high-water mark during it (``VmHWM`` of ``/proc/self/status``, r
 log(seconds) on log(N), least squares over the sizes, on CPU seconds (steadier than wall seconds on a shared
 machine): 1 is linear, 2 quadratic. ``--sample Q`` adds a second run per size with ``eval.train_queries``,
 ``eval.val_queries`` and ``eval.test_queries`` = Q: what a user sets when the per-epoch evaluation grows too slow.
+``--beir TRAIN VAL TEST`` reads the same pairs as a BEIR folder (``data=beir``, :func:`synthetic_beir`): N documents,
+every one a candidate of every split, and TRAIN / VAL / TEST queries, the shape of a BEIR dataset with a large corpus.
 Results: a table per run, then one JSON line per run (``--json`` writes them to a file too).
 """
 
@@ -110,6 +112,34 @@ def synthetic_folder(data_dir: Path, n_pairs: int, seed: int) -> Path:
     return folder
 
 
+def synthetic_beir(pairs_folder: Path, queries: list[int]) -> Path:
+    """``<pairs_folder>-beir-<q>/``: a BEIR folder (``data=beir``) of those pair files, made when absent: every pair's
+    positive a document of ``corpus.jsonl`` (all N of them: the candidates of every split), the anchors of the
+    first ``queries`` = (train, val, test) pairs of each split the queries, each judged relevant to its own positive
+    (score 1) in ``qrels/{train,dev,test}.tsv``. A positive that two pairs share is one document, relevant to both."""
+    folder = pairs_folder.with_name(f"{pairs_folder.name}-beir-{'-'.join(map(str, queries))}")
+    if (folder / "qrels" / "test.tsv").exists():
+        return folder
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    doc_ids: dict[str, str] = {}
+    judged = {}
+    with open(folder / "queries.jsonl", "w", encoding="utf-8") as out_queries:
+        for name, want in zip(SPLITS, queries, strict=True):
+            rows = [json.loads(line) for line in (pairs_folder / f"{name}.jsonl").read_text().splitlines()]
+            for row in rows:
+                doc_ids.setdefault(row["positive"], f"d{len(doc_ids)}")
+            judged[name] = [(f"{name}-q{i}", doc_ids[row["positive"]]) for i, row in enumerate(rows[:want])]
+            for (qid, _), row in zip(judged[name], rows, strict=False):
+                out_queries.write(json.dumps({"_id": qid, "text": row["anchor"]}) + "\n")
+    with open(folder / "corpus.jsonl", "w", encoding="utf-8") as corpus:
+        for text, doc in doc_ids.items():
+            corpus.write(json.dumps({"_id": doc, "title": "", "text": text}) + "\n")
+    for name, qrels in zip(("train", "dev", "test"), judged.values(), strict=True):
+        lines = ["query-id\tcorpus-id\tscore", *(f"{q}\t{d}\t1" for q, d in qrels)]
+        (folder / "qrels" / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
 # -- one size, in its own process -------------------------------------------------------------------------------------
 def run_one(args) -> dict:
     """One run of ``args.pairs`` pairs: the per-phase table of its epochs after the first, and its set-up."""
@@ -132,7 +162,11 @@ def run_one(args) -> dict:
     ]
     if args.sample:
         overrides += [f"eval.{name}_queries={args.sample}" for name in SPLITS]
-    overrides += ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
+    if args.beir:
+        beir = meter("generate BEIR", lambda: synthetic_beir(folder, args.beir))
+        overrides += ["data=beir", f"data.root={beir}"]
+    else:
+        overrides += ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
     from biencoder.bench.common import compose_config
 
     cfg = compose_config(overrides)
@@ -140,7 +174,6 @@ def run_one(args) -> dict:
     try:
         runner = meter("set-up", lambda: runner_module.Runner(cfg, out))
         runner.phase = meter
-        start = time.time()
         _, best, train_sim = meter("begin", runner.begin)
         once = {"wall": meter.wall, "cpu": meter.cpu}  # generate, read, set-up, begin
         epoch_wall, per_epoch = [], []
@@ -163,9 +196,11 @@ def run_one(args) -> dict:
         meter.wall, meter.cpu = once["wall"], once["cpu"]
         baselines = runner.evaluation.baselines
         runner.evaluation.baselines = lambda: meter("baselines", baselines)
-        final = runner._finish(best, start)
+        final = runner._finish(best)
         return {
             "pairs": args.pairs,
+            "beir_queries": args.beir,
+            "documents": len(runner.data.splits["test"].pool_rows) if args.beir else None,
             "split_pairs": {n: s.n_pairs for n, s in runner.data.splits.items()},
             "sample": args.sample,
             "threads": torch.get_num_threads(),
@@ -210,6 +245,9 @@ def data_rise_mb(result: dict) -> float:
 def print_run(result: dict) -> None:
     sizes = "/".join(str(result["split_pairs"][n]) for n in SPLITS)
     sample = f", eval.*_queries={result['sample']}" if result["sample"] else ""
+    if result.get("beir_queries"):
+        queries = "/".join(map(str, result["beir_queries"]))
+        sample += f"; BEIR: {result['documents']} documents, {queries} queries"
     load = " ".join(f"{v:.1f}" for v in result["loadavg"])
     print(
         f"\n{result['pairs']} pairs (train/val/test {sizes}{sample}; "
@@ -257,6 +295,14 @@ def main(argv: list[str] | None = None) -> int:
         help="embedding cache of the synthetic texts (kept apart from ~/.cache/biencoder)",
     )
     parser.add_argument("--json", type=Path, help="also write the JSON lines here")
+    parser.add_argument(
+        "--beir",
+        type=int,
+        nargs=3,
+        metavar=("TRAIN", "VAL", "TEST"),
+        help="read the data as a BEIR folder (data=beir): every pair's positive a document, the anchors of the first "
+        "TRAIN / VAL / TEST pairs of each split the queries",
+    )
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one size in this process
     parser.add_argument("--one-sample", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -288,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
                 str(args.data_dir),
                 "--cache-dir",
                 str(args.cache_dir),
+                *(["--beir", *map(str, args.beir)] if args.beir else []),
             ]
             done = subprocess.run(cmd, env=env, capture_output=True, text=True)
             lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]

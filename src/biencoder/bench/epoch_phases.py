@@ -57,7 +57,7 @@ def checkpoint_at_share(runner, best: dict, train_sim: torch.Tensor, epochs: int
     of it with the run's real state, added to ``timer`` at the share of epochs the runner writes it in (every
     ``checkpoint_every``-th and the last: ceil(E / every) of E epochs). When they wrote it, those writes are the
     measure: exact for every epoch (the default), the timed window's own share for another ``checkpoint_every``."""
-    total, every = runner.cfg.trainer.max_epochs, runner.cfg.trainer.checkpoint_every
+    total, every = runner.settings.max_epochs, runner.settings.checkpoint_every
     if not every or "checkpoint" in timer.wall:
         return  # never written, or written (and timed) by the runner's own epochs
     runner.folder.last_writer.wait()  # no earlier write in flight: the phase is the snapshot alone
@@ -75,7 +75,7 @@ def _tokenise_seconds(runner) -> dict[str, float]:
     if not runner.frozen:
         for name in SPLITS:
             begin = time.perf_counter()
-            TokenizedTexts(runner.data.splits[name].texts, runner.tokenizer, runner.cfg.model.max_length)
+            TokenizedTexts(runner.data.splits[name].texts, runner.tokenizer, runner.text_encoder.max_length)
             out[f"tokenise {name} (once)"] = time.perf_counter() - begin
     return out
 
@@ -88,7 +88,7 @@ def token_report(runner) -> str | None:
         return None
     cached = runner.inputs.tokens_cached
     source = ", ".join(f"{name} {'from the token cache' if cached[name] else 'tokenised'}" for name in SPLITS)
-    cache = TokenCache(runner.cfg.trainer.cache_dir, runner.tokenizer, runner.cfg.model.max_length)
+    cache = TokenCache(runner.text_encoder.cache_dir, runner.tokenizer, runner.text_encoder.max_length)
     begin = time.perf_counter()
     hits = [cache.tokenized(runner.data.splits[name].texts, f"tokens {name}")[1] for name in SPLITS]
     seconds = time.perf_counter() - begin

@@ -66,12 +66,12 @@ def bench_step_counts(frozen: bool, steps: int, size: str = "minilm") -> dict:
         # a graphed step captures in its first steps (the eager warm-ups, then each batch shape's capture)
         warmup = 2 + 2 * (WARMUP + WARMUP_LATER) if runner.trainer.mode.graphs else 2
         batches = _ready_batches(runner, negatives, 2 * steps + warmup)
-        sums = EpochSums(runner.cfg.trainer.stats_every)
+        sums = EpochSums(runner.trainer.settings.stats_every)
         result = count_step(lambda: runner.trainer.train_step(next(batches), sums), runner.device, steps, warmup)
         return {
             "model": "MiniLM frozen head" if frozen else "MiniLM-sized",
             "device": device_label(runner.device),
-            "batch": runner.cfg.trainer.batch_size,
+            "batch": runner.trainer.settings.batch_size,
             "step": "graph" if runner.trainer.mode.graphs else "eager",
             **result,
         }

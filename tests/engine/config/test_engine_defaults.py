@@ -384,10 +384,11 @@ def test_settings_built_with_no_arguments_are_what_a_run_of_the_schema_builds(cl
 
 
 def test_settings_that_cannot_be_built_with_no_arguments_have_no_defaults_at_all():
-    """A settings object is either all schema defaults (the tests above) or all given (TrainingSettings: only its
-    ``of_run`` makes one): no field's default can drift from the schema's."""
+    """A settings object is either all schema defaults (the tests above) or all given (the run's settings, which only
+    their ``of_run`` makes): no field's default can drift from the schema's."""
     partly = [c.__name__ for c in SETTINGS if any(_defaults(c)) and not all(_defaults(c))]
-    assert partly == [] and [c.__name__ for c in SETTINGS if not any(_defaults(c))] == ["TrainingSettings"]
+    given = [c.__name__ for c in SETTINGS if not any(_defaults(c))]
+    assert partly == [] and given == ["EvalSettings", "RunSettings", "TrainingSettings"]
 
 
 def test_settings_given_as_a_default_are_what_a_run_of_the_schema_builds():

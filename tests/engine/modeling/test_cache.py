@@ -212,14 +212,13 @@ def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypa
     searches = []
     original = evaluation.retrieve_ranking  # the retrieval ranking to 100 places, whose first k are the shortlist
     monkeypatch.setattr(evaluation, "retrieve_ranking", lambda *a, **k: searches.append(1) or original(*a, **k))
-    runner = Runner(
-        compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "eval.retrieve=encoder"]), tmp_path / "run"
-    )
+    cfg = compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "eval.retrieve=encoder"])
+    runner = Runner(cfg, tmp_path / "run")
     for epoch in range(2):
         runner.trainer.train_epoch(epoch, runner.trainer.mine(epoch, runner.evaluation.embed("train").sim))
         metrics, _, embs = runner.evaluate_epoch(("train", "val", "test"), epoch)
         for name, emb in embs.items():
-            settings = rerank.Rerank(runner.cfg.eval.k, index=runner.cfg.eval.index, space="encoder")
+            settings = rerank.Rerank(cfg.eval.k, index=cfg.eval.index, space="encoder")
             fresh, _ = rerank.retrieve_rerank(
                 runner.model, emb, runner.data.splits[name], settings, runner.evaluation.pairs[name]
             )

@@ -125,7 +125,7 @@ def test_given_negatives_are_trained_on_besides_the_mined_ones(tmp_path):
     assert len(rows) == split.n_pairs + 2 and sorted(map(tuple, rows)) == sorted(map(tuple, expected))
     assert [tuple(r) for r in expected[-2:]] == [(0, 5, 10), (4, 9, 11)]  # "tn0" for pair 0, "tp0" for pair 4
     vectors = pooled_vectors(
-        TextEncoder(frozen.model, frozen.tokenizer, frozen.cfg.model.max_length), split.extra_texts
+        TextEncoder(frozen.model, frozen.tokenizer, frozen.text_encoder.max_length), split.extra_texts
     )
     assert np.allclose(frozen.trainer.pooled[10:].cpu().numpy(), vectors.numpy(), atol=1e-5)
     assert len(frozen.inputs.pooled["train"]) == 10  # the evaluation sees the table's rows only

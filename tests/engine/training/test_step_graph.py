@@ -77,10 +77,10 @@ def test_the_collate_pads_to_the_bucket_and_says_whether_anything_is_padded(tmp_
     tokens, split = runner.inputs.tokens["train"], runner.data.splits["train"]
     rows = np.stack([split.query, split.counter, split.counter], axis=1)[:4]
     plain = TripletCollate(tokens)(list(rows))
-    wide = TripletCollate(tokens, lambda n: bucket_width(n, runner.cfg.model.max_length))(list(rows))
+    wide = TripletCollate(tokens, lambda n: bucket_width(n, runner.text_encoder.max_length))(list(rows))
     longest = int(tokens.lengths[rows.T.ravel()].max())
     assert plain["input_ids"].shape[1] == longest
-    assert wide["input_ids"].shape[1] == bucket_width(longest, runner.cfg.model.max_length) > longest
+    assert wide["input_ids"].shape[1] == bucket_width(longest, runner.text_encoder.max_length) > longest
     assert torch.equal(wide["input_ids"][:, :longest], plain["input_ids"])
     assert (wide["input_ids"][:, longest:] == tokens.pad_id).all() and (wide["attention_mask"][:, longest:] == 0).all()
     assert wide["padded"] is True
@@ -98,7 +98,7 @@ def test_padding_to_the_bucket_changes_no_number(tmp_path):
     rows = np.stack([split.query, split.counter, np.roll(split.counter, 1)], axis=1)[:8]
     text_id = torch.as_tensor(split.training_text_id)[torch.as_tensor(rows.T.ravel())]
     results = []
-    for width in (None, lambda n: bucket_width(n, runner.cfg.model.max_length)):
+    for width in (None, lambda n: bucket_width(n, runner.text_encoder.max_length)):
         batch = TripletCollate(trainer.tokens, width)(list(rows))
         batch.pop("rows")
         model.zero_grad(set_to_none=True)

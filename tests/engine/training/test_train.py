@@ -140,7 +140,7 @@ def test_the_run_log_names_the_arguments_left_out_for_want_of_their_pair(make_co
     root = make_corpus(layout)
     runner = Runner(compose_cfg(FAST + [f"data.root={root}"]), tmp_path)
     with caplog.at_level("WARNING", logger="biencoder"):
-        runner.data.log(runner.cfg.data, runner.evaluation.pairs)  # the run's set-up lines (Runner.begin)
+        runner.data.log(runner.evaluation.pairs)  # the run's set-up lines (Runner.begin)
     line = next(r.getMessage() for r in caplog.records if "left out" in r.getMessage())
     assert line.startswith("data: 1 argument(s) left out")
     assert "validation/theme0/debate01/con03: point without a counter" in line
@@ -420,3 +420,20 @@ def test_the_engine_runs_from_python_with_a_plain_config(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split()[-3:] == ["done", str(DEDUP_QUERIES["test"]), "False"]
     assert (tmp_path / "run" / "final.json").is_file()
+
+
+def test_the_run_reads_its_config_once_at_set_up(tmp_path):
+    """The runner, its epochs and its evaluation hold settings objects made at set-up, never the config: a config
+    changed after set-up changes nothing the run does (issue 52: torchtune's recipes read theirs in ``setup`` only)."""
+    from omegaconf import Container
+
+    runner = Runner(compose_cfg(FAST), tmp_path)
+    held = [runner, runner.trainer, runner.evaluation, runner.data, runner.settings, runner.trainer.settings]
+
+    def holds_config(value) -> bool:
+        inner = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+        return isinstance(value, Container) or any(holds_config(v) for v in inner)
+
+    found = [f"{type(o).__name__}.{name}" for o in held for name, value in vars(o).items() if holds_config(value)]
+    assert found == []
+    assert runner.settings.max_epochs == 2 and runner.settings.model["name"] == "tiny"

@@ -14,9 +14,7 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
-from ..config.selection import selection
 from ..machine import distributed
 from ..modeling.encoding import Encoding, embed_pooled, encode, encode_pooled
 from ..modeling.model import BiModel, Embeddings
@@ -28,6 +26,7 @@ from ..runs.best import BestEpoch
 from ..runs.trec import ranking_files
 from .epoch import Diverged
 from .inputs import EncoderInputs, RunData
+from .settings import EvalSettings
 
 SPLITS = ("train", "val", "test")
 #: final.json's ``tasks_skipped`` and the summary's line when the data cannot have the 8 official tasks
@@ -43,20 +42,24 @@ class Evaluation:
     """Scores one run's ``model`` on its splits, per epoch and at the end.
 
     Args:
-        cfg: the run's config (``eval``, ``loss.ce_weight``: what the hits are of).
+        settings: what the run is scored by (:class:`EvalSettings`: the config's ``eval``, read once).
         data: the run's pairs; ``inputs``: what the encoder takes of each split.
         encoding: how a trained encoder's texts are encoded; ``rerank``: how a split is retrieved and reranked
             (``eval.*``), its batches also the sim head's.
     """
 
     def __init__(
-        self, cfg: DictConfig, model: BiModel, data: RunData, inputs: EncoderInputs, encoding: Encoding, rerank: Rerank
+        self,
+        settings: EvalSettings,
+        model: BiModel,
+        data: RunData,
+        inputs: EncoderInputs,
+        encoding: Encoding,
+        rerank: Rerank,
     ):
-        self.cfg, self.model, self.data, self.inputs = cfg, model, data, inputs
+        self.settings, self.model, self.data, self.inputs = settings, model, data, inputs
         self.encoding, self.rerank = encoding, rerank
-        self.metric = selection(cfg.loss.ce_weight, cfg.eval.select, cfg.data.layout)[
-            "metric"
-        ]  # the hits are this metric's
+        self.metric = settings.selection["metric"]  # the hits are this metric's
         self.pairs = self._pairs()
         self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
         self.rankings: dict[str, np.ndarray] = {}  # per split, the final ranking of its last evaluate_split
@@ -66,8 +69,8 @@ class Evaluation:
         """The queries evaluated per epoch, per split: all (None), or a fixed sample of ``eval.<split>_queries``
         (:func:`rerank.query_sample`: the same for every seed and cell, so curves stay comparable). Mining always uses
         every training pair, the pools stay whole splits, and the 8 tasks at the end score every query."""
-        splits, cfg = self.data.splits, self.cfg.eval
-        return {name: query_sample(splits[name].n_pairs, cfg.get(f"{name}_queries")) for name in SPLITS}
+        splits, wanted = self.data.splits, self.settings.queries
+        return {name: query_sample(splits[name].n_pairs, wanted[name]) for name in SPLITS}
 
     @property
     def seen(self) -> np.ndarray:
@@ -79,7 +82,7 @@ class Evaluation:
     def _zero_shot(self) -> dict[str, torch.Tensor] | None:
         """The untrained encoder's pooled val/test vectors, for the zero-shot baseline in the summary (rank 0, when
         ``eval.baselines`` asks for it: ``auto`` = when cheap)."""
-        want, splits = self.cfg.eval.baselines, self.data.splits
+        want, splits = self.settings.baselines, self.data.splits
         cheap = self.inputs.frozen or sum(len(splits[n].texts) for n in ("val", "test")) <= 2000
         if not distributed.is_main() or not (want is True or (want == "auto" and cheap)):
             return None
@@ -148,9 +151,9 @@ class Evaluation:
         """What ``final.json`` holds of the end's scores, with the (loaded) best-by-val weights: ``tasks`` (or
         ``tasks_skipped`` when the data cannot have them) when ``eval.tasks``, ``baselines`` when computed."""
         scores = {}
-        if self.cfg.eval.tasks and self.data.splits["val"].supports_tasks:
+        if self.settings.tasks and self.data.splits["val"].supports_tasks:
             scores["tasks"] = self.tasks(best)
-        elif self.cfg.eval.tasks:
+        elif self.settings.tasks:
             scores["tasks_skipped"] = NO_TASKS
         if self.zero_shot is not None:
             scores["baselines"] = self.baselines()
@@ -161,13 +164,13 @@ class Evaluation:
         final test ranking, the run named ``tag``; none, with a warning, when that ranking is unknown (the best epoch
         came from a ``last.pt`` written before rankings were kept)."""
         if best.ranking is None:
-            log.warning("no test.run.gz: the test ranking of the best epoch (%d) was not kept by its last.pt", best.epoch)
+            log.warning("no test.run.gz: the best epoch's (%d) test ranking was not kept by its last.pt", best.epoch)
             return {}
         return ranking_files(self.data.splits["test"], self.pairs["test"], best.ranking, tag)
 
     def tasks(self, best: BestEpoch) -> dict:
         """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""
-        score, embs = self.cfg.eval.score, best.embs
+        score, embs = self.settings.score, best.embs
         tasks = {"score": score}
         began = time.monotonic()
         log.info("8 tasks on val and test with the weights of epoch %d (eval.score=%s)", best.epoch, score)

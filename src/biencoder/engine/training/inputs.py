@@ -39,6 +39,7 @@ class RunData:
         overlap: ``final.json``'s ``overlap``: dedup on or off, the pairs it dropped, test queries seen and unseen.
         files: pair files: where the data came from (path, size, sha256 per file); empty for ArguAna.
         counts: per split, the pairs that repeat an earlier anchor and positive, and those with given negatives.
+        pool: the per-epoch pool (``data.pool``), as the log names it.
         unpaired: ArguAna's arguments left out for want of their other half (:attr:`Corpus.unpaired`).
     """
 
@@ -47,6 +48,7 @@ class RunData:
     overlap: dict
     files: dict
     counts: dict
+    pool: str
     unpaired: tuple[str, ...] = ()
 
     @classmethod
@@ -61,13 +63,13 @@ class RunData:
             "test_queries_unseen": int((~test_seen).sum()),
         }
         files, unpaired = getattr(corpus, "files", {}), getattr(corpus, "unpaired", ())
-        return cls(splits, test_seen, overlap, files, corpus.counts, unpaired)
+        return cls(splits, test_seen, overlap, files, corpus.counts, str(data.pool), unpaired)
 
-    def log(self, data: DataSchema, eval_pairs: dict[str, np.ndarray | None]) -> None:
-        """Log what a person reading ``train.log`` needs to know of the data: the deduplication (``data`` is the run's
-        config group), the per-epoch samples of queries (``eval_pairs``: per split, the queries evaluated each epoch,
-        None for all), and the pair files with their repeated pairs and given negatives."""
-        if data.dedup:
+    def log(self, eval_pairs: dict[str, np.ndarray | None]) -> None:
+        """Log what a person reading ``train.log`` needs to know of the data: the deduplication, the per-epoch samples
+        of queries (``eval_pairs``: per split, the queries evaluated each epoch, None for all), and the pair files
+        with their repeated pairs and given negatives."""
+        if self.overlap["dedup"]:
             log.info(
                 "data.dedup: dropped %s pairs that share a text with a later split (test untouched); test "
                 "queries seen in train/val: %d, unseen: %d",
@@ -101,9 +103,9 @@ class RunData:
                 )
         for role, f in self.files.items():
             log.info("data.%s: %s (%d bytes, sha256 %s)", role, f["path"], f["bytes"], f["sha256"])
-        self._log_what_was_read(data)
+        self._log_what_was_read()
 
-    def _log_what_was_read(self, data: DataSchema) -> None:
+    def _log_what_was_read(self) -> None:
         """A BEIR folder's judgements, or pair files' repeated pairs and given negatives, with the per-epoch pool."""
         if isinstance(self.splits["test"], JudgedSplit):
             log.info(
@@ -113,8 +115,8 @@ class RunData:
                     n: (c["queries"], c["judgements"], c["multi_relevant_queries"], c["graded_judgements"])
                     for n, c in self.counts.items()
                 },
-                data.pool,
-                JUDGED_POOL_TEXT[data.pool],
+                self.pool,
+                JUDGED_POOL_TEXT[self.pool],
             )
         elif self.files:
             log.info(
@@ -122,8 +124,8 @@ class RunData:
                 "%s; per-epoch pool (data.pool=%s): %s",
                 {n: c["duplicated_pairs"] for n, c in self.counts.items()},
                 {n: c["with_negative"] for n, c in self.counts.items()},
-                data.pool,
-                POOL_TEXT[data.pool],
+                self.pool,
+                POOL_TEXT[self.pool],
             )
 
 

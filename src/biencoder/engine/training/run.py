@@ -80,17 +80,18 @@ def _run_held(
     try:
         return runner.fit(state)
     except Diverged as err:
-        _record_end(folder, runner, "diverged", epoch=err.epoch, what=err.what, loss_parts=err.parts, error=str(err))
+        fields = {"epoch": err.epoch, "what": err.what, "loss_parts": err.parts, "error": str(err)}
+        _record_end(folder, runner, cfg, "diverged", **fields)
         raise
     except BaseException as err:
-        _record_end(folder, runner, "failed", error=_error(err))
+        _record_end(folder, runner, cfg, "failed", error=_error(err))
         raise
 
 
-def _record_end(folder: RunFolder, runner: Runner, status: str, **fields) -> None:
+def _record_end(folder: RunFolder, runner: Runner, cfg: DictConfig, status: str, **fields) -> None:
     """On rank 0: ``final.json`` says how the run ended (``status`` with ``fields``), and the trackers are told."""
     if runner.main:
-        folder.record(status, **_run_fields(runner.cfg, runner.variant), **fields)
+        folder.record(status, **_run_fields(cfg, runner.variant), **fields)
         runner.tracker.finish({}, status)
 
 

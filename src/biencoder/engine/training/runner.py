@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from ..config.heads import variant_name
-from ..config.selection import selection, untrained_classifier_note
+from ..config.selection import untrained_classifier_note
 from ..machine import distributed
 from ..machine.rng import rng_states
 from ..machine.runtime import Runtime, decide, set_seed_everywhere, show_progress
@@ -42,7 +42,7 @@ from ..runs.tracking import Tracker
 from .epoch import EpochTrainer
 from .evaluation import SPLITS, Evaluation
 from .inputs import EncoderInputs, RunData
-from .settings import TrainingSettings
+from .settings import EvalSettings, RunSettings, TrainingSettings
 
 log = logging.getLogger("biencoder")
 T = TypeVar("T")
@@ -71,16 +71,16 @@ class Runner:
         variant: str | None = None,
     ):
         self.created = time.time()  # the run's wall time counts its set-up (a frozen encoder's encoding) too
-        self.cfg, self.out_dir = cfg, Path(out_dir)
+        self.out_dir = Path(out_dir)
+        self.settings, scoring = RunSettings.of_run(cfg), EvalSettings.of_run(cfg)  # the config, read once
         self.folder = RunFolder(out_dir)
         self.data = RunData.read(cfg.data)
         self.runtime = start_up(cfg) if runtime is None else runtime  # decided once, at start-up
         self.device = self.runtime.device
         self.main = distributed.is_main()
         self.variant = variant_name(cfg, variant)
-        # what picks the best epoch (final.json's "selection")
-        self.selection = selection(cfg.loss.ce_weight, cfg.eval.select, cfg.data.layout)
-        self._log_header()  # first, before the set-up's long phases (loading, encoding) say what they do
+        self.selection = scoring.selection  # what picks the best epoch (final.json's "selection")
+        self._log_header(cfg.data.name)  # first, before the set-up's long phases (loading, encoding) say what they do
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
         set_seed_everywhere(cfg.seed)
@@ -90,12 +90,15 @@ class Runner:
         self.frozen = bool(cfg.model.encoder.freeze)
         self.encoding = Encoding.of_run(cfg.trainer, self.runtime, self.progress)
         self.rerank = Rerank.of_run(cfg.eval, self.runtime)
-        encoder = TextEncoder(self.model, self.tokenizer, cfg.model.max_length, self.encoding, cfg.trainer.cache_dir)
-        self.inputs = EncoderInputs.make(encoder, self.data.splits, self.frozen)
-        training = self.inputs.training_inputs(self.data.splits["train"], encoder)
+        # how texts become vectors: max_length, the embedding and token caches under trainer.cache_dir
+        self.text_encoder = TextEncoder(
+            self.model, self.tokenizer, cfg.model.max_length, self.encoding, cfg.trainer.cache_dir
+        )
+        self.inputs = EncoderInputs.make(self.text_encoder, self.data.splits, self.frozen)
+        training = self.inputs.training_inputs(self.data.splits["train"], self.text_encoder)
         settings = TrainingSettings.of_run(cfg, self.runtime)
         self.trainer = EpochTrainer(settings, self.model, training, self.runtime, self.progress)
-        self.evaluation = Evaluation(cfg, self.model, self.data, self.inputs, self.encoding, self.rerank)
+        self.evaluation = Evaluation(scoring, self.model, self.data, self.inputs, self.encoding, self.rerank)
         self.encoder_weights: dict[str, torch.Tensor] | None = None  # a frozen encoder's, taken once (_weights_on_cpu)
         # (name, fn) -> fn(), around each phase of an epoch: the bench times the runner's own epoch through it
         self.phase: Callable[[str, Callable[[], Any]], Any] = untimed
@@ -110,7 +113,7 @@ class Runner:
 
     def _fit(self, state: dict | None) -> dict | None:
         first_epoch, best, train_sim = self.begin(state)
-        epochs = self.cfg.trainer.max_epochs
+        epochs = self.settings.max_epochs
         for epoch in tqdm(
             range(first_epoch, epochs), desc="epochs", disable=not self.progress, initial=first_epoch, total=epochs
         ):
@@ -146,7 +149,7 @@ class Runner:
             self.folder.truncate(-1)
         metric = self.selection["metric"]
         best = BestEpoch(metric)
-        if self.cfg.model.sim_init != "pca":
+        if not self.settings.pca_init:
             return 0, best, self.evaluation.embed("train").sim if self.main else None
         # every rank computes the same (float64, CPU) projection; the pooled vectors then give the first mining's
         # sim vectors too, so a trained encoder encodes the training split once here, not twice
@@ -164,18 +167,18 @@ class Runner:
         """The rest of the run's set-up in ``train.log`` once it is made (the header came first): the note of an
         untrained classifier, then the data (:meth:`RunData.log`)."""
         if self.selection["metric"] == "retrieval_top1":  # selection()'s rule for an untrained classifier
-            log.warning(untrained_classifier_note(self.cfg.eval.score))
-        self.data.log(self.cfg.data, self.evaluation.pairs)
+            log.warning(untrained_classifier_note(self.evaluation.settings.score))
+        self.data.log(self.evaluation.pairs)
 
-    def _log_header(self) -> None:
+    def _log_header(self, data_name: str) -> None:
         """The run's first line in ``train.log``: cell, seed, machine and pairs."""
         log.info(
             "variant %s seed %d on %s (%s) | %s | pairs train/val/test %s",
             self.variant,
-            self.cfg.seed,
+            self.settings.seed,
             self.device,
             self.runtime.describe(distributed.world_size(), torch.get_num_threads()),
-            self.cfg.data.name,
+            data_name,
             "/".join(str(s.n_pairs) for s in self.data.splits.values()),
         )
 
@@ -187,13 +190,13 @@ class Runner:
         through :attr:`phase`. Returns (the training split's sim vectors the next epoch mines with, best so far)."""
         epoch_start = time.time()
         negatives = self.phase("mine", lambda: self.trainer.mine(epoch, train_sim))
-        if self.main and self.cfg.negatives.log:  # what this epoch mined, in the run folder
+        if self.main and self.settings.log_negatives:  # what this epoch mined, in the run folder
             self.phase("log negatives", lambda: log_negatives(self.out_dir, epoch, train_sim, self.trainer, negatives))
         train_stats = self.phase("train", lambda: self.trainer.train_epoch(epoch, negatives))
         if self.main:
             stats = {**train_stats, **negatives.stats()}
             train_sim, best = self._evaluate_and_log(epoch, stats, best, epoch_start)
-        epochs, every = self.cfg.trainer.max_epochs, self.cfg.trainer.checkpoint_every
+        epochs, every = self.settings.max_epochs, self.settings.checkpoint_every
         if every and ((epoch + 1) % every == 0 or epoch == epochs - 1):
             rngs = distributed.all_gather_object(rng_states())  # every rank's own RNG streams
             if self.main:
@@ -220,11 +223,11 @@ class Runner:
         """Evaluate the splits due this epoch, append their rows to ``metrics.jsonl`` and the trackers, and keep the
         best-by-val epoch (by the :attr:`selection` metric). Returns (the training split's sim vectors, which the
         next epoch mines with; best)."""
-        epochs, every = self.cfg.trainer.max_epochs, self.cfg.eval.every
+        epochs, every = self.settings.max_epochs, self.settings.eval_every
         names = SPLITS if (epoch + 1) % every == 0 or epoch == epochs - 1 else ("train",)
         metrics, hits, embs = self.evaluate_epoch(names, epoch)
         elapsed = time.time() - epoch_start
-        base = {"variant": self.variant, "seed": int(self.cfg.seed)}
+        base = {"variant": self.variant, "seed": self.settings.seed}
         rows = [{"epoch": epoch, "split": name, **base, **metrics[name]} for name in names]
         rows[0].update(train_stats, epoch_time_s=elapsed)  # names[0] is always train: its row carries the training
         key = self.selection["metric"]
@@ -281,34 +284,35 @@ class Runner:
         """8 tasks with the best-by-val weights; best.pt, test_hits.npy, test.run.gz, then final.json (status done)."""
         self.model.load_state_dict(best.state)
         final = self._final(best)
-        checkpoint = self._best_checkpoint(best) if self.cfg.trainer.save_checkpoint else None
+        settings = self.settings
+        checkpoint = self._best_checkpoint(best) if settings.save_checkpoint else None
         final["wall_time_s"] = round(time.time() - self.created, 2)  # from the runner's set-up on
         arrays = {"test_hits": best.hits, "test_seen": self.evaluation.seen}
         test_pairs = self.evaluation.pairs["test"]
         if test_pairs is not None:  # which test pairs the hits are of (eval.test_queries)
             arrays["test_queries"] = test_pairs
-        texts = self.evaluation.trec_files(best, f"biencoder-{self.variant}-s{self.cfg.seed}")
-        self.folder.finish(final, arrays, checkpoint, keep_last=self.cfg.trainer.keep_last, texts=texts)
+        texts = self.evaluation.trec_files(best, f"biencoder-{self.variant}-s{settings.seed}")
+        self.folder.finish(final, arrays, checkpoint, keep_last=settings.keep_last, texts=texts)
         self.tracker.finish(final)
         return final
 
     def _final(self, best: BestEpoch) -> dict:
         """What ``final.json`` holds but the wall time, the best-by-val weights loaded: the run, its best epoch, its
         data, its runtime, and the end's scores (:meth:`Evaluation.final_scores`)."""
-        cfg = self.cfg
+        settings = self.settings
         final = {
             "status": "done",
             "variant": self.variant,
-            "seed": int(cfg.seed),
-            "data": cfg.data.name,
-            "model": cfg.model.name,
+            "seed": settings.seed,
+            "data": settings.record["data"],
+            "model": settings.record["model"],
             "selection": self.selection,
             "best_epoch": best.epoch,
             "best": best.metrics,
-            "epochs": cfg.trainer.max_epochs,
+            "epochs": settings.max_epochs,
             "pairs": {n: s.n_pairs for n, s in self.data.splits.items()},
             "overlap": self.data.overlap,
-            "pool": cfg.data.pool,
+            "pool": settings.record["pool"],
             "runtime": self.runtime.record(),
         }
         if self.data.files:
@@ -317,17 +321,8 @@ class Runner:
 
     def _best_checkpoint(self, best: BestEpoch) -> dict:
         """``best.pt``'s content: the best epoch's weights, the model config and the run's retrieval settings."""
-        cfg = self.cfg
-        run = {
-            "retrieve": cfg.eval.retrieve,
-            "k": int(cfg.eval.k),
-            "data": cfg.data.name,
-            "dedup": bool(cfg.data.dedup),
-            "variant": self.variant,
-            "seed": int(cfg.seed),
-        }
-        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-        return checkpoint_payload(self.model, self.tokenizer, best.state, best.epoch, model_cfg, run)
+        run = {**self.settings.retrieval, "variant": self.variant, "seed": self.settings.seed}
+        return checkpoint_payload(self.model, self.tokenizer, best.state, best.epoch, self.settings.model, run)
 
 
 def start_up(cfg: DictConfig) -> Runtime:

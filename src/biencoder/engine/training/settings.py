@@ -1,7 +1,9 @@
-"""What the training epochs read of a run's config, read once at set-up: :class:`TrainingSettings`
-(:meth:`TrainingSettings.of_run`), and the learning-rate schedule it names (:func:`lr_factor`).
+"""What a run reads of its config, read once at set-up: :class:`TrainingSettings` (the training epochs'),
+:class:`RunSettings` (the runner's: the epoch loop, its records and its end) and :class:`EvalSettings` (what a run is
+scored by), each made by its ``of_run``; and the learning-rate schedule (:func:`lr_factor`).
 
-:class:`~biencoder.engine.training.epoch.EpochTrainer` takes these objects and never the config, as
+:class:`~biencoder.engine.training.epoch.EpochTrainer`, :class:`~biencoder.engine.training.runner.Runner` and
+:class:`~biencoder.engine.training.evaluation.Evaluation` take these objects and never read the config after set-up, as
 :class:`~biencoder.engine.retrieval.negatives.Mining`, :class:`~biencoder.engine.retrieval.rerank.Rerank` and
 :class:`~biencoder.engine.modeling.encoding.Encoding` are made once by their ``of_run`` for the parts they run.
 """
@@ -11,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from omegaconf import OmegaConf
 from torch import nn
 
+from ..config.selection import selection
 from ..machine.runtime import Runtime
 from ..modeling.loss import build_loss
 from ..retrieval.negatives import Mining
@@ -78,6 +82,91 @@ class TrainingSettings:
             random_rate=(float(rate.start), float(rate.decay)),
             loss=build_loss(cfg.loss),
             mining=Mining.of_run(cfg.negatives, runtime),
+        )
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """What a run is scored by (the config keys in brackets).
+
+    Attributes:
+        selection: what picks the best epoch and what the hits are of (:func:`~biencoder.engine.config.selection.
+            selection` of ``loss.ce_weight``, ``eval.select``, ``data.layout``; ``final.json``'s ``selection``).
+        queries: split → the size of the fixed sample of its queries scored per epoch, None for all
+            (``eval.<split>_queries``).
+        score: what the 8 tasks score pairs by (``eval.score``); ``tasks``: whether they run (``eval.tasks``).
+        baselines: zero-shot and TF-IDF in the summary: True, False or ``auto`` (``eval.baselines``).
+    """
+
+    selection: dict
+    queries: dict[str, int | None]
+    score: str
+    tasks: bool
+    baselines: bool | str
+
+    @classmethod
+    def of_run(cls, cfg) -> EvalSettings:
+        """The scoring settings of the run ``cfg`` (a validated config)."""
+        ev = cfg.eval
+        return cls(
+            selection=selection(cfg.loss.ce_weight, ev.select, cfg.data.layout),
+            queries={name: ev.get(f"{name}_queries") for name in ("train", "val", "test")},
+            score=str(ev.score),
+            tasks=bool(ev.tasks),
+            baselines=ev.baselines,
+        )
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What the runner's epoch loop and its end read (the config keys in brackets).
+
+    Attributes:
+        seed: ``seed``; ``max_epochs``: ``trainer.max_epochs``.
+        eval_every: val and test every N epochs and after the last (``eval.every``).
+        checkpoint_every: ``last.pt`` every N epochs and after the last, 0 never (``trainer.checkpoint_every``).
+        log_negatives: each epoch's mined negatives in the run folder (``negatives.log``).
+        pca_init: the sim head starts from the training split's PCA (``model.sim_init`` = ``pca``).
+        save_checkpoint, keep_last: ``best.pt`` written, ``last.pt`` kept at the end (``trainer.*``).
+        record: ``final.json``'s fields of the run: ``data`` (``data.name``), ``model`` (``model.name``), ``pool``
+            (``data.pool``).
+        retrieval: ``best.pt``'s retrieval settings (``eval.retrieve``, ``eval.k``, ``data.name``, ``data.dedup``).
+        model: ``best.pt``'s model config (``model``, resolved).
+    """
+
+    seed: int
+    max_epochs: int
+    eval_every: int
+    checkpoint_every: int
+    log_negatives: bool
+    pca_init: bool
+    save_checkpoint: bool
+    keep_last: bool
+    record: dict
+    retrieval: dict
+    model: dict
+
+    @classmethod
+    def of_run(cls, cfg) -> RunSettings:
+        """The runner's settings of the run ``cfg`` (a validated config)."""
+        trainer = cfg.trainer
+        return cls(
+            seed=int(cfg.seed),
+            max_epochs=int(trainer.max_epochs),
+            eval_every=int(cfg.eval.every),
+            checkpoint_every=int(trainer.checkpoint_every),
+            log_negatives=bool(cfg.negatives.log),
+            pca_init=cfg.model.sim_init == "pca",
+            save_checkpoint=bool(trainer.save_checkpoint),
+            keep_last=bool(trainer.keep_last),
+            record={"data": cfg.data.name, "model": cfg.model.name, "pool": cfg.data.pool},
+            retrieval={
+                "retrieve": cfg.eval.retrieve,
+                "k": int(cfg.eval.k),
+                "data": cfg.data.name,
+                "dedup": bool(cfg.data.dedup),
+            },
+            model=OmegaConf.to_container(cfg.model, resolve=True),
         )
 
 
