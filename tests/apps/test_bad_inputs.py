@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, grid_layout, write_corpus
-from helpers import finished_folders
+from helpers import finished_folders, run_in_process
 
 FAST = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "trainer.batch_size=8", "eval.tasks=false"]
 PLOT = [str(REPO / "scripts" / "plot_top1.py")]
@@ -206,9 +206,24 @@ CASES = [
 ]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("argv, env, expect", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect):
+#: the cases run as a process of their own, one per program (the others run in this process: the same code path,
+#: from the command line's parsing to its exit, without importing torch again: :func:`helpers.run_in_process`)
+IN_A_PROCESS = {
+    "missing corpus",
+    "split without pairs",
+    "non-UTF-8 file",
+    "corrupt checkpoint",
+    "empty logs dir for the plot",
+}
+
+
+def _case(case):
+    marks = [pytest.mark.slow] if case[0] in IN_A_PROCESS else []
+    return pytest.param(*case[1:], case[0] in IN_A_PROCESS, id=case[0], marks=marks)
+
+
+@pytest.mark.parametrize("argv, env, expect, own_process", [_case(c) for c in CASES])
+def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect, own_process):
     logs = tmp_path / "logs"
     args = argv(tmp_path)
     if args[:2] == ["-m", "biencoder.train"] or args[:2] == ["-m", "biencoder.evaluate"]:
@@ -216,9 +231,12 @@ def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect):
             args.append(f"paths.log_dir={logs}")
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     environ.update(env(tmp_path) if env else {})
-    proc = subprocess.run(
-        [sys.executable, *args], capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=300
-    )
+    if own_process:
+        proc = subprocess.run(
+            [sys.executable, *args], capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=300
+        )
+    else:
+        proc = run_in_process(args, env=environ, cwd=tmp_path)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
