@@ -222,6 +222,7 @@ def _case(case):
     return pytest.param(*case[1:], case[0] in IN_A_PROCESS, id=case[0], marks=marks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, env, expect, own_process", [_case(c) for c in CASES])
 def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect, own_process):
     logs = tmp_path / "logs"

@@ -24,6 +24,7 @@ def trained(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_top1_is_the_per_epoch_rerank_choice(trained, demo_corpus, tmp_path):
     """For every demo test point: the Retriever's first hit is the text the per-epoch retrieve-then-rerank ranks
     first among the k nearest (the query itself excluded)."""
@@ -74,6 +75,7 @@ def test_no_queries_no_hits(trained):
     assert Retriever(trained, ["one candidate", "another one"], EncodingSettings(cache_dir=None)).search([]) == []
 
 
+@pytest.mark.slow
 def test_candidates_are_embedded_once(trained, tmp_path, encoder_calls):
     texts = [f"candidate number {i} says something about schools" for i in range(40)]
     first = Retriever(trained, texts, EncodingSettings(cache_dir=tmp_path / "cache"))
@@ -98,6 +100,7 @@ def test_input_formats(tmp_path):
         read_texts(tmp_path / "null.jsonl")  # not the query "None"
 
 
+@pytest.mark.slow
 def test_cli_outputs(trained, tmp_path, capsys):
     (tmp_path / "c.jsonl").write_text(
         "".join(json.dumps({"text": f"candidate {i} about schools", "id": f"c{i}"}) + "\n" for i in range(12))

@@ -14,6 +14,7 @@ from conftest import FAST, REPO, compose_cfg
 from helpers import console_scripts, write_run
 
 
+@pytest.mark.slow
 def test_cli_outputs_and_errors(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -80,6 +81,7 @@ def _two_by_two(logs, n_seeds=3):
             write_run(logs / f"{variant}_s{seed}", variant, seed, [0.1], [right / 100], hits)
 
 
+@pytest.mark.slow
 def test_a_two_by_two_gets_its_factorial_section_and_csv_and_the_baselines_say_why_not(tmp_path, capsys, caplog):
     """Cells crossing LayerNorm × ReLU: top1.md gains the factorial section and top1_factorial.csv its effects;
     the baselines are on by default, and where they cannot be computed (these hand-made runs name no encoder) one
@@ -106,6 +108,7 @@ def test_a_two_by_two_gets_its_factorial_section_and_csv_and_the_baselines_say_w
     assert "zero-shot" not in (logs / "top1.md").read_text() and "Factorial" in (logs / "top1.md").read_text()
 
 
+@pytest.mark.slow
 def test_factors_that_cannot_be_read_stop_the_plot_before_it_writes(tmp_path, capsys):
     """--factors naming a key that separates no cells, or asked with --x, is one line and exit 2, nothing written;
     the two options that disagree about the baselines too."""
@@ -122,6 +125,7 @@ def test_factors_that_cannot_be_read_stop_the_plot_before_it_writes(tmp_path, ca
         assert not (logs / "top1.png").exists() and not (logs / "top1.md").exists()
 
 
+@pytest.mark.slow
 def test_one_corrupt_run_is_left_out_and_the_others_compared(tmp_path, capsys, caplog):
     """One run folder with a bad line inside its metrics.jsonl: a warning names it, the other runs are compared."""
     logs = tmp_path / "logs"

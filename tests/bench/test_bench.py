@@ -39,6 +39,7 @@ def test_the_script_is_the_packages_command_line():
     assert "sys.path" not in (REPO / "scripts" / "bench.py").read_text()
 
 
+@pytest.mark.slow
 def test_the_bench_package_keeps_the_house_limits():
     """No module over 350 lines, no function over 50 lines or with more than 6 parameters."""
     sizes = {path.name: len(path.read_text().splitlines()) for path in BENCH.glob("*.py")}
@@ -54,6 +55,7 @@ def test_the_headline_is_the_default_index_with_the_other_beside_it():
     assert line == "eval_speedup_vs_seed_style: 65.1 (eval.index=exact, the default; balltree: 8.4)"
 
 
+@pytest.mark.slow
 def test_the_eval_item_prints_the_default_configs_figure_last(tmp_path, capsys):
     """Item 1 end to end on the demo's test split: the last line is the figure of the index a composed default run
     searches with (its ``(exact)`` column), not the BallTree column beside it."""
@@ -246,6 +248,7 @@ def test_a_step_computes_its_statistics_only_on_sampled_steps(monkeypatch):
     assert calls == {"grad_norms": 3, "head": 3}
 
 
+@pytest.mark.slow
 def test_a_resumed_optimizer_state_saved_by_foreach_adamw_runs_fused(tmp_path):
     """A last.pt written before the CPU used fused AdamW carries foreach in its param groups, and torch's
     load_state_dict restores that: EpochTrainer.load_state_dict sets fused again, and the next epoch trains."""

@@ -58,6 +58,7 @@ def test_importing_the_bench_needs_no_sentence_transformers(module):
     assert "torch" in names and not [name for name in names if name.split(".")[0] in lazy]
 
 
+@pytest.mark.slow
 def test_the_triplets_are_the_runners_own_epoch_0(tmp_path, monkeypatch):
     """epoch_triplets gives the texts of the (point, counter, negative) rows that the runner's own epoch 0 trains on,
     in its order, and leaves its random streams as it found them: the epoch run after it sees the same triplets. No
@@ -174,6 +175,7 @@ def _recording_loss(monkeypatch) -> list[list[list[int]]]:
     return seen
 
 
+@pytest.mark.slow
 def test_the_peer_trains_on_the_batches_in_their_order(tiny_st_folder, monkeypatch):
     """With datasets and accelerate installed, SentenceTransformerTrainer trains, on the batches of peer_batches in
     order (it would shuffle them), warm-up included; without either (the [dev] install has neither), the own loop
@@ -196,6 +198,7 @@ def test_the_peer_trains_on_the_batches_in_their_order(tiny_st_folder, monkeypat
     assert seen == expected  # batches 0-1, 2-3, then 0-1 again: the 5th triplet makes no batch
 
 
+@pytest.mark.slow
 def test_without_the_trainer_the_own_loop_runs_and_says_why(tiny_st_folder, monkeypatch):
     """Where the trainer cannot be imported (the GPU image may lack accelerate), the same model and loss train in a
     plain loop on the same batches, and the label carries the reason."""

@@ -112,6 +112,7 @@ def test_records_written_before_read_the_same(tmp_path):
     assert strict_loads(line)[NON_FINITE] == {"/neg_distance_hard": "NaN"}
 
 
+@pytest.mark.slow
 def test_a_diverged_run_writes_strict_json_that_the_report_reads(tmp_path, monkeypatch):
     """The record of a run stopped by a NaN loss: strict JSON, loss parts null and named; the report reads it, and the
     same record written with bare NaN (before), as the same diverged run with NaN loss parts."""

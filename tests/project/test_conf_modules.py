@@ -45,6 +45,7 @@ def test_conf_names_paths():
     } <= set(named_paths())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dotted, files", sorted(named_paths().items()))
 def test_every_python_name_in_conf_exists(dotted, files):
     try:

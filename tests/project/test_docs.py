@@ -408,6 +408,7 @@ def test_every_command_in_a_code_block_composes_or_prints_its_help(tmp_path):
     assert sorted(p.name for p in work.iterdir()) == []  # composing wrote nothing
 
 
+@pytest.mark.slow
 def test_the_architecture_table_is_the_import_graph_scripts_output():
     from biencoder.bench import import_graph as tool
 

@@ -136,6 +136,7 @@ def zero_shot(max_length: int) -> dict:
 
 
 # -- the headline numbers -------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_fine_tuned_cells_at_the_best_val_epoch(dedup):
     table, paired = dedup
     assert table["test_top1_mean"].round(3).to_dict() == {"plain": 0.333, "relu": 0.338, "ln_relu": 0.323, "ln": 0.306}
@@ -549,11 +550,13 @@ def wanted(dedup, official) -> dict[str, list[str]]:
     return expected(dedup, official)
 
 
+@pytest.mark.slow
 def test_the_docs_quote_the_logs(wanted, docs):
     assert len(wanted["RESULTS.md"]) > 50  # every table row above, not an empty parse
     assert missing(docs, wanted) == []
 
 
+@pytest.mark.slow
 def test_a_changed_number_is_caught(wanted, docs):
     """Bump the last digit of the first number in each quoted snippet, in the document: the check must notice."""
     for name, snippets in wanted.items():
@@ -571,6 +574,7 @@ def decimals(text: str) -> set[str]:
     return {n.lstrip("+-−") for n in re.findall(r"[+\-−]?\d+\.\d+", text)}
 
 
+@pytest.mark.slow
 def test_every_decimal_of_the_gpu_section_has_a_source(docs):
     """Every decimal number in the fine-tuned parts of RESULTS.md occurs in a source: the logs' text files, the
     tables the scripts wrote, or the frozen part of RESULTS.md (which the fine-tuned part quotes for comparison),

@@ -6,10 +6,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import conftest
 from conftest import compose_cfg, user_cache_writes
 
 
+@pytest.mark.slow
 def test_the_default_embedding_cache_is_the_tests_own(tmp_embedding_cache):
     assert not any(tmp_embedding_cache.iterdir())
     assert Path(compose_cfg([]).trainer.cache_dir) == tmp_embedding_cache  # trainer.cache_dir's default

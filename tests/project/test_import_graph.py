@@ -48,6 +48,7 @@ def test_the_import_contracts_hold():
     assert code == 0 and set(verdicts.values()) == {"KEPT"}, report
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "module, line, broken",
     [
@@ -112,6 +113,7 @@ def graph():
     return graph_tool.import_graph()
 
 
+@pytest.mark.slow
 def test_reporting_imports_the_encoder_only_when_asked(graph):
     """The only function-local import of the report package and its app is the one that keeps the encoder
     (transformers) out of a plain plot."""
@@ -180,6 +182,7 @@ def test_importing_the_engine_loads_no_hydra(graph):
     assert done.stdout.split() == []
 
 
+@pytest.mark.slow
 def test_the_house_limits_hold(graph):
     """docs/architecture.md, "Now, measured": no module over 350 lines, no function over 50, none with more than 6
     parameters (an object is missing), no line over 119 characters in src/, tests/ or scripts/."""

@@ -47,6 +47,7 @@ def test_imported_modules_reads_both_import_forms():
     assert imported_modules(source) == {"a.b", "c.d", "c.d.e", "c.d.f"}
 
 
+@pytest.mark.slow
 def test_every_test_file_of_a_mutated_module_runs_against_its_mutants():
     config = mutmut_config()
     mutated = {module_name(path) for path in config["only_mutate"]}

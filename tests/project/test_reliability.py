@@ -278,6 +278,7 @@ def model_load_runs_out_of_memory(*args, **kwargs):
     raise MemoryError("cannot allocate the encoder's weights")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "where, crash, error",
     [
@@ -302,6 +303,7 @@ def test_a_crash_during_set_up_leaves_final_json_failed(tmp_path, monkeypatch, w
     assert not {"config_resolved.yaml", "metrics.jsonl", "best.pt", "last.pt"} & {p.name for p in out.iterdir()}
 
 
+@pytest.mark.slow
 def test_bad_input_found_during_set_up_writes_no_final_json(tmp_path):
     """A config the model refuses (ConfigError, found while building it) is bad input, not a failed run: nothing in
     the folder says the run happened (the app then removes what it made: tests/engine/training/test_train.py)."""
@@ -312,6 +314,7 @@ def test_bad_input_found_during_set_up_writes_no_final_json(tmp_path):
 
 
 # -- guards ---------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_nan_weights_stop_the_run_as_diverged(tmp_path, monkeypatch):
     from conftest import poison_classifier
 
@@ -361,6 +364,7 @@ def test_each_way_of_passing_remote_code_is_found(source):
     assert remote_code_mentions(source) != []
 
 
+@pytest.mark.slow
 def test_no_remote_code_anywhere(monkeypatch):
     """No module of the package, at any depth, names ``trust_remote_code``, and building either model passes it to
     no ``transformers`` loader."""

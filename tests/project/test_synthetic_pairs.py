@@ -17,6 +17,7 @@ def read(folder):
     }
 
 
+@pytest.mark.slow
 def test_files_are_deterministic_by_seed_and_split_as_asked(tmp_path):
     for name, seed in (("a", 3), ("b", 3), ("c", 4)):
         assert SCRIPT["main"](["--pairs", "200", "--out", str(tmp_path / name), "--seed", str(seed)]) == 0

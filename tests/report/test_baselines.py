@@ -70,6 +70,7 @@ def expected(seed, max_debates, groups=None):
     return out
 
 
+@pytest.mark.slow
 def test_each_cell_is_compared_with_the_baseline_of_its_own_config(tmp_path):
     """Two cells on different test splits (all 32 demo test queries; the first 2 debates: 16) and two seeds of a
     randomly initialised encoder each: every row holds the mean over the cell's seeds of that cell's own
@@ -92,6 +93,7 @@ def test_each_cell_is_compared_with_the_baseline_of_its_own_config(tmp_path):
     assert np.allclose(table["p_holm"], holm(table["p"]))  # one family over the 4 rows
 
 
+@pytest.mark.slow
 def test_unseen_queries_and_a_recorded_baseline_that_disagrees(tmp_path):
     """--baselines unseen keeps the queries test_seen.npy marks unseen; a run whose final.json recorded another
     baseline value gets it shown beside the one computed here."""

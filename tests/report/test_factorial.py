@@ -47,6 +47,7 @@ def effects(runs, named=None, n_boot=2000):
     return design, table.set_index(["effect", "factor", "contrast"]) if "within" not in table else table
 
 
+@pytest.mark.slow
 def test_an_additive_design_has_its_main_effects_and_no_interaction(tmp_path):
     """LayerNorm costs 10 points with and without ReLU, ReLU gains 10 with and without LayerNorm: main effects −10
     and +10, interaction 0. Seeds 0 and 1 ran in every cell; `ln_relu` also ran seeds 2-4, at 0.50. The effect is
@@ -74,6 +75,7 @@ def test_an_additive_design_has_its_main_effects_and_no_interaction(tmp_path):
     assert interaction["verdict"] == "no significant difference"
 
 
+@pytest.mark.slow
 def test_disjoint_seeds_weigh_each_cell_once_whatever_its_seeds(tmp_path):
     """No seed is shared: each cell is its mean over its own seeds, and every cell counts once. `ln` (2 seeds, at
     0.10 and 0.30) and `ln_relu` (3 seeds, 0.20 to 0.40) have means 0.20 and 0.30: the LayerNorm effect is −10;
@@ -93,6 +95,7 @@ def test_disjoint_seeds_weigh_each_cell_once_whatever_its_seeds(tmp_path):
     assert (main_ln["seeds"], main_ln["pairing"]) == ("1-3 per cell", "pooled")
 
 
+@pytest.mark.slow
 def test_a_pure_interaction_has_no_main_effects_and_the_stated_sign(tmp_path):
     """LayerNorm alone and ReLU alone each gain queries 30-39; together they lose them again. Query by query both
     main effects are 0 (p 1), and the interaction μ(ln_relu) − μ(relu) − μ(ln) + μ(plain) is −20 points: not +20
@@ -109,6 +112,7 @@ def test_a_pure_interaction_has_no_main_effects_and_the_stated_sign(tmp_path):
     assert list(table["p_holm"]) == [1.0, 1.0, 0.0]  # one Holm family over the table's three effects
 
 
+@pytest.mark.slow
 def test_a_three_level_factor_is_read_level_by_level_against_its_reference(tmp_path):
     """model.fusion ∈ {concat, sim, cls} × ReLU. Means (plain, relu): concat 0.30, 0.40; cls 0.20, 0.40; sim 0.40,
     0.50. The reference is the schema's default, concat (not cls, which sorts first): cls −5 and sim +10, each
@@ -147,6 +151,7 @@ def test_a_three_level_factor_is_read_level_by_level_against_its_reference(tmp_p
     assert "Reference levels: fusion=concat, use_relu=False." in markdown and "Holm over the 5 effects" in markdown
 
 
+@pytest.mark.slow
 def test_keys_that_change_together_are_one_factor_and_named_factors_leave_strata(tmp_path):
     """Two losses, each at its own head_lr, × ReLU × encoder retrieval: loss.name and trainer.head_lr split the
     cells alike, so they are one factor (three factors, not four). Named, two of them leave the third as strata,
@@ -207,6 +212,7 @@ def test_a_design_whose_cells_have_not_finished_has_no_numbers_yet(tmp_path):
     assert table.empty and "Not yet" in factorial_markdown(table, design)
 
 
+@pytest.mark.slow
 def test_a_sweep_over_the_head_s_norms_is_one_factor_of_norms_and_the_card_s_runs_keep_their_switches(tmp_path):
     """model.head.norm ∈ {none, layernorm, rmsnorm} × activation ∈ {none, gelu} (docs/heads.md). Means (none,
     gelu): none 0.30, 0.40; layernorm 0.20, 0.30; rmsnorm 0.40, 0.50. The norm is one three-level factor with the

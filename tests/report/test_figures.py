@@ -1,5 +1,6 @@
 """The figures (biencoder.report.figures): legends inside the image, distinguishable cells."""
 
+import pytest
 import yaml
 
 from biencoder.report.figures import figure, plot
@@ -7,6 +8,7 @@ from biencoder.report.runs import assign_cells, find_runs
 from helpers import write_run
 
 
+@pytest.mark.slow
 def test_a_six_cell_figure_keeps_every_legend_entry_inside(tmp_path):
     """Six cells with long labels (a key that differs, and a model group whose name differs): labels stay short,
     every legend entry lies inside the saved image, and two identical curves stay distinguishable (markers)."""

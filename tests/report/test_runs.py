@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 import yaml
 
 from biencoder.report.runs import assign_cells, best_rows, find_runs, queries_label, recorded_baseline
@@ -29,6 +30,7 @@ def test_runs_from_before_a_new_key_share_its_default(tmp_path):
     assert cells["old"] == cells["new"] == "plain retrieve=sim" and cells["other"] == "plain retrieve=encoder"
 
 
+@pytest.mark.slow
 def test_a_cell_s_name_says_its_head_and_the_card_s_cells_keep_theirs(tmp_path):
     """The card's cells keep their names, whether written with the flags (before the head keys) or with the keys; a
     run without +variant is named after its head; a variant whose head is not its name gets head=<head>, so runs of

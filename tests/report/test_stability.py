@@ -59,6 +59,7 @@ def test_outcomes_and_ranges_by_hand(sweep):
     assert per_x.set_index(["cell", "x"]).loc[("ln", 1e-3), "best_val_mean"] == pytest.approx(0.295)
 
 
+@pytest.mark.slow
 def test_cli_against_a_key(sweep, capsys):
     assert main([str(sweep), "--x", "trainer.head_lr", "--n-boot", "200"]) == 0
     out = capsys.readouterr().out

@@ -169,6 +169,7 @@ def test_a_reference_of_settings_changed_together(tmp_path):
         paired_comparisons(runs, "trainer.head_lr=fast", n_boot=100)
 
 
+@pytest.mark.slow
 def test_plot_top1_stops_before_writing_when_a_reference_pairs_nothing(tmp_path, capsys):
     from biencoder.summary import main
 
@@ -200,6 +201,7 @@ def test_plot_top1_stops_before_writing_when_a_reference_pairs_nothing(tmp_path,
     )
 
 
+@pytest.mark.slow
 def test_a_named_reference_whose_runs_are_unfinished_is_no_error(tmp_path, capsys):
     """Mid-sweep: the reference cell exists but none of its runs finished, so its comparisons wait (no row) instead
     of stopping the plot; --reference with another metric or with --x is refused, since it pairs test top-1."""

@@ -19,6 +19,7 @@ def test_config_builds_on_the_schema_and_lists_no_variant():
     assert not any(isinstance(d, dict) and "variant" in d or d == "variant" for d in defaults)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_variants_set_exactly_the_two_flags(variant):
     base = compose_cfg()
@@ -38,6 +39,7 @@ def test_unknown_variant_fails_at_composition():
         compose_cfg(["+variant=layernorm_only"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "override, key",
     [
@@ -113,6 +115,7 @@ def test_max_length_above_the_encoder_limit_is_named():
         build_model(compose_cfg(["model=tiny", "model.max_length=600"]).model)
 
 
+@pytest.mark.slow
 def test_defaults_resolve_to_packaged_minilm():
     cfg = compose_cfg()
     validate(cfg)
@@ -154,6 +157,7 @@ def test_help_says_how_to_start(module, says):
         assert text in shown.stdout
 
 
+@pytest.mark.slow
 def test_loss_group_selects_the_loss_and_the_default_is_triplet_ce():
     from biencoder.engine.modeling.loss import InfoNCELoss, TripletCELoss, build_loss
 
@@ -191,6 +195,7 @@ def test_loss_presets_compose_and_validate(preset, expect, tmp_path):
     assert {k: OmegaConf.select(cfg, k) for k in expect} == expect
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides, line",
     [
@@ -239,6 +244,7 @@ def test_a_plain_config_is_checked_against_its_losss_option():
     assert type(built) is InfoNCELoss and (built.scale, built.ce_weight, built.gather) == (10, 1, False)
 
 
+@pytest.mark.slow
 def test_a_run_saved_with_every_losss_keys_has_the_settings_of_one_saved_with_its_own():
     """A saved config may hold both losses' keys (the other loss's at their defaults) or its own loss's alone, as
     composed now: the settings are the same, so such runs resume and share cells; every loss's keys are there, so
@@ -305,6 +311,7 @@ def test_one_function_names_the_variant(monkeypatch):
     assert callers == ["heads.py", "runs.py"]
 
 
+@pytest.mark.slow
 def test_one_default_folder_for_the_real_corpus(monkeypatch):
     """data=arguana, the tests' real corpus and the bench's --corpus read the same default: ARGUANA_ROOT, else
     data/arguana-counterargs-corpus (engine.data.arguana.arguana_root)."""
@@ -350,6 +357,7 @@ NOT_OF_KIND = {
 }
 
 
+@pytest.mark.slow
 def test_every_typed_key_of_a_plain_config_refuses_a_value_of_another_type_in_one_line():
     """Through the Python API (no Hydra to check types): a bool where an int or a float goes (``seed=True`` passed as
     an int), a string, a float for an int, a non-finite float and a null where null is not allowed each end in one
@@ -412,6 +420,7 @@ def test_a_wrong_type_in_a_plain_config_is_one_line_naming_the_key_the_value_and
     assert str(err.value) == line
 
 
+@pytest.mark.slow
 def test_the_negative_rules_are_checked_in_one_line_each():
     """What a bad negatives.relative_margin or negatives.rank_range is told, and that a misspelt key is named."""
     from hydra.errors import ConfigCompositionException

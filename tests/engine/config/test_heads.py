@@ -81,6 +81,7 @@ def test_a_head_is_named_by_its_parts_and_the_card_s_heads_keep_their_names(head
 
 
 # -- validation: each key alone on the default config, a bad value in one line --------------------------------------
+@pytest.mark.slow
 def test_each_head_key_works_alone_on_the_default_config():
     for overrides in (
         ["model.head.norm=rmsnorm", "model.head.activation=gelu"],
@@ -141,6 +142,7 @@ def test_a_misspelt_head_key_gets_did_you_mean():
     )
 
 
+@pytest.mark.slow
 def test_a_variant_file_with_only_the_keys_it_changes(tmp_path):
     """A new ablation is a new file with the keys it changes (here the head keys, from a folder of the user's own
     on Hydra's search path), composed over the schema: nothing to unset first."""
@@ -155,6 +157,7 @@ def test_a_variant_file_with_only_the_keys_it_changes(tmp_path):
     assert compose_cfg(overrides, hydra_config=True).hydra.run.dir.endswith("_rms_gelu_s0")
 
 
+@pytest.mark.slow
 def test_a_component_of_the_user_s_own_is_imported_when_validated(tmp_path, monkeypatch):
     """An import path names a factory of the user's own package (here a module written outside src/, on
     sys.path): validation imports it, so a typo in its name fails before anything runs."""

@@ -125,6 +125,7 @@ def _write(folder: Path, seed: int, final: dict | None, ce_weight: float = 0.0) 
     return folder
 
 
+@pytest.mark.slow
 def test_tables_and_figure_read_each_run_s_selection(tmp_path, capsys):
     """Runs that selected by val retrieval top-1 (final.json) are tabulated at that epoch, whatever metric a table
     shows; a final.json without the field (written before it) selected by the reranked top-1."""

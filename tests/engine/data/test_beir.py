@@ -203,6 +203,7 @@ def test_the_shipped_example_is_export_beir_of_the_demo(demo_corpus, tmp_path):
         export_beir(demo_corpus, tmp_path / "b")
 
 
+@pytest.mark.slow
 def test_the_demo_through_both_layouts_gives_the_same_numbers_where_the_protocols_coincide():
     """data.pool=positives (the candidates: the split's counters, the documents judged in the split): the same
     queries, candidates, relevance and training pairs, so the same baselines' ranks (zero-shot cosine of fixed vectors,

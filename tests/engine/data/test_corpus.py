@@ -143,6 +143,7 @@ def test_cli_json(capsys):
     assert out["dedup_dropped"] == {"train": 2, "val": 2, "test": 0} and out["overlap"]["test->train"]["texts"] == 1
 
 
+@pytest.mark.slow
 def test_real_corpus_counts(real_root, capsys):
     start = time.perf_counter()
     corpus = read_corpus(real_root)
@@ -229,6 +230,7 @@ def test_planted_cross_split_duplicates(make_corpus):
     }
 
 
+@pytest.mark.slow
 def test_real_corpus_overlap_and_dedup(real_corpus):
     """protocol.md's figures: 616 of 1401 test and 574 of 1287 val pairs occur verbatim as training pairs; 793
     test pairs in train or val; dedup keeps 2796 of 4065 training and 1060 of 1287 validation pairs."""

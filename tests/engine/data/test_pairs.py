@@ -204,6 +204,7 @@ def test_bad_data_configs_are_named(overrides, message):
         validate(compose_cfg(overrides))
 
 
+@pytest.mark.slow
 def test_the_example_config_validates_and_records_its_files():
     cfg = compose_cfg(["data=pairs_demo"])
     validate(cfg)

@@ -64,6 +64,7 @@ def test_round_trip(tmp_path, extra):
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_an_export_has_the_permissions_the_umask_gives(tmp_path):
     """Made in a private temporary folder, an export still ends as any output does: 0755 folders and 0644 files under
     umask 022 (it was drwx------ with -rw------- weights)."""
@@ -79,6 +80,7 @@ def test_an_export_has_the_permissions_the_umask_gives(tmp_path):
     assert all(mode == (0o755 if (exported / p).is_dir() else 0o644) for p, mode in modes.items()), modes
 
 
+@pytest.mark.slow
 def test_export_refuses_a_used_folder_and_leaves_it(tmp_path, capsys):
     (tmp_path / "st").mkdir()
     (tmp_path / "st" / "mine.txt").write_text("keep me")
@@ -123,6 +125,7 @@ def _trained_like(model, seed: int = 7):
     return model.eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "head",
     [

@@ -190,6 +190,7 @@ def test_cli_an_operation_without_a_deterministic_kernel_is_one_line_exit_2(tmp_
     assert not (logs / "runs").exists()  # the folder and the empty parents made for it are gone
 
 
+@pytest.mark.slow
 def test_the_record_in_final_json_and_config_resolved(tmp_path, global_determinism):
     import yaml
 

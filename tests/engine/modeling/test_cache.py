@@ -123,6 +123,7 @@ def test_unwritable_cache_dir_is_a_clear_error(tmp_path):
         lookup(blocker)
 
 
+@pytest.mark.slow
 def test_fingerprint_tells_weights_apart():
     cfg = compose_cfg(["model=tiny"]).model
     torch.manual_seed(0)
@@ -135,6 +136,7 @@ def test_fingerprint_tells_weights_apart():
     assert encoder_fingerprint(a.encoder) != encoder_fingerprint(b.encoder)
 
 
+@pytest.mark.slow
 def test_tokenizer_fingerprint_tells_vocabularies_apart_not_paths(tmp_path, tiny_model_and_tokenizer):
     """Equal encoder weights with another vocabulary must not share cached vectors; a copied folder must."""
     from transformers import AutoTokenizer
@@ -153,6 +155,7 @@ def test_tokenizer_fingerprint_tells_vocabularies_apart_not_paths(tmp_path, tiny
     assert tokenizer_fingerprint(lower) != tokenizer_fingerprint(tokenizer)
 
 
+@pytest.mark.slow
 def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_tokenizer, demo_corpus, encoder_calls):
     """pooled_vectors: without a cache folder every text is encoded; with one, the first call encodes and fills it,
     the second reads it back without running the encoder; all three agree with a plain encoder pass."""
@@ -176,6 +179,7 @@ def test_cached_vectors_equal_a_fresh_encoder_pass(tmp_path, tiny_model_and_toke
 FROZEN = FAST + ["model.encoder.freeze=true", "+variant=ln_relu"]
 
 
+@pytest.mark.slow
 def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     runner = Runner(compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}"]), tmp_path)
     encoder_before = {k: v.clone() for k, v in runner.model.encoder.state_dict().items()}
@@ -203,6 +207,7 @@ def test_frozen_epoch_trains_heads_only(tmp_path, encoder_calls):
     assert unchanged == []  # the sim head, the LayerNorm and the classifier all trained
 
 
+@pytest.mark.slow
 def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypatch):
     """eval.retrieve=encoder with a frozen encoder: the shortlists cannot change, so each split is searched once
     per run (not every epoch), and the epoch's metrics are those of a fresh search."""
@@ -226,6 +231,7 @@ def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypa
     assert len(searches) == 3  # one per split, in the first epoch
 
 
+@pytest.mark.slow
 def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls):
     from biencoder.engine.training.run import run
 
@@ -285,6 +291,7 @@ def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch
     assert saved[0].keys() == saved[1].keys() and all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
 
 
+@pytest.mark.slow
 def test_frozen_batches_carry_the_mined_negatives(tmp_path):
     """The frozen path gathers each batch from the cached vectors, not through the DataLoader: each batch must be
     exactly the cached vectors of (point, its counter, the negative mined for that point), every pair once per
@@ -321,6 +328,7 @@ def test_a_fresh_run_starts_its_sim_head_from_pca(tmp_path, frozen):
         assert same == kept
 
 
+@pytest.mark.slow
 def test_a_frozen_runs_best_weights_take_the_encoder_once(tmp_path):
     """The best epoch's weights are a CPU copy of the model's heads; a frozen encoder's part is taken once per run
     and shared by later copies (it never changes). On a CPU it is the model's own tensors, not a second copy."""

@@ -178,6 +178,7 @@ def _two_rank_infonce(rank: int, world: int, rendezvous: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_gathered_negatives_across_two_processes(tmp_path):
     """Two gloo processes, 3 queries each: each rank's loss equals the single-process loss of its queries against
     all 12 candidates, and each rank's rows get the gradient of the *sum* of both ranks' losses (what DDP then
@@ -273,6 +274,7 @@ def test_gather_without_a_process_group_is_the_local_loss():
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_each_losss_own_defaults_are_the_schemas():
     """A loss built without the config (TripletCELoss() in a script) computes what the default config does: each
     keyword it reads from ``loss.*`` defaults to the schema's value."""
@@ -305,6 +307,7 @@ def test_triplet_margin_and_euclidean_distance_by_hand(tiny_model_and_tokenizer)
         assert triplet == pytest.approx(0.1 + margin, abs=1e-4)  # torch adds eps=1e-6 inside the distance
 
 
+@pytest.mark.slow
 def test_build_loss_reads_the_keys_of_the_chosen_loss():
     from biencoder.engine.modeling.loss import build_loss
     from conftest import compose_cfg

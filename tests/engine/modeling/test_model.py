@@ -80,6 +80,7 @@ def test_relu_clamps(tiny_model_and_tokenizer):
     assert torch.equal(plain_input, features)
 
 
+@pytest.mark.slow
 def test_the_four_variant_configs_build_four_different_heads(tiny_model_and_tokenizer):
     from biencoder.engine.modeling.model import build_model
 

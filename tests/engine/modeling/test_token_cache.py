@@ -77,6 +77,7 @@ def test_the_entry_is_int32_ids_and_offsets(tmp_path, tiny_model_and_tokenizer):
         np.testing.assert_array_equal(data["offsets"], np.concatenate([[0], np.cumsum(fresh.lengths)]))
 
 
+@pytest.mark.slow
 def test_no_texts_round_trip(tmp_path, tiny_model_and_tokenizer):
     _, tokenizer = tiny_model_and_tokenizer
     TokenCache(tmp_path, tokenizer, 12).tokenized([])
@@ -93,6 +94,7 @@ def another_tokenizer(tokenizer, change: str):
     return other
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["max_length", "text", "order", "one text fewer", "vocabulary", "truncation side"])
 def test_another_max_length_text_or_tokenizer_misses(tmp_path, tiny_model_and_tokenizer, change):
     """Each change gives other ids (checked), so reading the first entry would be wrong: it must miss, and the ids
@@ -146,6 +148,7 @@ def damage(entry, how: str) -> None:
             np.savez(file, **arrays)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "said"),
     [
@@ -200,6 +203,7 @@ def test_a_cache_folder_that_cannot_be_written_costs_only_the_cache(tmp_path, ti
 
 
 # -- a run's splits ------------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_runs_splits_come_from_the_cache_the_run_before_filled(tmp_path, tiny_model_and_tokenizer, no_tokenizing):
     """EncoderInputs.make (a trained encoder): the first run tokenises every split and fills the cache under
     trainer.cache_dir, the second reads every split from it and gets the same ids."""
@@ -224,6 +228,7 @@ def test_without_a_cache_folder_nothing_is_cached(tmp_path, tiny_model_and_token
     same_tokens(inputs.tokens["val"], TokenizedTexts(splits["val"].texts, tokenizer, 32))
 
 
+@pytest.mark.slow
 def test_a_second_runner_reads_its_tokens_from_the_cache(tmp_path, caplog):
     """Two runs of a sweep with the same trainer.cache_dir: the second one's train.log says where its ids came
     from, and its encoder inputs equal the first one's."""
@@ -240,6 +245,7 @@ def test_a_second_runner_reads_its_tokens_from_the_cache(tmp_path, caplog):
         same_tokens(second.inputs.tokens[name], first.inputs.tokens[name])
 
 
+@pytest.mark.slow
 def test_the_training_split_with_its_given_negatives_is_cached_too(tmp_path, tiny_model_and_tokenizer, no_tokenizing):
     """Pair files' given negatives: the trainer's ids (the split's rows, then the negatives') go through the cache
     as well, and equal a fresh tokenisation."""
@@ -261,6 +267,7 @@ def test_the_training_split_with_its_given_negatives_is_cached_too(tmp_path, tin
     same_tokens(again.tokens, fresh)
 
 
+@pytest.mark.slow
 def test_the_epoch_bench_says_where_the_runners_ids_came_from(tmp_path):
     """bench.epoch_phases reports the runner's own answer: tokenised by the first run, from the cache by the next."""
     from biencoder.bench.epoch_phases import token_report

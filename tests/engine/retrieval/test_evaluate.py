@@ -90,6 +90,7 @@ def test_classifier_is_called_in_blocks_not_per_pair(planted, monkeypatch):
     assert calls == [4, 2]  # blocks of 4 pairs, the last one partial
 
 
+@pytest.mark.slow
 def test_zero_shot_evaluation_json(tmp_path):
     from biencoder.engine.inference.evaluation import run_evaluation
     from conftest import compose_cfg
@@ -153,6 +154,7 @@ def test_encoder_retrieval_agrees_with_the_8_task_scores_on_demo(tiny_model_and_
     assert sim_metrics["recall_at_k"] != metrics["recall_at_k"]  # a different shortlist, not the sim head's
 
 
+@pytest.mark.slow
 def test_zero_shot_evaluation_reads_the_embedding_cache(tmp_path, monkeypatch):
     """No checkpoint: the encoder as loaded, untrained, so its vectors are the embedding cache's (keyed by its
     weights), shared with the frozen runs; a second evaluation runs the encoder on no text and gives the same tasks."""

@@ -146,6 +146,7 @@ def test_cosine_and_tfidf_rank_every_candidate(make_corpus):
     assert tfidf.rank.tolist() == [1, 6]
 
 
+@pytest.mark.slow
 def test_the_evaluate_app_records_the_protocol(tmp_path):
     from biencoder.engine.config.packaged import demo_root
     from biencoder.engine.inference.evaluation import run_evaluation

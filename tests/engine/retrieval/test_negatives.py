@@ -220,6 +220,7 @@ def test_relative_margin_skips_the_candidates_within_it_of_the_positive(margin, 
     assert planted(Mining(n_neighbors=1, index=index, relative_margin=margin))[0] == row
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "ranks, rows",
     [

@@ -161,6 +161,7 @@ def test_nan_classifier_in_retrieve_rerank_names_the_split(line):
         pool_ranks(model, emb, split, fixed_pools({"all": per_epoch_pool(split)}), Rerank(k=2, batch_size=4096))
 
 
+@pytest.mark.slow
 def test_nan_margins_stop_a_run_as_diverged(tmp_path, monkeypatch):
     """Finite loss and embeddings, NaN classifier margins at evaluation: the run stops as diverged, naming the split
     and the count, instead of logging top-1 = recall@k."""
@@ -267,6 +268,7 @@ def test_sorted_unique_is_numpys_unique():
         assert got.dtype == values.dtype
 
 
+@pytest.mark.slow
 def test_nan_margins_in_the_within_group_top1_stop_a_run_as_diverged(tmp_path, monkeypatch):
     """Pair files with groups: the within-group shortlists score other (query, candidate) pairs than the per-epoch
     ones, so NaN margins there alone must also end the run as diverged, naming the split, never as a bare error."""

@@ -174,6 +174,7 @@ def test_real_test_pools(real_corpus):
     assert sizes["sdoa"]["candidates"] / 1401 + 1 == pytest.approx(7.6, abs=0.1)
 
 
+@pytest.mark.slow
 def test_real_test_tfidf_baseline(real_corpus):
     """The lexical baseline on the official pools: a regression check of the whole protocol (measured 2026-11)."""
     result = evaluate_tasks(real_corpus.paired("test"), "tfidf")

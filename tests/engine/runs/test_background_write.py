@@ -153,6 +153,7 @@ def test_a_copier_reuses_memory_only_after_release():
     assert torch.equal(third["w"], torch.full((4, 3), 3.0)) and torch.equal(third["b"], torch.zeros(3))
 
 
+@pytest.mark.slow
 def test_one_write_at_a_time_and_the_later_state_wins(tmp_path, monkeypatch):
     """A second save_state while the first write is held waits for it; the file then holds the second state."""
     events = []
@@ -193,6 +194,7 @@ def test_a_failed_write_is_raised_by_the_next_wait_once(tmp_path, monkeypatch):
     assert not folder.last.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("keep_last", [False, True])
 def test_finish_waits_for_the_write_then_vouches_for_it(tmp_path, monkeypatch, keep_last):
     """final.json comes after the last.pt write in flight ends; with keep_last=false last.pt is gone afterwards
@@ -215,6 +217,7 @@ def test_finish_waits_for_the_write_then_vouches_for_it(tmp_path, monkeypatch, k
     assert json.loads(folder.final.read_text()) == {"status": "done"}
 
 
+@pytest.mark.slow
 def test_a_block_that_fails_waits_for_the_write_and_keeps_its_own_error(tmp_path, monkeypatch, caplog):
     """waiting_on_error: the block's exception propagates after the write in flight ended (the file is there when
     it arrives); when that write failed too, its error is logged, not raised in place of the block's."""

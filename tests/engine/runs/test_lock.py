@@ -170,6 +170,7 @@ def test_a_resume_of_a_held_folder_changes_nothing(interrupted, tmp_path):
         holder.wait()
 
 
+@pytest.mark.slow
 def test_claim_refuses_a_held_folder_and_takes_over_after_sigkill(tmp_path, caplog):
     folder = tmp_path / "run"
     folder.mkdir()

@@ -266,6 +266,7 @@ def test_a_sweep_resumed_while_one_job_is_held_refuses_at_that_job(finished_swee
         holder.wait()
 
 
+@pytest.mark.slow
 def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):
     out = tmp_path / "run"
     run(compose_cfg(FAST + ["trainer.max_epochs=1", "eval.tasks=false"]), out)
@@ -286,6 +287,7 @@ def test_a_finished_run_is_not_resumed_with_other_settings(tmp_path):
     assert again == json.loads(final)
 
 
+@pytest.mark.slow
 def test_unknown_keys_are_refused_even_with_plus():
     from biencoder.engine.config.validation import validate
 
@@ -340,6 +342,7 @@ def test_the_precision_actually_used_separates_cells_and_older_runs_group_as_bef
     assert assign_cells(runs) == [] and sorted({r.cell for r in runs}) == ["ln", "plain"]
 
 
+@pytest.mark.slow
 def test_resuming_on_another_device_type_or_precision_is_refused(tmp_path):
     import yaml
 
@@ -381,6 +384,7 @@ def test_starting_over_without_last_pt_says_how_many_rows_it_drops(tmp_path):
     assert len(read_metrics(out / "metrics.jsonl")[0]) == rows  # the epoch logged once, not twice
 
 
+@pytest.mark.slow
 def test_a_run_that_recorded_the_retired_head_stats_every_resumes_and_groups_with_new_runs(tmp_path):
     """trainer.head_stats_every became trainer.stats_every (it samples the gradient norms too). A run that recorded
     the old name is not refused on resume, and it shares its cell with a run made today."""
@@ -396,6 +400,7 @@ def test_a_run_that_recorded_the_retired_head_stats_every_resumes_and_groups_wit
     assert assign_cells(runs) == [] and {r.cell for r in runs} == {"plain"}
 
 
+@pytest.mark.slow
 def test_a_run_made_with_balltree_resumes_and_groups_under_the_exact_default(tmp_path):
     """The index changed its default from balltree to exact; both find the same neighbours, so a run made with
     BallTree is not refused on resume and shares its cell with one made with exact search."""

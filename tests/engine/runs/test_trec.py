@@ -89,6 +89,7 @@ def trec_run(tmp_path_factory):
     return out, final
 
 
+@pytest.mark.slow
 def test_a_runs_own_figures_are_the_librarys_of_its_files(trec_run):
     """The tiny model's demo run: test.run and test.qrels, read by ir-measures (pytrec_eval, trec_eval's code), give
     the best epoch's test nDCG@10, MRR@10, R@100 of metrics.jsonl, and its top1 (P@1), mrr (RR@k of the reranked
@@ -110,6 +111,7 @@ def test_a_runs_own_figures_are_the_librarys_of_its_files(trec_run):
     assert list(ir_measures.read_trec_run(str(out / RUN_FILE))) == list(ir_measures.read_trec_run(run_lines))
 
 
+@pytest.mark.slow
 def test_the_selection_metric_can_be_the_val_ndcg(tmp_path):
     """eval.select=ndcg_at_10 (a BEIR run's choice): final.json records it, and the best epoch is the one of the
     highest val nDCG@10 (the first of equals)."""

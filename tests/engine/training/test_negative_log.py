@@ -4,6 +4,7 @@ them, and that the log changes no number of the run."""
 import json
 
 import numpy as np
+import pytest
 
 from biencoder.corpus import main as corpus_main
 from biencoder.engine.retrieval.negative_record import RECORD_FIELDS
@@ -19,6 +20,7 @@ def numbers(path):
     return [{k: v for k, v in json.loads(line).items() if k not in VOLATILE} for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_the_log_holds_what_was_mined_and_changes_no_number(tmp_path, monkeypatch, capsys):
     mined = []
     real_mine = EpochTrainer.mine

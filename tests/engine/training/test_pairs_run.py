@@ -109,6 +109,7 @@ def test_the_shipped_example_trains_from_the_command_line(demo_run, tmp_path):
     assert "8 tasks, score=" not in log
 
 
+@pytest.mark.slow
 def test_given_negatives_are_trained_on_besides_the_mined_ones(tmp_path):
     """Each given negative is one more triplet per epoch (pair, its positive, the given text), gathered from the given
     text's own vectors (frozen) or tokens (trained encoder); the mined triplets are all still there."""
@@ -135,6 +136,7 @@ def test_given_negatives_are_trained_on_besides_the_mined_ones(tmp_path):
     assert tokens.ids[10].tolist() == trained.tokenizer("tn0", truncation=True, max_length=64)["input_ids"]
 
 
+@pytest.mark.slow
 def test_the_positives_pool_runs_and_is_named(tmp_path):
     data = write_jsonl(tmp_path / "data")
     final = run(
@@ -155,6 +157,7 @@ def test_the_positives_pool_runs_and_is_named(tmp_path):
     assert "pool: the counters/positives of the split only, data.pool=positives" in summary_text(final, tmp_path)
 
 
+@pytest.mark.slow
 def test_a_run_is_not_resumed_on_a_changed_file(tmp_path):
     data = write_jsonl(tmp_path / "data")
     overrides = FAST + [
@@ -169,6 +172,7 @@ def test_a_run_is_not_resumed_on_a_changed_file(tmp_path):
         run(compose_cfg(overrides + ["trainer.resume=true"]), tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_the_real_corpus_through_both_readers_reads_the_same_pairs(real_corpus, real_root, tmp_path):
     """The whole corpus and its export, as a run reads them (deduplicated): the same texts, in the same order, the same
     (point, counter) rows and text identities in every split. What a run computes depends on nothing else, so the

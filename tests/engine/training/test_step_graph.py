@@ -72,6 +72,7 @@ def test_a_run_has_few_widths():
     assert widths == {32, 64, 128} and min(widths) == SMALLEST_BUCKET
 
 
+@pytest.mark.slow
 def test_the_collate_pads_to_the_bucket_and_says_whether_anything_is_padded(tmp_path):
     runner = Runner(compose_cfg(FAST), tmp_path)
     tokens, split = runner.inputs.tokens["train"], runner.data.splits["train"]
@@ -88,6 +89,7 @@ def test_the_collate_pads_to_the_bucket_and_says_whether_anything_is_padded(tmp_
         tokens.batch(rows.T.ravel(), width=longest - 1)
 
 
+@pytest.mark.slow
 def test_padding_to_the_bucket_changes_no_number(tmp_path):
     """The masked positions take no part: the step's loss and gradients at the bucket width equal those at the batch's
     own width (dropout off, so both draw nothing). On the CPU, where the batches are made (on a GPU too)."""
@@ -112,6 +114,7 @@ def test_padding_to_the_bucket_changes_no_number(tmp_path):
     torch.testing.assert_close(grads_b, grads_a, rtol=1e-4, atol=1e-5)  # summation order: a few differ by 1e-6
 
 
+@pytest.mark.slow
 def test_an_eager_run_pads_as_before_and_says_why(tmp_path, caplog):
     """Where graphs do not run (here: the CPU) nothing changes: batches are padded to their own longest text."""
     with caplog.at_level("INFO", logger="biencoder"):
@@ -120,6 +123,7 @@ def test_an_eager_run_pads_as_before_and_says_why(tmp_path, caplog):
     assert "training step: eager: the step runs on cpu" in caplog.text
 
 
+@pytest.mark.slow
 def test_graphs_required_on_a_cpu_stop_the_run_before_it_trains(tmp_path):
     with pytest.raises(ConfigError, match="trainer.cuda_graphs=true cannot run"):
         Runner(compose_cfg(FAST + ["trainer.device=cpu", "trainer.cuda_graphs=true"]), tmp_path / "run")

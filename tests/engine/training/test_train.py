@@ -35,6 +35,7 @@ def demo_run(tmp_path_factory):
     return out, final
 
 
+@pytest.mark.slow
 def test_run_folder_contents(demo_run):
     out, final = demo_run
     rows = read_rows(out / "metrics.jsonl")
@@ -91,6 +92,7 @@ def test_same_seed_same_numbers(demo_run, tmp_path, global_determinism):
     assert numbers(read_rows(tmp_path / "other" / "metrics.jsonl")) != numbers(read_rows(out / "metrics.jsonl"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "rule",
     [[], ["negatives.rank_range=[2,6]"], ["negatives.relative_margin=0.05"]],
@@ -133,6 +135,7 @@ def test_mined_negatives_are_the_ones_trained_on(tmp_path, monkeypatch, rule):
         assert (split.text_id[rows[:, 2]] != split.text_id[rows[:, 1]]).all()  # never the positive
 
 
+@pytest.mark.slow
 def test_the_run_log_names_the_arguments_left_out_for_want_of_their_pair(make_corpus, tmp_path, caplog):
     """The demo's grid with a counter file missing: train.log says how many arguments were left out and which."""
     layout = grid_layout(themes=1, debates=2, per_side=2)
@@ -146,6 +149,7 @@ def test_the_run_log_names_the_arguments_left_out_for_want_of_their_pair(make_co
     assert "validation/theme0/debate01/con03: point without a counter" in line
 
 
+@pytest.mark.slow
 def test_the_run_says_what_it_is_before_its_set_up_and_counts_the_set_up_in_its_time(tmp_path, caplog, monkeypatch):
     """A frozen run's set-up encodes every text before the first epoch (minutes on the real corpus): its header comes
     first in train.log, a long encoding logs how far it got, and final.json's wall time (the summary's) includes
@@ -171,6 +175,7 @@ def test_the_run_says_what_it_is_before_its_set_up_and_counts_the_set_up_in_its_
     assert final["wall_time_s"] >= 0.5
 
 
+@pytest.mark.slow
 def test_batches_carry_the_mined_tokens(tmp_path):
     runner = Runner(compose_cfg(FAST), tmp_path)
     tokens, split = runner.inputs.tokens["train"], runner.data.splits["train"]
@@ -277,6 +282,7 @@ def test_real_corpus_slice(real_root, tmp_path):
     assert rows[0]["queries"] > 50 and all(0.0 <= r["top1"] <= 1.0 for r in rows)
 
 
+@pytest.mark.slow
 def test_bf16_autocast_path_runs_on_cpu(tmp_path):
     """trainer.precision=bf16 on the CPU: the run says bf16 and its linear layers did compute in bf16 (autocast)."""
     seen = set()  # (the module's training mode, its output dtype) of every Linear call of the run
@@ -360,6 +366,7 @@ def test_infonce_trains_end_to_end(tmp_path, frozen):
     assert train["loss"] == pytest.approx(train["infonce"] + train["ce_pos"] + train["ce_neg"], rel=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("frozen", [False, True])
 def test_infonce_batches_never_score_a_duplicate_positive(make_corpus, tmp_path, frozen):
     """A corpus with a planted duplicate: two training pairs share their counter text. In every batch the
@@ -422,6 +429,7 @@ def test_the_engine_runs_from_python_with_a_plain_config(tmp_path):
     assert (tmp_path / "run" / "final.json").is_file()
 
 
+@pytest.mark.slow
 def test_the_run_reads_its_config_once_at_set_up(tmp_path):
     """The runner, its epochs and its evaluation hold settings objects made at set-up, never the config: a config
     changed after set-up changes nothing the run does (issue 52: torchtune's recipes read theirs in ``setup`` only)."""
