@@ -80,7 +80,7 @@ class Runner:
         self.main = distributed.is_main()
         self.variant = variant_name(cfg, variant)
         self.selection = scoring.selection  # what picks the best epoch (final.json's "selection")
-        self._log_header(cfg.data.name)  # first, before the set-up's long phases (loading, encoding) say what they do
+        self._log_header()  # first, before the set-up's long phases (loading, encoding) say what they do
         self.tracker = Tracker(cfg, self.out_dir, experiment, self.variant)  # opened on rank 0 when training starts
         shown = show_progress(cfg)
         set_seed_everywhere(cfg.seed)
@@ -170,7 +170,7 @@ class Runner:
             log.warning(untrained_classifier_note(self.evaluation.settings.score))
         self.data.log(self.evaluation.pairs)
 
-    def _log_header(self, data_name: str) -> None:
+    def _log_header(self) -> None:
         """The run's first line in ``train.log``: cell, seed, machine and pairs."""
         log.info(
             "variant %s seed %d on %s (%s) | %s | pairs train/val/test %s",
@@ -178,7 +178,7 @@ class Runner:
             self.settings.seed,
             self.device,
             self.runtime.describe(distributed.world_size(), torch.get_num_threads()),
-            data_name,
+            self.settings.record["data"],
             "/".join(str(s.n_pairs) for s in self.data.splits.values()),
         )
 
