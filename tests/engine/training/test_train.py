@@ -431,17 +431,27 @@ def test_the_engine_runs_from_python_with_a_plain_config(tmp_path):
 
 @pytest.mark.slow
 def test_the_run_reads_its_config_once_at_set_up(tmp_path):
-    """The runner, its epochs and its evaluation hold settings objects made at set-up, never the config: a config
-    changed after set-up changes nothing the run does (issue 52: torchtune's recipes read theirs in ``setup`` only)."""
+    """The runner and every object of the package it holds (its epochs, evaluation, data, tracker, settings, ...) hold
+    settings made at set-up, never the config: a config changed after set-up changes nothing the run does (issue 52:
+    torchtune's recipes read theirs in ``setup`` only)."""
     from omegaconf import Container
 
-    runner = Runner(compose_cfg(FAST), tmp_path)
-    held = [runner, runner.trainer, runner.evaluation, runner.data, runner.settings, runner.trainer.settings]
-
-    def holds_config(value) -> bool:
-        inner = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
-        return isinstance(value, Container) or any(holds_config(v) for v in inner)
-
-    found = [f"{type(o).__name__}.{name}" for o in held for name, value in vars(o).items() if holds_config(value)]
+    runner = Runner(compose_cfg(FAST + ["logger=tensorboard"]), tmp_path)
+    found, seen, todo = [], set(), [("runner", runner)]
+    while todo:  # every object of the package reachable from the runner, through attributes and containers
+        path, value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        if isinstance(value, Container):
+            found.append(path)
+        elif isinstance(value, dict):
+            todo += [(f"{path}[{k!r}]", v) for k, v in value.items()]
+        elif isinstance(value, list | tuple):
+            todo += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+        elif type(value).__module__.startswith("biencoder") and hasattr(value, "__dict__"):
+            todo += [(f"{path}.{k}", v) for k, v in vars(value).items()]
     assert found == []
+    held = (runner.tracker, runner.evaluation.settings, runner.trainer.settings, runner.data, runner.text_encoder)
+    assert all(id(obj) in seen for obj in held)
     assert runner.settings.max_epochs == 2 and runner.settings.model["name"] == "tiny"

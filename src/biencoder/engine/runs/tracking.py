@@ -80,15 +80,16 @@ class TensorBoardLogger:
 
 
 class MlflowLogger:
-    def __init__(self, cfg: DictConfig, folder: Path, experiment: str, params: dict, tags: dict, state: dict):
+    """One run in MLflow. ``where``: ``tracking_uri`` (None: a local store under ``log_dir``), ``experiment`` (the
+    name) and ``log_dir`` (:meth:`Tracker.__init__` reads them from the config)."""
+
+    def __init__(self, where: dict, folder: Path, params: dict, tags: dict, state: dict):
         from mlflow.tracking import MlflowClient
 
         self.folder = folder
-        node = cfg.logger.mlflow
-        log_dir = Path(cfg.paths.log_dir).expanduser().resolve()
-        local = node.tracking_uri is None
-        uri = f"sqlite:///{log_dir / 'mlflow.db'}" if local else str(node.tracking_uri)
-        name = node.experiment or experiment
+        log_dir, name = where["log_dir"], where["experiment"]
+        local = where["tracking_uri"] is None
+        uri = f"sqlite:///{log_dir / 'mlflow.db'}" if local else str(where["tracking_uri"])
         if local:
             log_dir.mkdir(parents=True, exist_ok=True)
         # jobs of a parallel sweep start together: one at a time creates the store and the experiment
@@ -168,30 +169,41 @@ def _lock(path: Path):
 
 
 class Tracker:
-    """The selected loggers of one run, fed by the runner; does nothing with ``logger=none``."""
+    """The selected loggers of one run, fed by the runner; does nothing with ``logger=none``. What they need of the
+    config is read here, once (the runner opens them when training starts)."""
 
     def __init__(self, cfg: DictConfig, folder: Path, experiment: str, variant: str):
-        self.cfg, self.folder, self.experiment, self.variant = cfg, Path(folder), experiment, variant
-        self.loggers: list = []
+        self.folder, self.loggers = Path(folder), []
         self.state_file = self.folder / STATE_FILE
+        self.names = selected(cfg)
+        self.tensorboard_dir = self.folder / cfg.logger.tensorboard.dir if "tensorboard" in self.names else None
+        self.mlflow: tuple[dict, dict, dict] | None = None  # (where, params, tags) of MlflowLogger
+        if "mlflow" in self.names:
+            node = cfg.logger.mlflow
+            where = {
+                "tracking_uri": node.tracking_uri,
+                "experiment": node.experiment or experiment,
+                "log_dir": Path(cfg.paths.log_dir).expanduser().resolve(),
+            }
+            params = {**flatten(OmegaConf.to_container(cfg, resolve=True)), "variant": variant}
+            tags = {
+                "variant": variant,
+                "seed": str(cfg.seed),
+                "run_folder": str(self.folder),
+                "data": str(cfg.data.name),
+            }
+            self.mlflow = (where, params, tags)
 
     def open(self, first_epoch: int) -> None:
         """Start (or, after a kill, continue) the run in every selected logger."""
-        names = selected(self.cfg)
-        if not names:
+        if not self.names:
             return
         state = saved_state(self.folder)
-        if "tensorboard" in names:
-            self.loggers.append(TensorBoardLogger(self.folder / self.cfg.logger.tensorboard.dir, first_epoch))
-        if "mlflow" in names:
-            params = {**flatten(OmegaConf.to_container(self.cfg, resolve=True)), "variant": self.variant}
-            tags = {
-                "variant": self.variant,
-                "seed": str(self.cfg.seed),
-                "run_folder": str(self.folder),
-                "data": str(self.cfg.data.name),
-            }
-            self.loggers.append(MlflowLogger(self.cfg, self.folder, self.experiment, params, tags, state))
+        if self.tensorboard_dir is not None:
+            self.loggers.append(TensorBoardLogger(self.tensorboard_dir, first_epoch))
+        if self.mlflow is not None:
+            where, params, tags = self.mlflow
+            self.loggers.append(MlflowLogger(where, self.folder, params, tags, state))
         write_text_atomic(self.state_file, strict_json(state, indent=2) + "\n")  # a torn file would block resume
 
     def log_rows(self, rows: list[dict]) -> None:
