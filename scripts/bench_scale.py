@@ -15,8 +15,9 @@ resident-memory high-water mark during it (``VmHWM`` of ``/proc/self/status``, r
 log(seconds) on log(N), least squares over the sizes, on CPU seconds (steadier than wall seconds on a shared
 machine): 1 is linear, 2 quadratic. ``--sample Q`` adds a second run per size with ``eval.train_queries``,
 ``eval.val_queries`` and ``eval.test_queries`` = Q: what a user sets when the per-epoch evaluation grows too slow.
-``--beir TRAIN VAL TEST`` reads the same pairs as a BEIR folder (``data=beir``, :func:`synthetic_beir`): N documents,
-every one a candidate of every split, and TRAIN / VAL / TEST queries, the shape of a BEIR dataset with a large corpus.
+``--beir TRAIN VAL TEST`` reads the same pairs as a BEIR folder (``data=beir``, :func:`synthetic_beir`): their
+distinct positives as documents (about N), every one a candidate of every split, and TRAIN / VAL / TEST queries, the
+shape of a BEIR dataset with a large corpus.
 Results: a table per run, then one JSON line per run (``--json`` writes them to a file too).
 """
 
@@ -113,10 +114,11 @@ def synthetic_folder(data_dir: Path, n_pairs: int, seed: int) -> Path:
 
 
 def synthetic_beir(pairs_folder: Path, queries: list[int]) -> Path:
-    """``<pairs_folder>-beir-<q>/``: a BEIR folder (``data=beir``) of those pair files, made when absent: every pair's
-    positive a document of ``corpus.jsonl`` (all N of them: the candidates of every split), the anchors of the
-    first ``queries`` = (train, val, test) pairs of each split the queries, each judged relevant to its own positive
-    (score 1) in ``qrels/{train,dev,test}.tsv``. A positive that two pairs share is one document, relevant to both."""
+    """``<pairs_folder>-beir-<q>/``: a BEIR folder (``data=beir``) of those pair files, made when absent: every
+    distinct positive of the N pairs a document of ``corpus.jsonl`` (the candidates of every split), the anchors of
+    the first ``queries`` = (train, val, test) pairs of each split the queries, each judged relevant to its own
+    positive (score 1) in ``qrels/{train,dev,test}.tsv``. A positive that two pairs share is one document, relevant
+    to both."""
     folder = pairs_folder.with_name(f"{pairs_folder.name}-beir-{'-'.join(map(str, queries))}")
     if (folder / "qrels" / "test.tsv").exists():
         return folder
@@ -128,9 +130,10 @@ def synthetic_beir(pairs_folder: Path, queries: list[int]) -> Path:
             rows = [json.loads(line) for line in (pairs_folder / f"{name}.jsonl").read_text().splitlines()]
             for row in rows:
                 doc_ids.setdefault(row["positive"], f"d{len(doc_ids)}")
-            judged[name] = [(f"{name}-q{i}", doc_ids[row["positive"]]) for i, row in enumerate(rows[:want])]
-            for (qid, _), row in zip(judged[name], rows, strict=False):
-                out_queries.write(json.dumps({"_id": qid, "text": row["anchor"]}) + "\n")
+            judged[name] = []
+            for i, row in enumerate(rows[:want]):
+                judged[name].append((f"{name}-q{i}", doc_ids[row["positive"]]))
+                out_queries.write(json.dumps({"_id": f"{name}-q{i}", "text": row["anchor"]}) + "\n")
     with open(folder / "corpus.jsonl", "w", encoding="utf-8") as corpus:
         for text, doc in doc_ids.items():
             corpus.write(json.dumps({"_id": doc, "title": "", "text": text}) + "\n")

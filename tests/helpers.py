@@ -13,6 +13,7 @@ import io
 import json
 import logging
 import os
+import random
 import re
 import runpy
 import subprocess
@@ -157,18 +158,18 @@ def run_in_process(args: list[str], env: dict[str, str] | None = None, cwd: Path
     """``python *args`` (``-m biencoder.<app> ...`` or a script's path and its arguments) run in this process, as a
     :class:`subprocess.CompletedProcess` with the exit code and both outputs: a command's refusal (``SystemExit``)
     gives its code, an exception that escapes it gives 1 and its traceback on stderr, as the interpreter would.
-    The environment (``env`` replaces it for the call), the working folder, ``sys.argv``, the loggers' handlers and
-    Hydra's global state are as they were afterwards. Where starting a process proves nothing more (a refusal before
-    any work), this is the same code path at a fraction of the cost of importing torch again."""
+    Afterwards the environment (``env`` replaces it for the call), the working folder, ``sys.argv``, the root and
+    ``biencoder`` loggers' handlers, Hydra's global state, the random generators and torch's determinism switches are
+    as they were. Where starting a process proves nothing more (a refusal before any work), this is the same code path
+    at a fraction of the cost of importing torch again."""
     from hydra.core.global_hydra import GlobalHydra
 
-    saved_env, saved_argv, saved_cwd = dict(os.environ), sys.argv[:], os.getcwd()
+    saved_env, saved_argv, saved_cwd, saved_torch = dict(os.environ), sys.argv[:], os.getcwd(), _torch_state()
     loggers = [logging.getLogger(), logging.getLogger("biencoder")]
     saved_logs = [(lg, lg.handlers[:], lg.level, lg.propagate) for lg in loggers]
     out, err, code = io.StringIO(), io.StringIO(), 0
     if env is not None:
-        os.environ.clear()
-        os.environ.update(env)
+        _set_environ(env)
     try:
         os.chdir(cwd or saved_cwd)
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -182,18 +183,41 @@ def run_in_process(args: list[str], env: dict[str, str] | None = None, cwd: Path
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if isinstance(stop.code, str):
             err.write(stop.code + "\n")
-    except BaseException:  # what escapes a command: the interpreter would print it and exit 1
+    except Exception:  # what escapes a command: the interpreter would print it and exit 1
         code = 1
         err.write(traceback.format_exc())
     finally:
         os.chdir(saved_cwd)
-        os.environ.clear()
-        os.environ.update(saved_env)
+        _set_environ(saved_env)
         sys.argv = saved_argv
         GlobalHydra.instance().clear()
+        _restore_torch_state(saved_torch)
         for lg, handlers, level, propagate in saved_logs:
             for handler in lg.handlers:
                 if handler not in handlers:
                     handler.close()
             lg.handlers[:], lg.level, lg.propagate = handlers, level, propagate
     return subprocess.CompletedProcess([sys.executable, *args], code, out.getvalue(), err.getvalue())
+
+
+def _set_environ(wanted: dict[str, str]) -> None:
+    """Make ``os.environ`` equal ``wanted``, touching only the keys that differ."""
+    for key in [k for k in os.environ if k not in wanted]:
+        del os.environ[key]
+    os.environ.update({k: v for k, v in wanted.items() if os.environ.get(k) != v})
+
+
+def _torch_state() -> tuple:
+    """The process-wide state a run sets (:func:`set_seed_everywhere`, :meth:`Runtime.apply`)."""
+    flags = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    cudnn = (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    return random.getstate(), np.random.get_state(), torch.get_rng_state(), flags, cudnn
+
+
+def _restore_torch_state(state: tuple) -> None:
+    python, numpy_state, torch_rng, (deterministic, warn_only), (cudnn_deterministic, cudnn_benchmark) = state
+    random.setstate(python)
+    np.random.set_state(numpy_state)
+    torch.set_rng_state(torch_rng)
+    torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, cudnn_benchmark

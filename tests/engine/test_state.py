@@ -81,6 +81,7 @@ def test_a_gz_file_is_gzipped_and_the_same_text_gives_the_same_bytes(tmp_path):
     assert gzip.decompress(first).decode() == text and len(first) < len(text)
     write_text_atomic(tmp_path / "a.run.gz", text)  # a later write of the same text
     assert (tmp_path / "a.run.gz").read_bytes() == first and first[4:8] == bytes(4)  # gzip's MTIME field: 0
+    assert first[3] == 0 and first[9] == 255  # FLG: no file name in the header; OS: unknown, on every Python
     write_text_atomic(tmp_path / "a.run", text)
     assert (tmp_path / "a.run").read_text() == text  # any other name: the text as it is
 

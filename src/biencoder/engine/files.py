@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import io
 import json
 import logging
 import math
@@ -113,11 +114,18 @@ def _replace_atomic(path: Path, write) -> None:
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) so that a reader never sees half a file (temp file + fsync + rename); gzipped when
-    ``path`` ends in ``.gz``, with no time in its header (the same text gives the same bytes)."""
+    ``path`` ends in ``.gz`` (:func:`gzip_bytes`)."""
     data = text.encode()
-    if Path(path).suffix == ".gz":
-        data = gzip.compress(data, mtime=0)
-    _replace_atomic(path, lambda f: f.write(data))
+    _replace_atomic(path, lambda f: f.write(gzip_bytes(data) if Path(path).suffix == ".gz" else data))
+
+
+def gzip_bytes(data: bytes) -> bytes:
+    """``data`` as a gzip file with no name and no time in its header, so the same text gives the same bytes on any
+    Python (gzip.compress writes another OS byte on some versions) with the same zlib."""
+    buffer = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0, compresslevel=6) as file:
+        file.write(data)
+    return buffer.getvalue()
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:

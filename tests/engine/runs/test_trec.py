@@ -91,7 +91,7 @@ def trec_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_a_runs_own_figures_are_the_librarys_of_its_files(trec_run):
-    """The tiny model's demo run: test.run and test.qrels, read by ir-measures (pytrec_eval, trec_eval's code), give
+    """The tiny model's demo run: test.run.gz and test.qrels, read by ir-measures (pytrec_eval, trec_eval's code), give
     the best epoch's test nDCG@10, MRR@10, R@100 of metrics.jsonl, and its top1 (P@1), mrr (RR@k of the reranked
     shortlist: the final ranking's first k places) and recall_at_k (R@k) too."""
     out, final = trec_run
