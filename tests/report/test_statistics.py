@@ -219,15 +219,23 @@ def test_p_value_by_hand():
 def test_a_contrast_is_the_paired_bootstrap_of_its_two_sides():
     """A difference of two cells as a contrast (1, −1) is paired_bootstrap's result, number for number; a contrast of
     four cells with weights ±1/2 is in the units of the cell means: one query of four is 1 in the first cell and 0
-    elsewhere, so the effect is 1/2 · 1/4 with the interval [0, 3/8] and the p of test_p_value_by_hand."""
+    elsewhere, so the effect is 1/2 · 1/4 with the interval [0, 3/8] and the p of test_p_value_by_hand; where it is
+    1 at every query, both bounds are the effect, 1/2. The seed given is the resampling's (mutants that drop it or
+    scale a bound the wrong way survived without these two)."""
     rng = np.random.default_rng(5)
     a, b = rng.integers(0, 2, (5, 300)).astype(float), rng.integers(0, 2, (5, 300)).astype(float)
     assert contrast_bootstrap([a, b], [1, -1], n_boot=2000) == paired_bootstrap(a, b, n_boot=2000)
+    # the seed reaches the resampling: another seed, another interval, and paired_bootstrap's of that seed
+    reseeded = contrast_bootstrap([a, b], [1, -1], n_boot=2000, seed=3)
+    assert reseeded == paired_bootstrap(a, b, n_boot=2000, seed=3) != paired_bootstrap(a, b, n_boot=2000)
     first, zero = np.array([1.0, 0, 0, 0]), np.zeros(4)
     half = Fraction(1, 2)
     effect, low, high, p = contrast_bootstrap([first, zero, zero, zero], [half, -half, -half, half], n_boot=20000)
     assert (effect, low, high) == (1 / 8, 0.0, 3 / 8)
     assert p == pytest.approx(2 * 0.75**4, abs=0.02)
+    # every query 1 in the first cell: no resample moves the effect, so both bounds are it, in the cells' units
+    one = np.ones(4)
+    assert contrast_bootstrap([one, zero, zero, zero], [half, -half, -half, half], n_boot=200) == (0.5, 0.5, 0.5, 0.0)
 
 
 def test_a_contrast_of_equal_cells_is_exactly_zero_whatever_its_weights():
