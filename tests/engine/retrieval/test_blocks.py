@@ -272,7 +272,8 @@ def test_pool_sizes_in_blocks(tied):
 
 @pytest.mark.parametrize("index", ["exact", "balltree"])
 def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, monkeypatch, index):
-    """A block of 5 queries at a time finds the shortlists, hits and negatives one search of all of them finds."""
+    """A block of 5 queries at a time finds the shortlists, hits and negatives one search of all of them finds; the
+    shortlists of some queries (``pairs``) are theirs in the shortlists of all."""
     model = tiny_model_and_tokenizer[0]
     split, emb = tied
     sim = emb.sim.numpy()
@@ -293,6 +294,7 @@ def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, m
     ]
     for a, b in zip(whole[:2], blocked[:2], strict=True):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert np.array_equal(whole[1][0], whole[0][0][pairs]) and np.array_equal(whole[1][1], whole[0][1][pairs])
     assert whole[2][0] == blocked[2][0] and np.array_equal(whole[2][1], blocked[2][1])
     assert np.array_equal(whole[3].row, blocked[3].row) and np.array_equal(whole[3].distance, blocked[3].distance)
 

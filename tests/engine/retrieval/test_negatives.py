@@ -1,7 +1,14 @@
 import numpy as np
 import pytest
 
-from biencoder.engine.retrieval.negatives import Mining, forbidden_texts, mine_negatives, random_rate
+from biencoder.engine.retrieval.negatives import (
+    Mining,
+    forbidden_texts,
+    mine_negatives,
+    random_rate,
+    row_block,
+)
+from biencoder.engine.retrieval.search import SEARCH_BLOCK
 from helpers import paired_split
 
 
@@ -312,3 +319,13 @@ def test_the_record_of_the_planted_negatives():
     gap = record["distance"] - record["positive_distance"]
     assert summary["median_gap_hard"] == pytest.approx(float(np.median(gap)))
     assert np.isnan(summarise_record(record)["share_same_as_previous"])  # the first epoch has none before it
+
+
+@pytest.mark.parametrize("n_rows", [0, 1, 1000, 1025, 5000, 1 << 22, 10**7])
+def test_a_mining_block_holds_at_most_4m_distances_and_as_many_queries_as_fit(n_rows):
+    """The queries of one exact pass over ``n_rows`` rows: a whole number, at least one, at most SEARCH_BLOCK, and
+    the most whose [block, n_rows] distances stay within 2**22 (one query may exceed it: it cannot be split)."""
+    block = row_block(n_rows)
+    assert isinstance(block, int) and 1 <= block <= SEARCH_BLOCK
+    assert block == 1 or block * n_rows <= 1 << 22
+    assert block == SEARCH_BLOCK or (block + 1) * n_rows > 1 << 22
