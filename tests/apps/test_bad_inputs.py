@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from conftest import REPO, grid_layout, write_corpus
-from helpers import finished_folders, run_in_process
+from helpers import finished_folders, run_python
 
 FAST = ["model=tiny", "trainer.progress=false", "trainer.max_epochs=1", "trainer.batch_size=8", "eval.tasks=false"]
 PLOT = [str(REPO / "scripts" / "plot_top1.py")]
@@ -234,12 +234,7 @@ def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect, own_proce
             args.append(f"paths.log_dir={logs}")
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     environ.update(env(tmp_path) if env else {})
-    if own_process:
-        proc = subprocess.run(
-            [sys.executable, *args], capture_output=True, text=True, env=environ, cwd=tmp_path, timeout=300
-        )
-    else:
-        proc = run_in_process(args, env=environ, cwd=tmp_path)
+    proc = run_python(args, env=environ, cwd=tmp_path, own_process=own_process)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

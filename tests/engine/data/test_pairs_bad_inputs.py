@@ -5,13 +5,11 @@ they are counted."""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import finished_folders, run_in_process
+from helpers import finished_folders, run_python
 
 
 def good(split: str) -> list[dict]:
@@ -140,12 +138,9 @@ CASES = [
 
 
 def run(args, cwd, own_process=False):
-    """``python -m *args`` in ``cwd``: in a process of its own, or in this one (:func:`helpers.run_in_process`, the
-    same code path from parsing to exit without importing torch again)."""
+    """``python -m *args`` in ``cwd``, in a process of its own or in this one (:func:`helpers.run_python`)."""
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    if not own_process:
-        return run_in_process(["-m", *args], env=env, cwd=cwd)
-    return subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return run_python(["-m", *args], env=env, cwd=cwd, own_process=own_process)
 
 
 #: the case each command also meets in a process of its own
