@@ -312,7 +312,7 @@ class Runner:
             "epochs": settings.max_epochs,
             "pairs": {n: s.n_pairs for n, s in self.data.splits.items()},
             "overlap": self.data.overlap,
-            "pool": settings.record["pool"],
+            "pool": self.data.pool,
             "runtime": self.runtime.record(),
         }
         if self.data.files:

@@ -128,8 +128,8 @@ class RunSettings:
         log_negatives: each epoch's mined negatives in the run folder (``negatives.log``).
         pca_init: the sim head starts from the training split's PCA (``model.sim_init`` = ``pca``).
         save_checkpoint, keep_last: ``best.pt`` written, ``last.pt`` kept at the end (``trainer.*``).
-        record: ``final.json``'s fields of the run: ``data`` (``data.name``), ``model`` (``model.name``), ``pool``
-            (``data.pool``).
+        record: ``final.json``'s names of the run's data and model: ``data`` (``data.name``), ``model``
+            (``model.name``); its pool is :class:`~.inputs.RunData`'s.
         retrieval: ``best.pt``'s retrieval settings (``eval.retrieve``, ``eval.k``, ``data.name``, ``data.dedup``).
         model: ``best.pt``'s model config (``model``, resolved).
     """
@@ -159,7 +159,7 @@ class RunSettings:
             pca_init=cfg.model.sim_init == "pca",
             save_checkpoint=bool(trainer.save_checkpoint),
             keep_last=bool(trainer.keep_last),
-            record={"data": cfg.data.name, "model": cfg.model.name, "pool": cfg.data.pool},
+            record={"data": cfg.data.name, "model": cfg.model.name},
             retrieval={
                 "retrieve": cfg.eval.retrieve,
                 "k": int(cfg.eval.k),
