@@ -144,15 +144,8 @@ def synthetic_beir(pairs_folder: Path, queries: list[int]) -> Path:
 
 
 # -- one size, in its own process -------------------------------------------------------------------------------------
-def run_one(args) -> dict:
-    """One run of ``args.pairs`` pairs: the per-phase table of its epochs after the first, and its set-up."""
-    import torch
-
-    torch.set_num_threads(args.threads)
-    from biencoder.engine.training import runner as runner_module
-
-    meter = PhaseMeter()
-    folder = meter("generate", lambda: synthetic_folder(args.data_dir, args.pairs, args.seed))
+def run_overrides(args, folder: Path, meter: PhaseMeter) -> list[str]:
+    """The run's overrides: the tiny frozen model on the pair files in ``folder`` (or their BEIR form, made here)."""
     overrides = [
         "model=tiny",
         "model.encoder.freeze=true",
@@ -167,35 +160,50 @@ def run_one(args) -> dict:
         overrides += [f"eval.{name}_queries={args.sample}" for name in SPLITS]
     if args.beir:
         beir = meter("generate BEIR", lambda: synthetic_beir(folder, args.beir))
-        overrides += ["data=beir", f"data.root={beir}"]
-    else:
-        overrides += ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
-    from biencoder.bench.common import compose_config
+        return overrides + ["data=beir", f"data.root={beir}"]
+    return overrides + ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
 
-    cfg = compose_config(overrides)
+
+def timed_epochs(runner, meter: PhaseMeter, epochs: int, train_sim, best) -> tuple[dict, list[float], object]:
+    """Run ``epochs`` epochs: (each phase's fastest wall and CPU seconds over the epochs after the first, the epochs'
+    wall seconds, the best record). With 2+ epochs, epoch 0 warms caches and allocators: not the measure; of the
+    others each phase's fastest, since on a shared machine other work only ever adds time."""
+    epoch_wall, per_epoch = [], []
+    for epoch in range(epochs):
+        meter.wall, meter.cpu = {}, {}
+        begin = time.perf_counter()
+        train_sim, best = meter("epoch", partial(runner.run_epoch, epoch, train_sim, best))
+        epoch_wall.append(time.perf_counter() - begin)
+        per_epoch.append({"wall": meter.wall, "cpu": meter.cpu})
+    measured = per_epoch[1:] or per_epoch
+    phases = {
+        kind: {
+            name: min(e[kind][name] for e in measured if name in e[kind])
+            for name in dict.fromkeys(n for e in measured for n in e[kind])
+        }
+        for kind in ("wall", "cpu")
+    }
+    return phases, epoch_wall, best
+
+
+def run_one(args) -> dict:
+    """One run of ``args.pairs`` pairs: the per-phase table of its epochs after the first, and its set-up."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from biencoder.bench.common import compose_config
+    from biencoder.engine.training import runner as runner_module
+
+    meter = PhaseMeter()
+    folder = meter("generate", lambda: synthetic_folder(args.data_dir, args.pairs, args.seed))
+    cfg = compose_config(run_overrides(args, folder, meter))
     out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
         runner = meter("set-up", lambda: runner_module.Runner(cfg, out))
         runner.phase = meter
         _, best, train_sim = meter("begin", runner.begin)
         once = {"wall": meter.wall, "cpu": meter.cpu}  # generate, read, set-up, begin
-        epoch_wall, per_epoch = [], []
-        for epoch in range(args.epochs):
-            meter.wall, meter.cpu = {}, {}
-            begin = time.perf_counter()
-            train_sim, best = meter("epoch", partial(runner.run_epoch, epoch, train_sim, best))
-            epoch_wall.append(time.perf_counter() - begin)
-            per_epoch.append({"wall": meter.wall, "cpu": meter.cpu})
-        # with 2+ epochs, epoch 0 warms caches and allocators: not the measure. Of the others, each phase's fastest:
-        # on a shared machine the other sessions only ever add time
-        measured = per_epoch[1:] or per_epoch
-        phases = {
-            kind: {
-                name: min(e[kind][name] for e in measured if name in e[kind])
-                for name in dict.fromkeys(n for e in measured for n in e[kind])
-            }
-            for kind in ("wall", "cpu")
-        }
+        phases, epoch_wall, best = timed_epochs(runner, meter, args.epochs, train_sim, best)
         meter.wall, meter.cpu = once["wall"], once["cpu"]
         baselines = runner.evaluation.baselines
         runner.evaluation.baselines = lambda: meter("baselines", baselines)
@@ -276,29 +284,29 @@ def _two_places(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[10000, 30000, 100000], help="pairs (all splits)")
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    out = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    out.add_argument("--sizes", type=int, nargs="+", default=[10000, 30000, 100000], help="pairs (all splits)")
+    out.add_argument(
         "--epochs",
         type=int,
         default=3,
         help="epochs per run; with 2 or more the first is a warm-up, not timed (default 3)",
     )
-    parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
-    parser.add_argument(
+    out.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
+    out.add_argument(
         "--sample", type=int, default=0, help="also run every size with eval.{train,val,test}_queries=SAMPLE"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic")
-    parser.add_argument(
+    out.add_argument("--seed", type=int, default=0)
+    out.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "biencoder-synthetic")
+    out.add_argument(
         "--cache-dir",
         type=Path,
         default=Path(tempfile.gettempdir()) / "biencoder-synthetic-cache",
         help="embedding cache of the synthetic texts (kept apart from ~/.cache/biencoder)",
     )
-    parser.add_argument("--json", type=Path, help="also write the JSON lines here")
-    parser.add_argument(
+    out.add_argument("--json", type=Path, help="also write the JSON lines here")
+    out.add_argument(
         "--beir",
         type=int,
         nargs=3,
@@ -306,47 +314,29 @@ def main(argv: list[str] | None = None) -> int:
         help="read the data as a BEIR folder (data=beir): every pair's positive a document, the anchors of the first "
         "TRAIN / VAL / TEST pairs of each split the queries",
     )
-    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one size in this process
-    parser.add_argument("--one-sample", type=int, default=0, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.epochs < 1:
-        print(f"--epochs {args.epochs}: use at least 1", file=sys.stderr)
-        return 2
-    if args.one is not None:
-        args.pairs, args.sample = args.one, args.one_sample
-        print("RESULT " + json.dumps(run_one(args)))
-        return 0
-    results = []
+    out.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one size in this process
+    out.add_argument("--one-sample", type=int, default=0, help=argparse.SUPPRESS)
+    return out
+
+
+def run_size(args, n: int, sample: int) -> dict | None:
+    """One size in a process of its own (its own peak memory): its result, or None after printing why it failed."""
+    cmd = [sys.executable, __file__, "--one", str(n), "--one-sample", str(sample), "--epochs", str(args.epochs)]
+    cmd += ["--threads", str(args.threads), "--seed", str(args.seed)]
+    cmd += ["--data-dir", str(args.data_dir), "--cache-dir", str(args.cache_dir)]
+    cmd += ["--beir", *map(str, args.beir)] if args.beir else []
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads)}
-    for sample in [0] + ([args.sample] if args.sample else []):
-        for n in args.sizes:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--one",
-                str(n),
-                "--one-sample",
-                str(sample),
-                "--epochs",
-                str(args.epochs),
-                "--threads",
-                str(args.threads),
-                "--seed",
-                str(args.seed),
-                "--data-dir",
-                str(args.data_dir),
-                "--cache-dir",
-                str(args.cache_dir),
-                *(["--beir", *map(str, args.beir)] if args.beir else []),
-            ]
-            done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-            if done.returncode or not lines:
-                print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
-                print(f"{n} pairs: the run failed (exit {done.returncode})", file=sys.stderr)
-                return 1
-            results.append(json.loads(lines[-1][len("RESULT ") :]))
-            print_run(results[-1])
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        print(done.stdout[-2000:], done.stderr[-4000:], file=sys.stderr)
+        print(f"{n} pairs: the run failed (exit {done.returncode})", file=sys.stderr)
+        return None
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def print_growth(results: list[dict]) -> None:
+    """The growth exponents of each phase over the sizes, per sample setting."""
     print("\ngrowth exponents: slope of log(seconds) on log(N), CPU (wall); of log(MB) for the memory rise")
     for sample in sorted({r["sample"] for r in results}):
         group = [r for r in results if r["sample"] == sample]
@@ -364,7 +354,27 @@ def main(argv: list[str] | None = None) -> int:
             cpu, wall = (exponent(sizes, [get(r, kind) for r in group]) for kind in ("cpu", "wall"))
             print(f"   {label:<24} {name:<22} {_two_places(cpu)} ({_two_places(wall)})")
         rise = exponent(sizes, [data_rise_mb(r) for r in group])
-        print(f"   {label:<24} {'memory rise (data path)':<22} {'n/a' if rise is None else f'{rise:.2f}'}")
+        print(f"   {label:<24} {'memory rise (data path)':<22} {_two_places(rise)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.epochs < 1:
+        print(f"--epochs {args.epochs}: use at least 1", file=sys.stderr)
+        return 2
+    if args.one is not None:
+        args.pairs, args.sample = args.one, args.one_sample
+        print("RESULT " + json.dumps(run_one(args)))
+        return 0
+    results = []
+    for sample in [0] + ([args.sample] if args.sample else []):
+        for n in args.sizes:
+            result = run_size(args, n, sample)
+            if result is None:
+                return 1
+            results.append(result)
+            print_run(result)
+    print_growth(results)
     lines = [json.dumps(r) for r in results]
     print("\n" + "\n".join(lines))
     if args.json:
