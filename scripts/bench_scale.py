@@ -144,8 +144,9 @@ def synthetic_beir(pairs_folder: Path, queries: list[int]) -> Path:
 
 
 # -- one size, in its own process -------------------------------------------------------------------------------------
-def run_overrides(args, folder: Path, meter: PhaseMeter) -> list[str]:
-    """The run's overrides: the tiny frozen model on the pair files in ``folder`` (or their BEIR form, made here)."""
+def run_overrides(args, data: Path) -> list[str]:
+    """The run's overrides: the tiny frozen model on the data in ``data``: the pair files' folder, or with
+    ``args.beir`` their BEIR folder (:func:`synthetic_beir`)."""
     overrides = [
         "model=tiny",
         "model.encoder.freeze=true",
@@ -159,9 +160,8 @@ def run_overrides(args, folder: Path, meter: PhaseMeter) -> list[str]:
     if args.sample:
         overrides += [f"eval.{name}_queries={args.sample}" for name in SPLITS]
     if args.beir:
-        beir = meter("generate BEIR", lambda: synthetic_beir(folder, args.beir))
-        return overrides + ["data=beir", f"data.root={beir}"]
-    return overrides + ["data=pairs"] + [f"data.{name}={folder / f'{name}.jsonl'}" for name in SPLITS]
+        return overrides + ["data=beir", f"data.root={data}"]
+    return overrides + ["data=pairs"] + [f"data.{name}={data / f'{name}.jsonl'}" for name in SPLITS]
 
 
 def timed_epochs(runner, meter: PhaseMeter, epochs: int, train_sim, best) -> tuple[dict, list[float], object]:
@@ -195,8 +195,9 @@ def run_one(args) -> dict:
     from biencoder.engine.training import runner as runner_module
 
     meter = PhaseMeter()
-    folder = meter("generate", lambda: synthetic_folder(args.data_dir, args.pairs, args.seed))
-    cfg = compose_config(run_overrides(args, folder, meter))
+    pairs = meter("generate", lambda: synthetic_folder(args.data_dir, args.pairs, args.seed))
+    data = meter("generate BEIR", lambda: synthetic_beir(pairs, args.beir)) if args.beir else pairs
+    cfg = compose_config(run_overrides(args, data))
     out = Path(tempfile.mkdtemp(prefix="bench-scale-"))
     try:
         runner = meter("set-up", lambda: runner_module.Runner(cfg, out))
@@ -284,7 +285,8 @@ def _two_places(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
 
 
-def parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: sizes, epochs, threads, sample, seed, folders, --json, --beir, and the internal --one."""
     out = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     out.add_argument("--sizes", type=int, nargs="+", default=[10000, 30000, 100000], help="pairs (all splits)")
     out.add_argument(
@@ -358,7 +360,7 @@ def print_growth(results: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.epochs < 1:
         print(f"--epochs {args.epochs}: use at least 1", file=sys.stderr)
         return 2

@@ -154,13 +154,20 @@ def console_scripts(root: Path = REPO) -> dict[str, str]:
     return dict(re.findall(r'^\s*"?([\w-]+)"?\s*=\s*"([\w.]+:\w+)"', section[1], flags=re.M))
 
 
-def run_python(args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, own_process=False):
-    """``python *args`` in a process of its own (``own_process``) or in this one (:func:`run_in_process`), as the same
-    :class:`subprocess.CompletedProcess` either way: one case per program proves the process path, the others skip
-    importing torch again."""
+def run_python(
+    args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None, own_process=False, timeout=600
+):
+    """``python *args`` in a process of its own (``own_process``, killed after ``timeout`` seconds) or in this one
+    (:func:`run_in_process`), as the same :class:`subprocess.CompletedProcess` either way: one case per program proves
+    the process path, the others skip importing torch again."""
     if not own_process:
         return run_in_process(args, env=env, cwd=cwd)
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=600)
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The rows of a JSON-lines file (``metrics.jsonl``), in order."""
+    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def run_in_process(args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None):

@@ -234,7 +234,7 @@ def test_bad_input_is_refused_in_one_line(tmp_path, argv, env, expect, own_proce
             args.append(f"paths.log_dir={logs}")
     environ = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
     environ.update(env(tmp_path) if env else {})
-    proc = run_python(args, env=environ, cwd=tmp_path, own_process=own_process)
+    proc = run_python(args, env=environ, cwd=tmp_path, own_process=own_process, timeout=300)
     assert proc.returncode != 0, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -15,17 +15,23 @@ LINES = [
     "    biencoder.engine.retrieval.search.xǁNeighbourIndexǁ__init____mutmut_4: not checked",
     "",
     "    biencoder.report.statistics.x_holm__mutmut_1: killed",
+    "    biencoder.report.statistics.x_holm__mutmut_2: no tests",
+    "    biencoder.report.statistics.x_holm__mutmut_3: check was interrupted by user",
+    "    biencoder.report.statistics.x_holm__mutmut_4: segfault",
+    "    biencoder.report.statistics.x_holm__mutmut_5: caught by type check",
 ]
 
 
 def test_a_part_way_run_counts_its_unchecked_mutants_apart():
-    """Per module: 4 mutants, 3 checked, a timeout among the killed (2), 1 survivor of 3 checked; the unchecked one
-    neither killed nor survived."""
+    """search.py: 4 mutants, 3 checked, a timeout among the killed (2), 1 survivor of 3 checked; the unchecked one
+    neither killed nor survived. statistics.py: an interrupted check is unchecked, "no tests" a survivor (nothing
+    would notice the mutant), a type check's catch a kill, a segfault named apart: killed + survived + other =
+    checked."""
     counts = SCRIPT["tally"](LINES)
-    assert list(counts) == ["engine.retrieval.search", "report.statistics"]
+    assert list(counts) == ["engine/retrieval/search.py", "report/statistics.py"]
     rows = SCRIPT["table"](counts).splitlines()
-    assert rows[2] == "| `engine.retrieval.search` | 4 | 3 | 2 | 1 | 33.3 % |"
-    assert rows[3] == "| `report.statistics` | 1 | 1 | 1 | 0 | 0.0 % |"
+    assert rows[2] == "| `engine/retrieval/search.py` | 4 | 3 | 2 | 1 | – | 33.3 % |"
+    assert rows[3] == "| `report/statistics.py` | 5 | 4 | 2 | 1 | 1 segfault | 25.0 % |"
 
 
 def test_a_line_that_is_not_mutmuts_is_named():

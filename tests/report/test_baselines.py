@@ -3,8 +3,6 @@ baseline comes from its own config, and finished runs are required, in one line.
 
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -22,7 +20,7 @@ from biencoder.report.runs import assign_cells, find_runs
 from biencoder.report.statistics import holm
 from biencoder.summary import main
 from conftest import REPO
-from helpers import write_run
+from helpers import run_python, write_run
 
 TINY = {
     "name": "tiny",
@@ -118,7 +116,7 @@ def test_unseen_queries_and_a_recorded_baseline_that_disagrees(tmp_path):
 
 def run_script(*args):
     env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    return subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, env=env, timeout=300)
+    return run_python([*map(str, args)], env=env, own_process=True, timeout=300)
 
 
 @pytest.mark.slow

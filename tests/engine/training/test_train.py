@@ -3,7 +3,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,13 +14,10 @@ from biencoder.engine.training.epoch import EpochTrainer
 from biencoder.engine.training.run import run
 from biencoder.engine.training.runner import Runner
 from conftest import FAST, REPO, compose_cfg, grid_layout
+from helpers import read_rows, run_python
 
 VOLATILE = {"epoch_time_s"}
 DEDUP_QUERIES = {"train": 30, "val": 30, "test": 32}
-
-
-def read_rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def numbers(rows):
@@ -191,7 +187,7 @@ def test_batches_carry_the_mined_tokens(tmp_path):
 
 def cli(*args, cwd=REPO, env_extra=None):
     env = {**os.environ, "HYDRA_FULL_ERROR": "0", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=600)
+    return run_python(["-m", *args], env=env, cwd=cwd, own_process=True)
 
 
 @pytest.mark.slow
