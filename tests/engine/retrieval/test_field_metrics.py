@@ -106,6 +106,14 @@ def test_ties_count_against_the_relevant_document_in_the_final_ranking():
     assert final[0, 0] != true[0]
 
 
+def test_the_end_of_a_short_pool_stays_after_its_listed_rows():
+    """A pool of two candidates in a shortlist of k = 3: the empty place (NONE, margin NaN) stays last, whatever the
+    listed margins (here all below 0), and the two listed rows are reranked before it."""
+    rows = np.array([[5, 6, NONE]])
+    final = final_rows(rows, np.array([[-2.0, -1.0, np.nan]]), np.array([5]))
+    assert final.tolist() == [[6, 5, NONE]]
+
+
 def test_a_cut_past_the_ranking_or_below_one_is_refused():
     ranks = Ranks(np.array([1, NOT_LISTED]), depth=10)
     for metric, name in ((ndcg_at, "nDCG"), (mrr_at, "MRR"), (recall_at, "recall")):

@@ -68,7 +68,7 @@ def _pair_labels(batch: int, device: torch.device) -> Tensor:
 
 def _parts(names: tuple[str, ...], values: list[Tensor]) -> dict[str, Tensor]:
     # detached, left on the device: reading them here would stall every step; the runner reads them once an epoch
-    return {name: value.detach() for name, value in zip(names, values, strict=False)}
+    return {name: value.detach() for name, value in zip(names, values, strict=True)}
 
 
 class TripletCELoss(nn.Module):
