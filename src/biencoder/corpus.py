@@ -52,7 +52,7 @@ def pair_sources(paths: list[str], fmt: str | None = None, columns: dict | None 
     column; or a folder holding ``train.*``, ``val.*`` and ``test.*``), or None when ``paths`` is one ArguAna root."""
     base = {"layout": "pairs", "format": fmt, "columns": columns or {}}
     if len(paths) == 3:
-        return {**base, **dict(zip(("train", "val", "test"), paths, strict=False))}
+        return {**base, **dict(zip(("train", "val", "test"), paths, strict=True))}
     if len(paths) != 1:
         raise CorpusError(
             f"{len(paths)} paths: pass one corpus root, one folder or file of pairs, or three pair "

@@ -95,7 +95,7 @@ def read_texts(
 def corpus_candidates(root: str, split: str) -> tuple[list[str], list[str]]:
     """The arguments of a corpus split that belong to pairs (the per-epoch pool), ids ``<pair id>/<point|counter>``."""
     paired = read_corpus(root).paired(split_name(split))
-    return paired.texts, [f"{p}/{k}" for p, k in zip(paired.table["pair_id"], paired.table["kind"], strict=False)]
+    return paired.texts, [f"{p}/{k}" for p, k in zip(paired.table["pair_id"], paired.table["kind"], strict=True)]
 
 
 def _short(text: str, width: int) -> str:
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     results = retriever.search(queries, args.k)
     searched = time.time() - start
-    records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results, strict=False)]
+    records = [{"query": q, "hits": [asdict(h) for h in hits]} for q, hits in zip(queries, results, strict=True)]
     if args.json:
         print(strict_json(records, indent=2, ensure_ascii=False))
     elif args.jsonl:

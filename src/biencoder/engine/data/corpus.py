@@ -93,7 +93,7 @@ class Corpus:
         point and counter texts occur together as a pair of b, the distinct texts of a found in b, and the
         debates of a whose URL (metadata.txt) is also a debate of b."""
         pair_set = {
-            s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"], strict=False))
+            s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"], strict=True))
             for s in SPLIT_NAMES
         }
         urls = {s: set(self.debates.loc[self.debates["split"] == SPLIT_NAMES[s], "url"].dropna()) for s in SPLIT_NAMES}
@@ -107,7 +107,7 @@ class Corpus:
                 "pairs": sum(
                     pair in pairs_b
                     for pair in zip(
-                        self.split_pairs(a)["point_text"], self.split_pairs(a)["counter_text"], strict=False
+                        self.split_pairs(a)["point_text"], self.split_pairs(a)["counter_text"], strict=True
                     )
                 ),
                 "of_pairs": len(self.split_pairs(a)),

@@ -150,7 +150,7 @@ class PairFiles:
         """Cross-split overlap per ordered pair of splits ``a->b`` (and ``test->train+val``): the pairs of a whose
         anchor and positive occur together as a pair of b, and the distinct texts of a found in b."""
         pair_set = {
-            s: set(zip(self.split_pairs(s)["anchor"], self.split_pairs(s)["positive"], strict=False))
+            s: set(zip(self.split_pairs(s)["anchor"], self.split_pairs(s)["positive"], strict=True))
             for s in SPLIT_NAMES
         }
         targets = [(a, (b,)) for a in SPLIT_NAMES for b in SPLIT_NAMES if a != b] + [("test", ("train", "val"))]
@@ -160,7 +160,7 @@ class PairFiles:
             texts_b = set().union(*(self.texts(b) for b in bs))
             pairs_a = self.split_pairs(a)
             out[f"{a}->{'+'.join(bs)}"] = {
-                "pairs": sum(pair in pairs_b for pair in zip(pairs_a["anchor"], pairs_a["positive"], strict=False)),
+                "pairs": sum(pair in pairs_b for pair in zip(pairs_a["anchor"], pairs_a["positive"], strict=True)),
                 "of_pairs": len(pairs_a),
                 "texts": len(self.texts(a) & texts_b),
                 "of_texts": len(self.texts(a)),
@@ -207,7 +207,7 @@ def export_pairs(corpus, folder: str | Path) -> dict[str, Path]:
         lines = [
             strict_json({"anchor": a, "positive": p, "group": f"{t}/{d}"}, ensure_ascii=False) + "\n"
             for a, p, t, d in zip(
-                pairs["point_text"], pairs["counter_text"], pairs["theme"], pairs["debate"], strict=False
+                pairs["point_text"], pairs["counter_text"], pairs["theme"], pairs["debate"], strict=True
             )
         ]
         out[split] = _write_atomic(folder / name, "".join(lines))

@@ -181,7 +181,7 @@ def _delimited(content: bytes, label: str, delimiter: str) -> Records:
                         f"{label} line {start} has {len(fields)} fields, the header has {len(header)}: "
                         'quote a field that holds the delimiter or a line break ("...")'
                     )
-                rows.append(dict(zip(header, fields, strict=False)))
+                rows.append(dict(zip(header, fields, strict=True)))
                 where.append(f"line {start}")
             start = reader.line_num + 1
     except csv.Error as err:
@@ -287,7 +287,7 @@ def pair_table(records: Records, columns: dict[str, str | None], split: str | No
     """One row per record: split, anchor, positive, negative, group (None where absent), source, where. ``split``:
     the split of every row (one file per split), else each row's ``split`` column."""
     rows = []
-    for record, where in zip(records.rows, records.where, strict=False):
+    for record, where in zip(records.rows, records.where, strict=True):
         values = {role: _value(record, col, role, where, records) if col else None for role, col in columns.items()}
         if values["negative"] is not None and values["negative"] in (values["anchor"], values["positive"]):
             same = "positive" if values["negative"] == values["positive"] else "anchor"

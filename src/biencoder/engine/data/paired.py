@@ -185,7 +185,7 @@ class PairedSplit:
         texts = set().union(*(set(u.texts) for u in used)) if used else set()
         t = self.table["text"].to_numpy()
         return np.array(
-            [(t[p] in texts) or (t[c] in texts) for p, c in zip(self.query, self.counter, strict=False)], dtype=bool
+            [(t[p] in texts) or (t[c] in texts) for p, c in zip(self.query, self.counter, strict=True)], dtype=bool
         )
 
     def is_candidate(self, rows: np.ndarray, pairs: np.ndarray | None = None) -> np.ndarray:

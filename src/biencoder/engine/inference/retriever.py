@@ -127,7 +127,7 @@ class Retriever:
         # never returned for it, so at most that many are dropped and the shortlist stays full whenever it can be
         copies = max((self.copies[query] for query in queries), default=0)
         dist, rows = self.index.query(q.retrieval(self.space).numpy().astype(np.float64), shortlist + copies)
-        keep = np.array([[self.texts[r] != query for r in row] for row, query in zip(rows, queries, strict=False)])
+        keep = np.array([[self.texts[r] != query for r in row] for row, query in zip(rows, queries, strict=True)])
         rows, dist = first_kept(rows, dist, keep, shortlist)
         # the queries are rows 0..n-1 of the pairs' embeddings, the candidates follow them
         both = Embeddings(torch.cat([q.sim, self.candidates.sim]), torch.cat([q.pooled, self.candidates.pooled]))

@@ -199,7 +199,7 @@ class EmbeddingCache:
             if not np.isfinite(vectors).all():
                 raise NonFiniteVectors()
             self._write_shard(hashes[unique_missing], vectors)
-            for i, vector in zip(unique_missing, vectors, strict=False):
+            for i, vector in zip(unique_missing, vectors, strict=True):
                 table[hashes[i].tobytes()] = vector
         return np.stack([table[h.tobytes()] for h in hashes]) if len(texts) else np.zeros((0, 0), np.float32)
 

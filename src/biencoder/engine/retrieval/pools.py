@@ -86,7 +86,7 @@ def pool_ranks(
     rows_of = {name: np.concatenate(parts) for name, parts in shortlists.items()}
     margins = shortlist_margins(model, emb, split.query, list(rows_of.values()), rerank.batch_size, rerank.device)
     ranks = {}
-    for (name, rows), m in zip(rows_of.items(), margins, strict=False):
+    for (name, rows), m in zip(rows_of.items(), margins, strict=True):
         rank, in_k = shortlist_ranks(rows, m, split.counter, split.name)
         ranks[name] = np.where(in_k, rank, np.concatenate(behind[name]))
     return ranks

@@ -56,7 +56,7 @@ class FlatParameters:
             size = sum(p.numel() for p in self.members)
             data = torch.empty(size, dtype=first.dtype, device=first.device)
             grad = torch.zeros_like(data)
-            for p, p_data, p_grad in zip(self.members, self.views(data), self.views(grad), strict=False):
+            for p, p_data, p_grad in zip(self.members, self.views(data), self.views(grad), strict=True):
                 p_data.copy_(p.detach())
                 p.data, p.grad = p_data, p_grad
             self.flat = nn.Parameter(data)
