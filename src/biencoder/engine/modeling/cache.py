@@ -153,7 +153,7 @@ class EmbeddingCache:
                 log.warning("embedding cache: %s %s; deleting it, its texts will be recomputed", shard, problem)
                 shard.unlink(missing_ok=True)
                 continue
-            for digest, vector in zip(hashes, vectors, strict=False):
+            for digest, vector in zip(hashes, vectors, strict=True):
                 table[digest.tobytes()] = vector
         return table
 
