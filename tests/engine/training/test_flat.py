@@ -132,6 +132,16 @@ def test_a_state_that_covers_part_of_a_group_is_refused():
         flat_state(state, flat)
 
 
+def test_a_state_of_other_parameter_groups_is_refused():
+    """A saved optimiser with a group fewer than the model's (another head, another optimiser) is refused in words,
+    never matched group by group as far as the shorter goes."""
+    net, opt = plain_run(steps=1)
+    state = opt.state_dict()
+    state["param_groups"] = state["param_groups"][:-1]
+    with pytest.raises(ValueError, match=r"the saved optimiser has 1 parameter groups, this model's 2"):
+        flat_state(state, flatten(net))
+
+
 def test_a_flat_optimisers_saved_state_resumes_a_per_parameter_one(tmp_path):
     """The other direction (code from before FlatParameters resuming this version's last.pt): saved through torch.save
     and loaded on the CPU, where loading copies nothing, each parameter has its own step counter, and the per-parameter

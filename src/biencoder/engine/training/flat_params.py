@@ -80,8 +80,8 @@ def per_parameter_state(state: dict, groups: list[FlatParameters]) -> dict:
     the groups' own parameters, in their order (what ``torch.optim`` writes without :class:`FlatParameters`). A
     member's state is a view of the flat state, but for ``step``, a scalar, copied per member."""
     out, groups_out, index = {}, [], 0
-    for group, saved in zip(groups, state["param_groups"], strict=False):
-        ids = dict(zip(map(id, group.tensors()), saved["params"], strict=False))
+    for group, saved in zip(groups, state["param_groups"], strict=True):
+        ids = dict(zip(map(id, group.tensors()), saved["params"], strict=True))
         flat = state["state"].get(ids[id(group.flat)]) if group.flat is not None else None
         # a scalar state (``step``) is cloned per member: a shared one would be counted up once per member by a
         # per-parameter optimiser that loads this on the CPU (where loading copies nothing)
@@ -111,12 +111,16 @@ def flat_state(state: dict, groups: list[FlatParameters]) -> dict:
     written before :class:`FlatParameters`) → the state dict of the optimiser over ``[g.tensors() for g in groups]``.
     Raises ValueError when some members have a state and others not (no run of this code writes that)."""
     out, groups_out, index = {}, [], 0
-    for group, saved in zip(groups, state["param_groups"], strict=False):
+    if len(state["param_groups"]) != len(groups):
+        raise ValueError(
+            f"the saved optimiser has {len(state['param_groups'])} parameter groups, this model's {len(groups)}"
+        )
+    for group, saved in zip(groups, state["param_groups"], strict=True):
         if len(saved["params"]) != len(group.params):
             raise ValueError(
                 f"the saved optimiser group has {len(saved['params'])} parameters, this model's {len(group.params)}"
             )
-        of = dict(zip(map(id, group.params), saved["params"], strict=False))
+        of = dict(zip(map(id, group.params), saved["params"], strict=True))
         members = [state["state"].get(of[id(p)]) for p in group.members]
         params = []
         if group.flat is not None:
