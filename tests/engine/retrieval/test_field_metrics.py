@@ -9,7 +9,17 @@ import math
 import numpy as np
 import pytest
 
-from biencoder.engine.retrieval.metrics import NOT_LISTED, Ranks, mrr, mrr_at, ndcg_at, recall_at, top1, top1_hits
+from biencoder.engine.retrieval.metrics import (
+    NOT_LISTED,
+    Ranks,
+    judged_ranks,
+    mrr,
+    mrr_at,
+    ndcg_at,
+    recall_at,
+    top1,
+    top1_hits,
+)
 from biencoder.engine.retrieval.rerank import NONE, final_rows, listed_ranks
 
 L2 = math.log2
@@ -132,14 +142,23 @@ def test_a_cut_past_the_ranking_or_below_one_is_refused():
         ([[1, 2]], [[1.0, 1.0]], "grades must be integers"),
         ([[1, 2]], [[1, -1]], "grades must be integers"),
         ([[NOT_LISTED, NOT_LISTED]], [[0, 0]], "every query needs a relevant document"),
+        ([[1, NOT_LISTED], [NOT_LISTED, NOT_LISTED]], [[1, 0], [0, 0]], "every query needs a relevant document"),
         ([[1, 3]], [[1, 0]], "a place of grade 0 is padding"),
         ([[2, 2]], [[1, 1]], "two relevant documents of a query in one place"),
+        ([[1, 4, 4]], [[1, 1, 1]], "two relevant documents of a query in one place"),  # not the first place
         ([[1, 101]], [[1, 1]], "from 1 to 101"),
     ],
 )
 def test_impossible_graded_ranks_are_refused(rank, grade, problem):
     with pytest.raises(ValueError, match=problem):
         Ranks(np.array(rank), 100, np.array(grade))
+
+
+def test_padding_never_matches_the_end_of_a_short_ranking():
+    """A query with fewer relevant documents than the widest (padding: row -1, grade 0) in a ranking of a pool
+    shorter than the depth (NONE = -1 past its end): the padding is no document, so it has no place."""
+    ranks = judged_ranks(np.array([[3, 4, NONE]]), np.array([[4, -1]]), np.array([[1, 0]]), 100)
+    assert ranks.rank.tolist() == [[2, NOT_LISTED]]
 
 
 def test_one_counter_as_graded_ranks_gives_the_same_figures():

@@ -156,3 +156,5 @@ def test_the_per_epoch_ranks_must_be_of_one_shortlist():
         epoch_metrics(Ranks(np.array([1, 2])), Ranks(np.array([1, 2])), Ranks(np.array([1, 2]), 100))  # no k
     with pytest.raises(ValueError, match="listed to 100 places or more"):  # R@100 of a 10-deep ranking: a recall@10
         epoch_metrics(ranks, ranks, Ranks(np.array([1, 2]), 10))
+    with pytest.raises(ValueError, match="final ranks must be of the same queries"):  # a query more, deep enough
+        epoch_metrics(ranks, ranks, Ranks(np.array([1, 2, 3]), 100))
