@@ -67,6 +67,11 @@ class Corpus:
         """The pairs of ``split`` (either spelling)."""
         return self.pairs[self.pairs["split"] == SPLIT_NAMES[split_name(split)]]
 
+    def _text_pairs(self, split: str) -> list[tuple[str, str]]:
+        """(point text, counter text) of each pair of ``split``, in order."""
+        pairs = self.split_pairs(split)
+        return list(zip(pairs["point_text"], pairs["counter_text"], strict=True))
+
     def texts(self, split: str) -> set[str]:
         """Every argument text of ``split`` (points without a counter too)."""
         return set(self.arguments.loc[self.arguments["split"] == SPLIT_NAMES[split_name(split)], "text"])
@@ -92,10 +97,8 @@ class Corpus:
         """Cross-split overlap, per ordered pair of splits ``a->b`` (and ``test->train+val``): the pairs of a whose
         point and counter texts occur together as a pair of b, the distinct texts of a found in b, and the
         debates of a whose URL (metadata.txt) is also a debate of b."""
-        pair_set = {
-            s: set(zip(self.split_pairs(s)["point_text"], self.split_pairs(s)["counter_text"], strict=True))
-            for s in SPLIT_NAMES
-        }
+        pair_list = {s: self._text_pairs(s) for s in SPLIT_NAMES}
+        pair_set = {s: set(pairs) for s, pairs in pair_list.items()}
         urls = {s: set(self.debates.loc[self.debates["split"] == SPLIT_NAMES[s], "url"].dropna()) for s in SPLIT_NAMES}
         out = {}
         targets = [(a, (b,)) for a in SPLIT_NAMES for b in SPLIT_NAMES if a != b] + [("test", ("train", "val"))]
@@ -104,13 +107,8 @@ class Corpus:
             texts_b = set().union(*(self.texts(b) for b in bs))
             urls_b = set().union(*(urls[b] for b in bs))
             out[f"{a}->{'+'.join(bs)}"] = {
-                "pairs": sum(
-                    pair in pairs_b
-                    for pair in zip(
-                        self.split_pairs(a)["point_text"], self.split_pairs(a)["counter_text"], strict=True
-                    )
-                ),
-                "of_pairs": len(self.split_pairs(a)),
+                "pairs": sum(pair in pairs_b for pair in pair_list[a]),
+                "of_pairs": len(pair_list[a]),
                 "texts": len(self.texts(a) & texts_b),
                 "of_texts": len(self.texts(a)),
                 "debates": int(self.debates.loc[self.debates["split"] == SPLIT_NAMES[a], "url"].isin(urls_b).sum()),

@@ -82,6 +82,11 @@ class PairFiles:
     def split_pairs(self, split: str) -> pd.DataFrame:
         return self.pairs[self.pairs["split"] == split_name(split)]
 
+    def _text_pairs(self, split: str) -> list[tuple[str, str]]:
+        """(anchor, positive) of each pair of ``split``, in order."""
+        pairs = self.split_pairs(split)
+        return list(zip(pairs["anchor"], pairs["positive"], strict=True))
+
     def texts(self, split: str) -> set[str]:
         """Every anchor and positive text of ``split``."""
         pairs = self.split_pairs(split)
@@ -149,19 +154,16 @@ class PairFiles:
     def overlap(self) -> dict[str, dict[str, int]]:
         """Cross-split overlap per ordered pair of splits ``a->b`` (and ``test->train+val``): the pairs of a whose
         anchor and positive occur together as a pair of b, and the distinct texts of a found in b."""
-        pair_set = {
-            s: set(zip(self.split_pairs(s)["anchor"], self.split_pairs(s)["positive"], strict=True))
-            for s in SPLIT_NAMES
-        }
+        pair_list = {s: self._text_pairs(s) for s in SPLIT_NAMES}
+        pair_set = {s: set(pairs) for s, pairs in pair_list.items()}
         targets = [(a, (b,)) for a in SPLIT_NAMES for b in SPLIT_NAMES if a != b] + [("test", ("train", "val"))]
         out = {}
         for a, bs in targets:
             pairs_b = set().union(*(pair_set[b] for b in bs))
             texts_b = set().union(*(self.texts(b) for b in bs))
-            pairs_a = self.split_pairs(a)
             out[f"{a}->{'+'.join(bs)}"] = {
-                "pairs": sum(pair in pairs_b for pair in zip(pairs_a["anchor"], pairs_a["positive"], strict=True)),
-                "of_pairs": len(pairs_a),
+                "pairs": sum(pair in pairs_b for pair in pair_list[a]),
+                "of_pairs": len(pair_list[a]),
                 "texts": len(self.texts(a) & texts_b),
                 "of_texts": len(self.texts(a)),
             }
