@@ -27,6 +27,7 @@ import torch
 import yaml
 
 from biencoder.engine.data.paired import PairedSplit
+from biencoder.engine.modeling.model import Embeddings
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -237,3 +238,40 @@ def _restore_torch_state(state: tuple) -> None:
     torch.set_rng_state(torch_rng)
     torch.use_deterministic_algorithms(deterministic, warn_only=warn_only)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = cudnn_deterministic, cudnn_benchmark
+
+
+def tied_split(n_pairs=57, seed=0):
+    """A split of 3 themes × 2 debates × 2 sides whose texts repeat: some true counters have twins (other counters of
+    the same text), some points carry a counter's text, one point its own counter's. Equal texts get equal vectors
+    (the embedding cache's contract); the sim vectors are small integers, so distances tie between distinct texts."""
+    rng = np.random.default_rng(seed)
+    words = [f"w{i}" for i in range(40)]
+
+    def text():
+        return " ".join(rng.choice(words, size=6))
+
+    points, counters = [text() for _ in range(n_pairs)], [text() for _ in range(n_pairs)]
+    for i in range(0, n_pairs, 7):
+        counters[i + 1 if i + 1 < n_pairs else 0] = counters[i]  # twins of a true counter
+    for i in range(3, n_pairs, 11):
+        points[i] = counters[(i * 5) % n_pairs]  # a point with another pair's counter text
+    points[2] = counters[2]  # a point with its own counter's text
+    theme = rng.integers(0, 3, n_pairs)
+    debate = theme * 2 + rng.integers(0, 2, n_pairs)
+    table = pd.DataFrame(
+        {
+            "theme": [f"t{t}" for t in np.tile(theme, 2)],
+            "debate": [f"d{d}" for d in np.tile(debate, 2)],
+            "stance": np.tile(rng.choice(["pro", "con"], n_pairs), 2),
+            "kind": ["point"] * n_pairs + ["counter"] * n_pairs,
+            "text": points + counters,
+            "pair_id": [f"p{i}" for i in range(n_pairs)] * 2,
+        }
+    )
+    table["text_id"] = pd.factorize(table["text"])[0]
+    split = PairedSplit("test", table)
+    ids = split.text_id
+    sim = torch.zeros(len(ids), 128)
+    sim[:, :3] = torch.from_numpy(rng.integers(0, 3, (ids.max() + 1, 3))[ids]).float()
+    pooled = torch.from_numpy(rng.normal(size=(ids.max() + 1, 32))[ids]).float()
+    return split, Embeddings(sim, pooled)

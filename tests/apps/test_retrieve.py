@@ -10,7 +10,7 @@ import torch
 
 from biencoder.engine.inference.retriever import EncodingSettings, InputError, Retriever
 from biencoder.engine.modeling.encoding import TokenizedTexts, encode, pair_margins
-from biencoder.engine.retrieval.rerank import retrieve
+from biencoder.engine.retrieval.order import retrieve
 from biencoder.engine.runs.checkpoint import load_checkpoint
 from biencoder.engine.training.run import run
 from biencoder.retrieve import main, read_texts

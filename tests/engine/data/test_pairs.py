@@ -12,7 +12,7 @@ from biencoder.engine.data.corpus import run_splits
 from biencoder.engine.data.pair_files import export_pairs, read_pairs
 from biencoder.engine.data.pair_records import PairsError, data_files
 from biencoder.engine.retrieval.groups import group_shortlists
-from biencoder.engine.retrieval.rerank import NONE, retrieve
+from biencoder.engine.retrieval.order import NONE, retrieve
 from biencoder.errors import ConfigError
 from conftest import compose_cfg
 from helpers import ROWS, records, write_jsonl

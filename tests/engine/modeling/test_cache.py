@@ -215,8 +215,8 @@ def test_a_frozen_encoders_own_space_is_searched_once_per_run(tmp_path, monkeypa
     from biencoder.engine.training import evaluation
 
     searches = []
-    original = evaluation.retrieve_ranking  # the retrieval ranking to 100 places, whose first k are the shortlist
-    monkeypatch.setattr(evaluation, "retrieve_ranking", lambda *a, **k: searches.append(1) or original(*a, **k))
+    original = evaluation.retrieval_order  # the retrieval order, whose first k places are the shortlist
+    monkeypatch.setattr(evaluation, "retrieval_order", lambda *a, **k: searches.append(1) or original(*a, **k))
     cfg = compose_cfg(FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "eval.retrieve=encoder"])
     runner = Runner(cfg, tmp_path / "run")
     for epoch in range(2):

@@ -1,4 +1,4 @@
-"""The data path in blocks of queries (engine/retrieval/rerank.py, engine/retrieval/official_tasks.py,
+"""The data path in blocks of queries (engine/retrieval/order.py, rerank.py, engine/retrieval/official_tasks.py,
 engine/retrieval/negatives.py): the same ranks, hits, shortlists and negatives as one pass over the whole [Q, 2Q]
 matrix, ties included, and memory that does not hold it.
 
@@ -13,7 +13,7 @@ import torch
 
 from biencoder.engine.data.corpus import PairedSplit
 from biencoder.engine.modeling.model import Embeddings
-from biencoder.engine.retrieval import negatives, rerank
+from biencoder.engine.retrieval import negatives, order
 from biencoder.engine.retrieval.negatives import Mining, mine_negatives
 from biencoder.engine.retrieval.official_tasks import (
     NOT_A_CANDIDATE,
@@ -28,18 +28,17 @@ from biencoder.engine.retrieval.official_tasks import (
     task_masks,
     tfidf_scores,
 )
+from biencoder.engine.retrieval.order import NONE, query_blocks, retrieve
 from biencoder.engine.retrieval.pools import pool_ranks, pool_shortlists, query_ranks
 from biencoder.engine.retrieval.rerank import (
-    NONE,
     Rerank,
     pool_mask,
-    query_blocks,
-    retrieve,
     retrieve_rerank,
     shortlist_margins,
     shortlist_ranks,
 )
 from biencoder.engine.retrieval.search import distances
+from helpers import tied_split
 
 
 # -- the whole-matrix references ------------------------------------------------------------------------------------
@@ -94,44 +93,7 @@ def whole_pool_ranks(model, emb, split, pools, k, space):
     return ranks
 
 
-# -- a split full of ties -------------------------------------------------------------------------------------------
-def tied_split(n_pairs=57, seed=0):
-    """A split of 3 themes × 2 debates × 2 sides whose texts repeat: some true counters have twins (other counters of
-    the same text), some points carry a counter's text, one point its own counter's. Equal texts get equal vectors
-    (the embedding cache's contract); the sim vectors are small integers, so distances tie between distinct texts."""
-    rng = np.random.default_rng(seed)
-    words = [f"w{i}" for i in range(40)]
-
-    def text():
-        return " ".join(rng.choice(words, size=6))
-
-    points, counters = [text() for _ in range(n_pairs)], [text() for _ in range(n_pairs)]
-    for i in range(0, n_pairs, 7):
-        counters[i + 1 if i + 1 < n_pairs else 0] = counters[i]  # twins of a true counter
-    for i in range(3, n_pairs, 11):
-        points[i] = counters[(i * 5) % n_pairs]  # a point with another pair's counter text
-    points[2] = counters[2]  # a point with its own counter's text
-    theme = rng.integers(0, 3, n_pairs)
-    debate = theme * 2 + rng.integers(0, 2, n_pairs)
-    table = pd.DataFrame(
-        {
-            "theme": [f"t{t}" for t in np.tile(theme, 2)],
-            "debate": [f"d{d}" for d in np.tile(debate, 2)],
-            "stance": np.tile(rng.choice(["pro", "con"], n_pairs), 2),
-            "kind": ["point"] * n_pairs + ["counter"] * n_pairs,
-            "text": points + counters,
-            "pair_id": [f"p{i}" for i in range(n_pairs)] * 2,
-        }
-    )
-    table["text_id"] = pd.factorize(table["text"])[0]
-    split = PairedSplit("test", table)
-    ids = split.text_id
-    sim = torch.zeros(len(ids), 128)
-    sim[:, :3] = torch.from_numpy(rng.integers(0, 3, (ids.max() + 1, 3))[ids]).float()
-    pooled = torch.from_numpy(rng.normal(size=(ids.max() + 1, 32))[ids]).float()
-    return split, Embeddings(sim, pooled)
-
-
+# -- a split full of ties (helpers.tied_split) ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def tied():
     return tied_split()
@@ -139,7 +101,7 @@ def tied():
 
 def cells_choices(split):
     """One query a block, a few with a remainder, one block."""
-    return [1, 3 * len(split.table) + 5, rerank.BLOCK_CELLS]
+    return [1, 3 * len(split.table) + 5, order.BLOCK_CELLS]
 
 
 def test_the_split_has_what_the_blocks_must_keep(tied):
@@ -217,7 +179,7 @@ def test_query_blocks_leave_the_classifier_batches_of_one_whole_pass(tiny_model_
         evaluate_tasks(split, "classifier", model, emb, Rerank(batch_size=64, cells=cells))
         return seen
 
-    whole = batches_of(rerank.BLOCK_CELLS)
+    whole = batches_of(order.BLOCK_CELLS)
     assert len(whole) > 1 and all(len(b) == 64 for b in whole[:-1])
     for cells in (1, 3 * len(split.table) + 5):
         assert batches_of(cells) == whole, cells
@@ -284,7 +246,7 @@ def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, m
         retrieve_rerank(model, emb, split, Rerank(k=4, index=index)),
         mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(n_neighbors=1, index=index)),
     ]
-    monkeypatch.setattr(rerank, "SEARCH_BLOCK", 5)
+    monkeypatch.setattr(order, "SEARCH_BLOCK", 5)
     monkeypatch.setattr(negatives, "SEARCH_BLOCK", 5)
     blocked = [
         retrieve(sim, split, 4, index),
@@ -310,7 +272,7 @@ def test_retrieval_of_the_positives_pool_in_search_blocks(tiny_model_and_tokeniz
     sim = emb.sim.numpy()
     whole = retrieve(sim, split, 4, "exact"), retrieve_rerank(model, emb, split, Rerank(k=4, index="exact"))
     expected = baseline_ranks(split, emb.pooled)
-    monkeypatch.setattr(rerank, "SEARCH_BLOCK", 5)
+    monkeypatch.setattr(order, "SEARCH_BLOCK", 5)
     rows, dist = retrieve(sim, split, 4, "exact")
     assert np.array_equal(rows, whole[0][0]) and np.array_equal(dist, whole[0][1])
     assert split.is_counter[rows].all()

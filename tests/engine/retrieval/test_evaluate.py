@@ -7,7 +7,8 @@ import torch
 from biencoder.engine.modeling.encoding import TokenizedTexts, encode
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.official_tasks import evaluate_tasks
-from biencoder.engine.retrieval.rerank import Rerank, retrieve, retrieve_rerank
+from biencoder.engine.retrieval.order import retrieve
+from biencoder.engine.retrieval.rerank import Rerank, retrieve_rerank
 from helpers import candidate_scorer, paired_split
 
 

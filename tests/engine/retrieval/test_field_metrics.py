@@ -20,7 +20,8 @@ from biencoder.engine.retrieval.metrics import (
     top1,
     top1_hits,
 )
-from biencoder.engine.retrieval.rerank import NONE, final_rows, listed_ranks
+from biencoder.engine.retrieval.order import NONE
+from biencoder.engine.retrieval.rerank import final_rows, listed_ranks
 
 L2 = math.log2
 

@@ -8,12 +8,11 @@ import torch
 from biencoder.engine.modeling.encoding import TokenizedTexts, encode
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.official_tasks import candidate_types, evaluate_tasks, task_masks
+from biencoder.engine.retrieval.order import NONE, retrieve
 from biencoder.engine.retrieval.pools import fixed_pools, pool_ranks, pool_shortlists, query_ranks
 from biencoder.engine.retrieval.rerank import (
-    NONE,
     NonFiniteMargins,
     Rerank,
-    retrieve,
     retrieve_rerank,
     shortlist_margins,
     shortlist_ranks,
@@ -338,7 +337,7 @@ def test_distances_are_computed_from_the_differences():
 def test_first_kept_keeps_the_neighbours_order():
     """Of 40 neighbours (more than numpy's unstable sorts leave in order), the first k kept, nearest first; NONE
     (distance inf) fills the places of a query with fewer kept."""
-    from biencoder.engine.retrieval.rerank import first_kept
+    from biencoder.engine.retrieval.order import first_kept
 
     rng = np.random.default_rng(0)
     keep = rng.random((50, 40)) < 0.6

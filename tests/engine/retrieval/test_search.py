@@ -1,12 +1,25 @@
 """Exact search agrees with the BallTree: same neighbours on random data, a planted nearest neighbour, and the
-same mined negatives and retrieved candidates."""
+same mined negatives and retrieved candidates. The per-epoch retrieval order (engine/retrieval/order.py) and the rows
+ahead of a target (search.ahead): each relevant document's place, counted in the search, is its place in the final
+ranking to 100 places (rerank.final_ranking, what test.run.gz lists), with twins, distance ties, graded BEIR queries,
+the positives pool and either index; the float32 screen leaves every close call to float64, and a target with too
+many rows ahead is beyond."""
+
+import json
 
 import numpy as np
 import pytest
+import torch
 
+from biencoder.engine.data.beir import read_beir
+from biencoder.engine.data.paired import PairedSplit
+from biencoder.engine.modeling.model import Embeddings
+from biencoder.engine.retrieval.metrics import FINAL_DEPTH, NOT_LISTED, judged_ranks
 from biencoder.engine.retrieval.negatives import Mining, mine_negatives
-from biencoder.engine.retrieval.rerank import retrieve
-from biencoder.engine.retrieval.search import NeighbourIndex
+from biencoder.engine.retrieval.order import retrieval_order, retrieve, retrieve_ranking
+from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
+from biencoder.engine.retrieval.search import NeighbourIndex, squared_distances, unit_roundoff
+from helpers import tied_split
 
 
 @pytest.mark.parametrize("kind", ["balltree", "exact"])
@@ -67,3 +80,182 @@ def test_no_queries_give_empty_answers_of_k_columns(index):
     data = np.arange(12, dtype=np.float64).reshape(6, 2)
     dist, rows = NeighbourIndex(data, index).query(np.zeros((0, 2)), 3)
     assert dist.shape == rows.shape == (0, 3) and rows.dtype.kind == "i" and dist.dtype.kind == "f"
+
+
+def both_ways(model, emb, split, rerank):
+    """(the places rerank_ranks counts, the places of the relevant documents in final_ranking's 100), [P, R] each."""
+    counted = rerank_ranks(model, emb, split, rerank).final
+    relevant, grade = split.judgements()
+    ranking = final_ranking(model, emb, split, rerank)
+    listed = judged_ranks(ranking, relevant, grade, max(rerank.k, FINAL_DEPTH))
+    assert counted.depth == listed.depth and np.array_equal(counted.grade, listed.grade)
+    return counted.rank, listed.rank
+
+
+def brute_places(model, emb, split, rerank):
+    """[P, R] each relevant document's place: in the per-epoch search's first max(k, 10) places, reranked
+    (final_rows), where it is there; else one plus the candidates of its query that every float64 distance puts ahead
+    of it (nearer, or as near and a lower row); NOT_LISTED past 100."""
+    relevant, grade = split.judgements()
+    space = emb.retrieval(rerank.space).double()
+    d = squared_distances(space[None, split.pool_rows, :], space[split.query][:, None, :]).numpy()  # [P, pool]
+    rows = split.pool_rows
+    order = retrieval_order(space.numpy(), split, rerank.k, rerank.index)
+    short = order.rows[:, : min(rerank.k, len(rows) - split.search_extra())]
+    [margins] = shortlist_margins(model, emb, split.query, [short])
+    first = final_rows(order.rows, margins, split.counter)
+    places = judged_ranks(first, relevant, grade, FINAL_DEPTH).rank
+    for q, r in zip(*np.nonzero((places == NOT_LISTED) & (grade > 0)), strict=True):
+        t = np.searchsorted(rows, relevant[q, r])
+        ahead = (d[q] < d[q, t]) | ((d[q] == d[q, t]) & (rows < rows[t]))
+        place = 1 + (ahead & split.is_candidate(rows[None, :], np.array([q]))[0]).sum()
+        places[q, r] = place if place <= FINAL_DEPTH else NOT_LISTED
+    return places
+
+
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+@pytest.mark.parametrize("k", [3, 10, 40])
+def test_counted_places_among_ties_and_twins(tiny_model_and_tokenizer, index, k):
+    """150 pairs whose sim vectors are small integers (distance ties everywhere) and whose counters have twins: each
+    place is the one every float64 distance gives, past the shortlist, past the first 10 and past 100 (not listed)."""
+    split, emb = tied_split(150, seed=1)
+    model, rerank = tiny_model_and_tokenizer[0], Rerank(k=k, index=index)
+    places = rerank_ranks(model, emb, split, rerank).final.rank
+    np.testing.assert_array_equal(places, brute_places(model, emb, split, rerank))
+    places = places[:, 0]
+    assert (places > max(k, 10)).any() and (places == NOT_LISTED).any()
+
+
+def continuous(split, rng):
+    """Sim vectors of 3 normal coordinates per text (equal texts, equal vectors: the only distance ties)."""
+    ids = split.text_id
+    sim = torch.zeros(len(ids), 128)
+    sim[:, :3] = torch.from_numpy(rng.normal(size=(ids.max() + 1, 3))[ids]).float()
+    pooled = torch.from_numpy(rng.normal(size=(ids.max() + 1, 32))[ids]).float()
+    return Embeddings(sim, pooled)
+
+
+@pytest.mark.parametrize("pool", ["all", "positives"])
+def test_counted_places_are_the_places_test_run_lists(tiny_model_and_tokenizer, pool):
+    """Where only twins tie, the counted places are the relevant documents' places in final_ranking's 100 (the
+    ranking test.run.gz lists), so that trec_eval reads the run's own figures from it."""
+    split, _ = tied_split(150, seed=2)
+    split = PairedSplit(split.name, split.table, pool=pool)
+    counted, listed = both_ways(
+        tiny_model_and_tokenizer[0], continuous(split, np.random.default_rng(5)), split, Rerank(k=5)
+    )
+    np.testing.assert_array_equal(counted, listed)
+    assert (counted[:, 0] > 10).any() and (counted[:, 0] == NOT_LISTED).any()
+
+
+def graded_beir(folder, rng):
+    """A BEIR folder of 160 documents (some texts repeated, one query's text among them) and 30 test queries with 1
+    to 4 relevant documents each, graded 1 to 3."""
+    (folder / "qrels").mkdir(parents=True)
+    texts = [f"doc {i % 120}" for i in range(160)]
+    docs = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(texts)]
+    queries = [{"_id": f"q{i}", "text": "doc 7" if i == 0 else f"query {i}"} for i in range(30)]
+    lines = ["query-id\tcorpus-id\tscore"]
+    for q in range(30):
+        for d in rng.choice(160, size=rng.integers(1, 5), replace=False):
+            lines.append(f"q{q}\td{d}\t{rng.integers(1, 4)}")
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
+    return folder
+
+
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+def test_counted_places_of_graded_documents(tiny_model_and_tokenizer, tmp_path, index):
+    """Several relevant documents per query: each one's place is counted, the other relevant documents ahead of it
+    included (they are in the final ranking)."""
+    rng = np.random.default_rng(3)
+    split = read_beir(graded_beir(tmp_path / "b", rng)).paired("test", "all")
+    emb, model, rerank = continuous(split, rng), tiny_model_and_tokenizer[0], Rerank(k=4, index=index)
+    counted, listed = both_ways(model, emb, split, rerank)
+    np.testing.assert_array_equal(counted, listed)
+    np.testing.assert_array_equal(counted, brute_places(model, emb, split, rerank))
+    assert split.judgements()[0].shape[1] > 1 and (counted > 10).any() and (counted == NOT_LISTED).any()
+
+
+def test_the_order_keeps_the_first_places_of_the_ranking():
+    split, _ = tied_split(60)
+    sim = continuous(split, np.random.default_rng(6)).sim.numpy()
+    order = retrieval_order(sim, split, 3, "exact")
+    assert order.rows.shape[1] == 10  # max(k, 10): nDCG@10 reads ten places
+    np.testing.assert_array_equal(order.rows, retrieve_ranking(sim, split, 100, "exact")[:, :10])
+    assert retrieval_order(sim, split, 12, "exact").rows.shape[1] == 12
+
+
+def brute_ahead(data, queries, targets):
+    """{(query, slot): sorted rows ahead}, from every float64 distance (the search's formula)."""
+    out = {}
+    d = squared_distances(torch.as_tensor(data)[None, :, :], torch.as_tensor(queries)[:, None, :]).numpy()
+    for q, row in enumerate(targets):
+        for slot, t in enumerate(row):
+            if t >= 0:
+                rows = np.arange(len(data))
+                out[q, slot] = sorted(np.nonzero((d[q] < d[q, t]) | ((d[q] == d[q, t]) & (rows < t)))[0].tolist())
+    return out
+
+
+def listed(ahead):
+    out = {}
+    for q, slot, row in zip(ahead.query, ahead.slot, ahead.row, strict=True):
+        out.setdefault((int(q), int(slot)), []).append(int(row))
+    return {key: sorted(rows) for key, rows in out.items()}
+
+
+def test_rows_ahead_by_hand():
+    """Points on a line at 0, 1, 1, 2, 3 (rows 0-4), the query at 0.9: distances 0.9, 0.1, 0.1, 1.1, 2.1. Ahead of
+    row 2 (tied with row 1, a lower row): row 1; of row 0: rows 1 and 2; of row 4: all four others; row 3's slot is
+    empty (-1)."""
+    data = np.array([[0.0], [1.0], [1.0], [2.0], [3.0]])
+    _, _, ahead = NeighbourIndex(data, "exact").query_ahead(np.array([[0.9]]), 2, np.array([[2, 0, 4, -1]]), 10)
+    assert listed(ahead) == {(0, 0): [1], (0, 1): [1, 2], (0, 2): [0, 1, 2, 3]}
+    assert not ahead.beyond.any()
+    # at most 2 surely ahead: row 4's four are beyond and not listed; row 0's two are
+    _, _, ahead = NeighbourIndex(data, "exact").query_ahead(np.array([[0.9]]), 2, np.array([[2, 0, 4, -1]]), 2)
+    assert listed(ahead) == {(0, 0): [1], (0, 1): [1, 2]} and ahead.beyond.tolist() == [[False, False, True, False]]
+
+
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+def test_rows_float32_cannot_order_are_ordered_in_float64(index):
+    """Rows 1e-9 apart around a point 1e3 from the origin: float32 cannot tell them apart (its step there is 6e-5),
+    so every order among them is float64's; the rows ahead equal those of every float64 distance, in blocks of 7."""
+    rng = np.random.default_rng(4)
+    base = rng.normal(size=(1, 6)) * 1e3
+    data = np.concatenate([base + rng.normal(size=(200, 6)) * 1e-9, rng.normal(size=(100, 6)) * 1e3])
+    data[250:260] = data[0:10]  # exact twins: ties broken by the lower row
+    queries = base + rng.normal(size=(40, 6)) * 1e-8
+    targets = rng.integers(-1, 300, size=(40, 3))
+    tree = NeighbourIndex(data, index, block=7)
+    _, _, ahead = tree.query_ahead(queries, 5, targets, 1000)
+    assert listed(ahead) == {key: rows for key, rows in brute_ahead(data, queries, targets).items() if rows}
+    assert not ahead.beyond.any()
+    np.testing.assert_array_equal(tree.query_ahead(queries, 5)[1], tree.query(queries, 5)[1])
+
+
+def test_a_collapsed_space_is_ordered_by_row():
+    """Every vector equal (a collapsed sim head): all distances tie, so the rows ahead of a target are the lower
+    rows, in chunks of float64 comparisons."""
+    data = np.ones((50, 4))
+    _, _, ahead = NeighbourIndex(data, "exact").query_ahead(np.ones((3, 4)), 5, np.array([[0], [17], [49]]), 100)
+    assert listed(ahead) == {(1, 0): list(range(17)), (2, 0): list(range(49))}
+
+
+def test_a_lower_matmul_precision_widens_the_screen():
+    """With torch's float32 products allowed to run in bfloat16 (set_float32_matmul_precision("medium")), the screen
+    assumes bfloat16's rounding, and the rows ahead are still every float64 distance's."""
+    rng = np.random.default_rng(7)
+    data = rng.normal(size=(400, 16)) * 30
+    queries, targets = data[:25] + rng.normal(size=(25, 16)) * 1e-3, rng.integers(0, 400, size=(25, 2))
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        assert unit_roundoff(torch.device("cpu")) == 2.0**-8
+        _, _, ahead = NeighbourIndex(data, "exact").query_ahead(queries, 3, targets, 1000)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert unit_roundoff(torch.device("cpu")) == 2.0**-24
+    assert listed(ahead) == {key: rows for key, rows in brute_ahead(data, queries, targets).items() if rows}

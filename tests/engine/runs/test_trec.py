@@ -10,7 +10,8 @@ import pytest
 from ir_measures import RR, P, R, nDCG
 
 from biencoder.engine.retrieval.metrics import Ranks, mrr_at, ndcg_at, recall_at
-from biencoder.engine.retrieval.rerank import NONE, listed_ranks
+from biencoder.engine.retrieval.order import NONE
+from biencoder.engine.retrieval.rerank import listed_ranks
 from biencoder.engine.runs.trec import QRELS_FILE, RUN_FILE, qrels_text, run_text, trec_id
 from biencoder.engine.training.run import run
 from conftest import FAST, compose_cfg

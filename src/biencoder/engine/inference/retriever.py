@@ -29,7 +29,8 @@ from ...errors import BiencoderError
 from ..config.schema import TrainerSchema, default_cache_dir
 from ..modeling.encoding import Encoding, TextEncoder, embed_pooled, pooled_vectors
 from ..modeling.model import Embeddings
-from ..retrieval.rerank import NONE, first_kept, shortlist_margins
+from ..retrieval.order import NONE, first_kept
+from ..retrieval.rerank import shortlist_margins
 from ..retrieval.search import NeighbourIndex
 from ..runs.checkpoint import load_checkpoint
 

@@ -14,7 +14,8 @@ import numpy as np
 from ..data.paired import PairedSplit
 from ..modeling.model import BiModel, Embeddings
 from .metrics import Ranks, group_top1, query_groups, recall_at, top1, top1_hits
-from .rerank import NONE, SCHEMA_RERANK, Rerank, first_kept, shortlist_margins, shortlist_ranks
+from .order import NONE, first_kept
+from .rerank import SCHEMA_RERANK, Rerank, shortlist_margins, shortlist_ranks
 from .search import NeighbourIndex
 
 
@@ -31,7 +32,7 @@ def group_shortlists(
     """(rows [P, k] of each query's k nearest pool members inside its group, nearest first, :data:`NONE`-padded for a
     smaller pool; false candidates [P] in each query's group pool). ``sim`` [2Q, D]: the retrieval space; ``index``:
     ``exact`` or ``balltree``; ``pairs``: the queries (indices of pairs; default all). Same pool rule and ties as
-    :func:`.rerank.retrieve`."""
+    :func:`.order.retrieve`."""
     codes, text = split.groups, split.text_id
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     sim = np.asarray(sim, dtype=np.float64)

@@ -32,6 +32,8 @@ import numpy as np
 NOT_LISTED = 0
 #: the places of the final ranking the field's metrics need (``recall_at_100``) and a TREC run file lists per query
 FINAL_DEPTH = 100
+#: the places ``ndcg_at_10`` and ``mrr_at_10`` read
+CUT = 10
 
 
 @dataclass(frozen=True)
@@ -249,9 +251,9 @@ def epoch_metrics(reranked: Ranks, retrieved: Ranks, final: Ranks) -> dict[str, 
         "mrr": mrr(reranked),
         "queries": len(reranked),
         "k": reranked.depth,
-        "ndcg_at_10": ndcg_at(final, 10),
-        "mrr_at_10": mrr_at(final, 10),
-        "recall_at_100": recall_at(final, 100),
+        "ndcg_at_10": ndcg_at(final, CUT),
+        "mrr_at_10": mrr_at(final, CUT),
+        "recall_at_100": recall_at(final, FINAL_DEPTH),
     }
 
 

@@ -7,7 +7,7 @@ counter scores strictly higher than every false candidate (ties count against it
 
 Scores are computed for whole blocks of queries at once (never per pair, never a pairs × candidates × features tensor,
 never the whole [Q, 2Q] matrix of a large split): the memory held is a few [B, 2Q] matrices (float64 distances, float32
-scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`, so it grows linearly
+scores, the types and masks) for B·2Q ≤ :data:`~biencoder.engine.retrieval.order.BLOCK_CELLS`, so it grows linearly
 with the split (the time, every query against every row, quadratically). The ``rerank`` score is
 :mod:`biencoder.engine.retrieval.rerank`'s retrieve-then-rerank over each task's pool.
 
@@ -26,8 +26,9 @@ import torch
 from ..data.corpus import PairedSplit
 from ..modeling.model import BiModel, Embeddings
 from .metrics import Ranks, by_group, task_metrics
+from .order import BLOCK_CELLS, query_blocks
 from .pools import PoolMasks, pool_ranks, query_ranks
-from .rerank import BLOCK_CELLS, SCHEMA_RERANK, Rerank, pool_mask, query_blocks, shortlist_margins
+from .rerank import SCHEMA_RERANK, Rerank, pool_mask, shortlist_margins
 from .search import distances
 
 TYPES = (
@@ -152,7 +153,7 @@ def block_ranks(
 ) -> dict[str, np.ndarray]:
     """Per pool, [P] the rank of each true counter of the queries ``pairs`` (default all) under ``scorer`` among its
     pool's false candidates (:func:`query_ranks`: ties count against), scored a block of queries at a time
-    (:func:`biencoder.engine.retrieval.rerank.query_blocks` with ``cells`` and ``multiple``)."""
+    (:func:`biencoder.engine.retrieval.order.query_blocks` with ``cells`` and ``multiple``)."""
     pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
     parts: dict[str, list[np.ndarray]] = {}
     for block in query_blocks(len(pairs), len(split.table), cells, multiple):
@@ -203,7 +204,7 @@ def evaluate_tasks(
             ``encoder_cosine`` needs only ``emb``).
         rerank: ``k``; ``space``, where ``rerank`` takes the k from: ``sim`` distance or ``encoder`` cosine (the rest
             of the pool follows in that order); the classifier's ``batch_size`` and ``device``; ``cells``, the
-            query × row cells scored at once (:data:`~biencoder.engine.retrieval.rerank.BLOCK_CELLS`), which changes
+            query × row cells scored at once (:data:`~biencoder.engine.retrieval.order.BLOCK_CELLS`), which changes
             no number but the float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits in the
             matrix).
         groups: optional ``{name: [Q] bool}`` query groups (e.g. unseen / seen test queries), reported apart.

@@ -2,7 +2,7 @@
 :func:`pool_ranks` by the per-epoch retrieve-then-rerank (:mod:`.rerank`) within each pool (the ``rerank`` score of
 :func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks`), :func:`pool_shortlists` the k nearest of each pool
 from a block of queries' distances to every row. Pools come a block of queries at a time (:data:`PoolMasks`,
-:func:`~.rerank.query_blocks`), so no [Q, 2Q] matrix is held.
+:func:`~.order.query_blocks`), so no [Q, 2Q] matrix is held.
 """
 
 from __future__ import annotations
@@ -13,15 +13,8 @@ import numpy as np
 
 from ..data.corpus import PairedSplit
 from ..modeling.model import BiModel, Embeddings
-from .rerank import (
-    NONE,
-    SCHEMA_RERANK,
-    Rerank,
-    query_blocks,
-    require_finite,
-    shortlist_margins,
-    shortlist_ranks,
-)
+from .order import NONE, query_blocks
+from .rerank import SCHEMA_RERANK, Rerank, require_finite, shortlist_margins, shortlist_ranks
 from .search import distances
 
 #: the false candidates of a block of queries: (indices of pairs [B]) -> name -> [B, 2Q] bool (:func:`pool_ranks`)

@@ -7,15 +7,14 @@ encoder's cosine with ``eval.retrieve=encoder``; :meth:`Embeddings.retrieval`) a
 rescores it by its logit margin l1 − l0 (which orders pairs as P(positive) does, without float32 ties). Equal
 distances keep the lower row first; a candidate that ties the true counter ranks above it.
 
-* :func:`retrieve` finds the shortlists of the per-epoch pool with a :class:`NeighbourIndex` (``eval.index``),
-  :func:`retrieve_ranking` the first 100 places of the same pool in the same order (the final ranking's tail);
-  :mod:`.pools` ranks arbitrary pools (the 8 tasks) from a block of queries' distances to every row.
-* No [Q, 2Q] matrix is held: whatever scores a query against every row does so for a block of queries at a time
-  (:func:`query_blocks`, at most :data:`BLOCK_CELLS` cells), so memory grows linearly with the split.
+* The shortlists and the retrieval order come from :mod:`.order` (``eval.index``; :func:`~.order.query_blocks` keeps
+  whatever scores a query against every row to a block of queries at a time); :mod:`.pools` ranks arbitrary pools
+  (the 8 tasks) from a block of queries' distances to every row.
 * :func:`shortlist_margins` rescores shortlists, :func:`shortlist_ranks` ranks the true counter in them after
   reranking, :func:`listed_ranks` in their retrieval order; :func:`final_rows` is the final ranking: the reranked
   shortlist, then the retrieval order.
-* :func:`rerank_ranks` gives the per-epoch ranks and the final ranking (the runner every epoch),
+* :func:`rerank_ranks` gives the per-epoch ranks (the runner every epoch), :func:`final_ranking` the final ranking to
+  100 places (``test.run.gz``, once per run),
   :func:`retrieve_rerank` their metrics (``scripts/bench.py``); the Retriever (:mod:`biencoder.retrieve`) reranks
   its own shortlists with :func:`shortlist_margins`. How they run (k, retrieval space, index, classifier batches,
   device) is a :class:`Rerank`, made once per run from ``eval`` and the runtime.
@@ -35,25 +34,18 @@ from ..machine.runtime import Runtime, pair_batch_size
 from ..modeling.encoding import pair_margins
 from ..modeling.model import BiModel, Embeddings
 from .metrics import FINAL_DEPTH, NOT_LISTED, Ranks, epoch_metrics, judged_ranks, top1_hits
-from .search import SEARCH_BLOCK, NeighbourIndex
-
-NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
-#: the most query × row cells scored at once. A block holds a few [B, 2Q] matrices (float64 distances, the 8 tasks'
-#: int8 types and bool masks), whatever the split's size: numpy peaked at 153 MB in the 8 tasks' rerank and 70 MB in
-#: the baselines (tests/engine/retrieval/test_blocks.py's 3000- and 6000-pair splits). A split of up to 1448 pairs
-#: (ArguAna's val and test, the demo) is one block: the whole [Q, 2Q] matrix at once
-BLOCK_CELLS = 1 << 22
+from .order import BLOCK_CELLS, NONE, Retrieval, query_pairs, retrieval_order, retrieve_ranking
 
 
 @dataclass(frozen=True)
 class Rerank:
     """How a retrieve-then-rerank runs: the ``k`` nearest in the ``space`` (``sim``, or ``encoder``: the encoder's own
-    cosine; :meth:`Embeddings.retrieval`) are shortlisted, by the ``index`` of :func:`retrieve` (``exact`` or
+    cosine; :meth:`Embeddings.retrieval`) are shortlisted, by the ``index`` of :func:`~.order.retrieve` (``exact`` or
     ``balltree``), then rescored by the classifier in batches of ``batch_size`` pairs (None: the device's,
     :func:`~biencoder.engine.machine.runtime.pair_batch_size`) on ``device``. Where a pool is scored against every row
-    (the 8 tasks) ``cells`` query × row cells are scored at once (:func:`query_blocks`): it changes no number but the
-    float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits). The defaults are the schema's:
-    ``Rerank()`` is what :meth:`of_run` makes of the default config on a CPU."""
+    (the 8 tasks) ``cells`` query × row cells are scored at once (:func:`~.order.query_blocks`): it changes no number
+    but the float32 cosine's rounding (a BLAS rounds a row's dot products by where it sits). The defaults are the
+    schema's: ``Rerank()`` is what :meth:`of_run` makes of the default config on a CPU."""
 
     k: int = EvalSchema.k
     batch_size: int | None = EvalSchema.pair_batch_size
@@ -75,17 +67,6 @@ class Rerank:
 
 #: the settings of the functions that take a :class:`Rerank` unless told: the schema's, on a CPU
 SCHEMA_RERANK = Rerank()
-
-
-def query_blocks(n: int, width: int, cells: int = BLOCK_CELLS, multiple: int = 1) -> list[np.ndarray]:
-    """``range(n)`` in consecutive blocks of B indices (the last one shorter) for scoring B queries against ``width``
-    rows at once: B·width ≤ ``cells``, B at least 1 and a multiple of ``multiple`` (a block then starts at a multiple
-    of ``multiple · width`` cells: :func:`biencoder.engine.retrieval.official_tasks.evaluate_tasks` keeps the
-    classifier's batches where one [Q, 2Q] pass had them). One block when n·width ≤ cells; one empty block when
-    n = 0."""
-    size = max(1, cells // max(width, 1))
-    size = max(multiple, size - size % multiple)
-    return [np.arange(start, min(start + size, n)) for start in range(0, n, size)] or [np.arange(0)]
 
 
 def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
@@ -124,67 +105,6 @@ def require_finite(values: np.ndarray, used: np.ndarray, split: str | None, what
     bad = used & ~np.isfinite(values)
     if bad.any():
         raise NonFiniteMargins(int(bad.sum()), int(used.sum()), split, what)
-
-
-# -- shortlists -----------------------------------------------------------------------------------------------------
-def retrieve(
-    sim: np.ndarray, split: PairedSplit, k: int, index: str, device="cpu", pairs: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """The k nearest per-epoch pool members per query (``index``: ``exact`` search or a ``balltree``, over the rows of
-    ``split`` its pool draws from: every row, or the positives with ``data.pool=positives``).
-
-    Args: sim [2Q, D] (the retrieval space); ``pairs``: the queries (indices of pairs; default all). Returns (rows
-    [P, k'], distances [P, k']) nearest first, k' = min(k, smallest pool).
-    """
-    return _nearest(sim, split, min(k, len(split.pool_rows) - split.search_extra()), index, device, pairs)
-
-
-def retrieve_ranking(
-    sim: np.ndarray, split: PairedSplit, depth: int, index: str, device="cpu", pairs: np.ndarray | None = None
-) -> np.ndarray:
-    """[P, d] the first ``depth`` places of each query's per-epoch pool in retrieval order (:func:`retrieve`'s
-    search, pool and ties), d = min(``depth``, the largest pool); :data:`NONE` past the end of a smaller pool, so that
-    every query lists min(``depth``, its pool) places. The first k' places are :func:`retrieve`'s rows for any
-    k ≤ ``depth`` (the search keeps its order however many neighbours it is asked for)."""
-    largest = len(split.pool_rows) - int(split.pool == "all")  # the query itself is searched but never a candidate
-    rows, _ = _nearest(sim, split, min(depth, largest), index, device, pairs)
-    return rows
-
-
-def _nearest(
-    sim: np.ndarray, split: PairedSplit, k: int, index: str, device="cpu", pairs: np.ndarray | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """(rows [P, k], distances [P, k]): the first ``k`` pool members of each query by distance, nearest first (equal
-    distances the lower row first); :data:`NONE` (distance inf) past the end of a pool of fewer than k."""
-    pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
-    pool = split.pool_rows  # data.pool=positives: only the positives are searched
-    extra = split.search_extra()
-    sim = np.asarray(sim, dtype=np.float64)
-    searched = sim if len(pool) == len(sim) else sim[pool]
-    tree = NeighbourIndex(searched, index, device)
-    rows, dist = [], []
-    # a block of queries at a time: each query's neighbours are its own (both indexes search row by row), and the
-    # k + extra of a block are dropped to k before the next, so a text shared by many pairs (extra ~ Q) costs
-    # [SEARCH_BLOCK, k + extra], never [Q, k + extra]
-    for block in query_blocks(len(pairs), 1, SEARCH_BLOCK):
-        d, found = tree.query(sim[split.query[pairs[block]]], k + extra)
-        r = found if searched is sim else pool[found]
-        # at most `extra` of the k + extra neighbours are dropped, so a query whose pool has k members keeps k
-        r, d = first_kept(r, d, split.is_candidate(r, pairs[block]), k)
-        rows.append(r)
-        dist.append(d)
-    return np.concatenate(rows), np.concatenate(dist)
-
-
-def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(rows [P, k], distances [P, k]): the first k entries of each query's neighbours (rows, distances [P, m],
-    nearest first) where ``keep`` [P, m]; :data:`NONE` (distance inf) where fewer than k are kept."""
-    order = np.argsort(~keep, axis=1, kind="stable")[:, :k]
-    kept = np.take_along_axis(keep, order, 1)
-    return (
-        np.where(kept, np.take_along_axis(rows, order, 1), NONE),
-        np.where(kept, np.take_along_axis(dist, order, 1), np.inf),
-    )
 
 
 # -- rerank ---------------------------------------------------------------------------------------------------------
@@ -241,7 +161,7 @@ def shortlist_ranks(
 
 def listed_ranks(rows: np.ndarray, true_rows: np.ndarray) -> np.ndarray:
     """[P] the place from 1 of each true counter ``true_rows`` [P] in its shortlist ``rows`` [P, k] as retrieved
-    (nearest first, equal distances the lower row first: :func:`retrieve`), no classifier;
+    (nearest first, equal distances the lower row first: :func:`~.order.retrieve`), no classifier;
     :data:`~.metrics.NOT_LISTED` (0) where it is not in the shortlist."""
     is_true = rows == np.asarray(true_rows)[:, None]
     before = ((np.cumsum(is_true, axis=1) == 0) & (rows != NONE)).sum(axis=1)
@@ -273,16 +193,13 @@ class EpochRanks:
         reranked: the true counter's rank after the classifier reranks its shortlist (:func:`shortlist_ranks`: ties
             count against it), listed to the shortlist's depth k' (k, or the smallest pool).
         retrieved: its place in the shortlist's retrieval order (:func:`listed_ranks`), to the same depth.
-        final: its place in the final ranking :attr:`rows`, listed to max(k, :data:`~.metrics.FINAL_DEPTH`) places
-            (a pool with fewer candidates lists all of them).
-        rows: [P, d] the final ranking (:func:`final_rows`): the reranked shortlist, then the retrieval order;
-            :data:`NONE` past the end of a pool of fewer than d.
+        final: every relevant document's place in the final ranking (:func:`final_ranking`: the reranked shortlist,
+            then the retrieval order), listed to max(k, :data:`~.metrics.FINAL_DEPTH`) places.
     """
 
     reranked: Ranks
     retrieved: Ranks
     final: Ranks
-    rows: np.ndarray
 
 
 def rerank_ranks(
@@ -291,42 +208,62 @@ def rerank_ranks(
     split: PairedSplit,
     rerank: Rerank = SCHEMA_RERANK,
     pairs: np.ndarray | None = None,
-    rows: np.ndarray | None = None,
+    order: Retrieval | None = None,
 ) -> EpochRanks:
     """The per-epoch ranks of every query of ``split`` (or of the queries of ``pairs``, indices of pairs).
 
     Args: ``emb`` — :class:`Embeddings` of all 2Q rows of ``split`` (computed once per split per epoch); the pool
     of every query is always the whole split. ``rerank``: k, where the k come from (``rerank.space``: ``sim``, the sim
     head, or ``encoder``, the encoder's own cosine; see :meth:`Embeddings.retrieval`), the index, the classifier's
-    batches and device. ``rows``: the retrieval rankings [P, d] when they are known already
-    (:func:`retrieve_ranking` of the same vectors to :func:`ranking_depth`: a frozen encoder's own space is the same
-    every epoch).
-    Returns :class:`EpochRanks`: the classifier reranks the first k' places of each retrieval ranking (k' = min(k,
-    smallest pool), :func:`retrieve`'s shortlist); the final ranking puts them before the rest.
+    batches and device. ``order``: the queries' :func:`retrieval_order` when it is known already (a frozen encoder's
+    own space is the same every epoch).
+    Returns :class:`EpochRanks`: the classifier reranks the first k' places of each retrieval order (k' = min(k,
+    smallest pool), :func:`~.order.retrieve`'s shortlist); the final ranking puts them before the rest.
     Raises: :class:`NonFiniteMargins` for a classifier margin that is NaN or infinite.
     """
-    pairs = np.arange(split.n_pairs) if pairs is None else np.asarray(pairs)
-    if rows is None:
+    pairs = query_pairs(split, pairs)
+    if order is None:
         space = emb.retrieval(rerank.space).numpy()
-        rows = retrieve_ranking(space, split, ranking_depth(rerank.k), rerank.index, rerank.device, pairs)
-    short = rows[:, : min(rerank.k, len(split.pool_rows) - split.search_extra())]
-    [margins] = shortlist_margins(model, emb, split.query[pairs], [short], rerank.batch_size, rerank.device)
+        order = retrieval_order(space, split, rerank.k, rerank.index, rerank.device, pairs)
+    short, margins = _rescored(model, emb, split, rerank, pairs, order.rows)
     true = split.counter[pairs]
     # a BEIR query's other relevant documents never count against its first (the highest grade): unlisted, NaN
     other = split.is_relevant(short, pairs) & (short != true[:, None])
     ranked = np.where(other, NONE, short)
     rank, _ = shortlist_ranks(ranked, np.where(other, np.float32(np.nan), margins), true, split.name)
-    final = final_rows(rows, margins, true)
     k = short.shape[1]
-    # the final ranking is judged by every relevant document with its grade (nDCG's gains; a counter alone: grade 1)
-    final_ranks = judged_ranks(final, *split.judgements(pairs), ranking_depth(rerank.k))
-    return EpochRanks(Ranks(rank, k), Ranks(listed_ranks(ranked, true), k), final_ranks, final)
+    # the final ranking is judged by every relevant document with its grade (nDCG's gains; a counter alone: grade 1):
+    # where its first places do not list one, the retrieval order's place of it is its place
+    relevant, grade = split.judgements(pairs)
+    first = judged_ranks(final_rows(order.rows, margins, true), relevant, grade, order.rows.shape[1]).rank
+    final = Ranks(np.where(first == NOT_LISTED, order.places, first), max(rerank.k, FINAL_DEPTH), grade)
+    return EpochRanks(Ranks(rank, k), Ranks(listed_ranks(ranked, true), k), final)
 
 
-def ranking_depth(k: int) -> int:
-    """How many places of each query's pool the per-epoch retrieval ranks for a shortlist of ``k``: the places the
-    field's metrics read (:data:`~.metrics.FINAL_DEPTH`), or the shortlist when it is deeper."""
-    return max(k, FINAL_DEPTH)
+def final_ranking(
+    model: BiModel,
+    emb: Embeddings,
+    split: PairedSplit,
+    rerank: Rerank = SCHEMA_RERANK,
+    pairs: np.ndarray | None = None,
+) -> np.ndarray:
+    """[P, d] each query's final ranking (:func:`final_rows`), d = max(k, :data:`~.metrics.FINAL_DEPTH`) places: the
+    reranked shortlist, then the retrieval order (``test.run.gz``; :func:`rerank_ranks`' arguments)."""
+    pairs = query_pairs(split, pairs)
+    space = emb.retrieval(rerank.space).numpy()
+    rows = retrieve_ranking(space, split, max(rerank.k, FINAL_DEPTH), rerank.index, rerank.device, pairs)
+    _, margins = _rescored(model, emb, split, rerank, pairs, rows)
+    return final_rows(rows, margins, split.counter[pairs])
+
+
+def _rescored(
+    model: BiModel, emb: Embeddings, split: PairedSplit, rerank: Rerank, pairs: np.ndarray, rows: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """(shortlists [P, k'], their classifier margins [P, k']): the first k' = min(k, smallest pool) places of each
+    retrieval order ``rows`` [P, d] of the queries ``pairs``."""
+    short = rows[:, : min(rerank.k, len(split.pool_rows) - split.search_extra())]
+    [margins] = shortlist_margins(model, emb, split.query[pairs], [short], rerank.batch_size, rerank.device)
+    return short, margins
 
 
 def retrieve_rerank(
@@ -335,11 +272,11 @@ def retrieve_rerank(
     split: PairedSplit,
     rerank: Rerank = SCHEMA_RERANK,
     pairs: np.ndarray | None = None,
-    rows: np.ndarray | None = None,
+    order: Retrieval | None = None,
 ) -> tuple[dict[str, float | int | None], np.ndarray]:
     """Per-epoch top-1 over every query of ``split`` (or over the queries of ``pairs``), with :func:`rerank_ranks`'
     arguments. Returns (metrics, hits): :func:`~.metrics.epoch_metrics` of the ranks (``top1``, ``retrieval_top1``,
     ``recall_at_k``, ``mrr``, ``queries``, ``k``, ``ndcg_at_10``, ``mrr_at_10``, ``recall_at_100``), and ``hits`` [P]
     bool, the reranked top-1 outcome per query."""
-    ranks = rerank_ranks(model, emb, split, rerank, pairs, rows)
+    ranks = rerank_ranks(model, emb, split, rerank, pairs, order)
     return epoch_metrics(ranks.reranked, ranks.retrieved, ranks.final), top1_hits(ranks.reranked)

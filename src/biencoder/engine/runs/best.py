@@ -23,9 +23,6 @@ class BestEpoch:
         metrics: per split, that epoch's metrics (None before).
         state: the model's weights at that epoch, on the CPU (None before).
         hits: per test query, hit or miss at that epoch (``test_hits.npy``; None before).
-        ranking: [P, d] rows: per test query its final ranking at that epoch
-            (:attr:`~biencoder.engine.retrieval.rerank.EpochRanks.rows`; ``test.run.gz``); None before, or when resumed
-            from a ``last.pt`` that did not keep it.
         embs: the val and test embeddings of that epoch, kept in memory for the 8 tasks at the end (never saved: a
             resumed run computes them again).
     """
@@ -36,7 +33,6 @@ class BestEpoch:
     metrics: dict | None = None
     state: dict | None = None
     hits: np.ndarray | None = None
-    ranking: np.ndarray | None = None
     embs: dict = field(default_factory=dict)
 
     def improved_by(self, val_metrics: dict) -> bool:
@@ -44,7 +40,7 @@ class BestEpoch:
         return val_metrics[self.metric] > self.value
 
     def saved(self) -> dict:
-        """What ``last.pt`` holds of it (``state``, ``hits`` and ``ranking`` as they are; the caller converts them):
+        """What ``last.pt`` holds of it (``state`` and ``hits`` as they are; the caller converts them):
         every field but ``embs``."""
         return {
             "epoch": self.epoch,
@@ -53,7 +49,6 @@ class BestEpoch:
             "metrics": self.metrics,
             "state": self.state,
             "hits": self.hits,
-            "ranking": self.ranking,
         }
 
     @classmethod
@@ -71,7 +66,6 @@ class BestEpoch:
             saved.get("metrics"),
             saved.get("state"),
             saved.get("hits"),
-            saved.get("ranking"),
         )
 
     def valued_by(self, metric: str, where: str) -> BestEpoch:

@@ -104,8 +104,7 @@ def training_state(
     """What ``last.pt`` holds after ``epoch``: the weights of ``trainer``'s model, its state (optimiser, LR schedule,
     mining and loader RNGs: ``trainer`` is the :class:`~biencoder.engine.training.epoch.EpochTrainer`), ``rngs``
     (every rank's global RNG states, index = rank, so each rank resumes its own dropout stream), ``train_sim`` (the
-    embeddings the next epoch mines with), the best epoch so far (its weights, test hits and test ranking; not its
-    embeddings) and
+    embeddings the next epoch mines with), the best epoch so far (its weights and test hits; not its embeddings) and
     the frozen encoder's ``fingerprint`` (None: the encoder trains, and its weights are saved too)."""
     frozen = fingerprint is not None
     return {
@@ -118,7 +117,6 @@ def training_state(
             **best.saved(),
             "state": _weights(best.state, frozen) if best.state else None,
             "hits": None if best.hits is None else torch.from_numpy(best.hits),
-            "ranking": None if best.ranking is None else torch.from_numpy(best.ranking),
         },
         "encoder_fingerprint": fingerprint,
     }
@@ -152,5 +150,4 @@ def restore_last(state: dict, path: Path, trainer, fingerprint: str | None) -> t
         }
         weights = {**frozen, **weights}
     hits = None if best.hits is None else best.hits.numpy()
-    ranking = None if best.ranking is None else best.ranking.numpy()
-    return state["epoch"] + 1, replace(best, state=weights, hits=hits, ranking=ranking), state["train_sim"]
+    return state["epoch"] + 1, replace(best, state=weights, hits=hits), state["train_sim"]

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..data.paired import PairedSplit
 from ..retrieval.metrics import FINAL_DEPTH
-from ..retrieval.rerank import NONE
+from ..retrieval.order import NONE
 
 #: what a run file and a qrels file of a run folder are called (the test split's, at the best epoch)
 RUN_FILE, QRELS_FILE = "test.run.gz", "test.qrels"

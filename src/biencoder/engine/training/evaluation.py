@@ -21,7 +21,8 @@ from ..modeling.model import BiModel, Embeddings
 from ..retrieval.groups import group_rerank
 from ..retrieval.metrics import Ranks, epoch_metrics, group_top1, query_groups, top1, top1_hits
 from ..retrieval.official_tasks import baseline_ranks, evaluate_tasks
-from ..retrieval.rerank import NonFiniteMargins, Rerank, query_sample, ranking_depth, rerank_ranks, retrieve_ranking
+from ..retrieval.order import Retrieval, retrieval_order
+from ..retrieval.rerank import NonFiniteMargins, Rerank, final_ranking, query_sample, rerank_ranks
 from ..runs.best import BestEpoch
 from ..runs.trec import ranking_files
 from .epoch import Diverged
@@ -61,8 +62,7 @@ class Evaluation:
         self.encoding, self.rerank = encoding, rerank
         self.metric = settings.selection["metric"]  # the hits are this metric's
         self.pairs = self._pairs()
-        self.shortlists: dict[str, np.ndarray] = {}  # fixed_shortlists, per split
-        self.rankings: dict[str, np.ndarray] = {}  # per split, the final ranking of its last evaluate_split
+        self.orders: dict[str, Retrieval] = {}  # fixed_order, per split
         self.zero_shot = self._zero_shot()
 
     def _pairs(self) -> dict[str, np.ndarray | None]:
@@ -105,17 +105,16 @@ class Evaluation:
         """(metrics, per-query hits) of the per-epoch retrieve-and-rerank on split ``name`` with embeddings ``emb``:
         :func:`~biencoder.engine.retrieval.metrics.epoch_metrics`, then on test the top-1 of the unseen and the seen
         queries with their counts; the hits [Q] bool are the top-1 outcome of the selection metric (:attr:`metric`):
-        reranked (the final ranking's), or the nearest neighbour. The final ranking's rows [Q, d]
-        (:attr:`EpochRanks.rows`) are kept in :attr:`rankings` under ``name``. Raises :class:`Diverged` for non-finite
-        embeddings or margins."""
+        reranked (the final ranking's), or the nearest neighbour. Raises :class:`Diverged` for non-finite embeddings
+        or margins."""
         # a frozen encoder's pooled vectors were checked finite once, when pooled_vectors returned them
         if not (torch.isfinite(emb.sim).all() and (self.inputs.frozen or torch.isfinite(emb.pooled).all())):
             raise Diverged(epoch, f"{name} embeddings")
         split, pairs, rerank = self.data.splits[name], self.pairs[name], self.rerank
-        rows = self.fixed_shortlists(name, emb)
+        order = self.fixed_order(name, emb)
         seen = self.seen if name == "test" else None
         try:
-            ranks = rerank_ranks(self.model, emb, split, rerank, pairs, rows)
+            ranks = rerank_ranks(self.model, emb, split, rerank, pairs, order)
             metrics = epoch_metrics(ranks.reranked, ranks.retrieved, ranks.final)
             if split.groups is not None:  # pair files with a group column: the within-group top-1 too
                 metrics.update(group_rerank(self.model, emb, split, rerank, pairs, seen)[0])
@@ -123,28 +122,27 @@ class Evaluation:
             raise Diverged(epoch, f"{name} classifier margins ({err.count} of {err.total})") from err
         if seen is not None:
             metrics.update(group_top1(ranks.reranked, query_groups(seen), counts=True))
-        self.rankings[name] = ranks.rows
         # the top-1 outcome of the ranking the selection metric reads: the retrieval order's, else the reranked one's
         # (the final ranking's first place is the reranked shortlist's)
         return metrics, top1_hits(ranks.retrieved if self.metric == "retrieval_top1" else ranks.reranked)
 
-    def fixed_shortlists(self, name: str, emb: Embeddings) -> np.ndarray | None:
-        """The per-epoch retrieval rankings of split ``name`` (:func:`retrieve_ranking`, whose first k places are the
-        shortlists) when they cannot change: a frozen encoder's own space (``eval.retrieve=encoder``) is the same
-        every epoch, so it is searched once per run; else None."""
+    def fixed_order(self, name: str, emb: Embeddings) -> Retrieval | None:
+        """The per-epoch retrieval order of split ``name`` (:func:`retrieval_order`, whose first k places are the
+        shortlists) when it cannot change: a frozen encoder's own space (``eval.retrieve=encoder``) is the same every
+        epoch, so it is searched once per run; else None."""
         if not (self.inputs.frozen and self.rerank.space == "encoder"):
             return None
-        if name not in self.shortlists:
+        if name not in self.orders:
             rerank = self.rerank
-            self.shortlists[name] = retrieve_ranking(
+            self.orders[name] = retrieval_order(
                 emb.retrieval("encoder").numpy(),
                 self.data.splits[name],
-                ranking_depth(rerank.k),
+                rerank.k,
                 rerank.index,
                 rerank.device,
                 self.pairs[name],
             )
-        return self.shortlists[name]
+        return self.orders[name]
 
     # -- at the end -------------------------------------------------------------------------------------------
     def final_scores(self, best: BestEpoch) -> dict:
@@ -161,12 +159,11 @@ class Evaluation:
 
     def trec_files(self, best: BestEpoch, tag: str) -> dict[str, str]:
         """``test.run.gz`` and ``test.qrels`` (name → content, :mod:`biencoder.engine.runs.trec`) of the best epoch's
-        final test ranking, the run named ``tag``; none, with a warning, when that ranking is unknown (the best epoch
-        came from a ``last.pt`` written before rankings were kept)."""
-        if best.ranking is None:
-            log.warning("no test.run.gz: the best epoch's (%d) test ranking was not kept by its last.pt", best.epoch)
-            return {}
-        return ranking_files(self.data.splits["test"], self.pairs["test"], best.ranking, tag)
+        final test ranking (:func:`final_ranking`, with the loaded best-by-val weights and that epoch's test
+        embeddings, or the same computed again after a resume), the run named ``tag``."""
+        split, pairs = self.data.splits["test"], self.pairs["test"]
+        emb = best.embs["test"] if "test" in best.embs else self.embed("test")
+        return ranking_files(split, pairs, final_ranking(self.model, emb, split, self.rerank, pairs), tag)
 
     def tasks(self, best: BestEpoch) -> dict:
         """The 8 official tasks on val and test with the (loaded) best-by-val weights, with ``eval.score``."""

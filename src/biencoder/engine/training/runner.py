@@ -244,7 +244,6 @@ class Runner:
                 metrics,
                 self.phase("keep best", self._weights_on_cpu),
                 hits["test"],
-                self.evaluation.rankings["test"],
                 embs={n: embs[n] for n in ("val", "test")},
             )
         self.phase("log", lambda: self._append(rows))
