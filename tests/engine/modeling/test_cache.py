@@ -260,8 +260,8 @@ def test_second_run_and_evaluation_never_run_the_encoder(tmp_path, encoder_calls
 @pytest.mark.slow
 def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch):
     """last.pt leaves out a frozen encoder's weights; on resume the best state's encoder part comes from the model
-    (checkpoint.restore_last), so a run stopped after 2 of 3 epochs and resumed writes the same best.pt and final
-    numbers as one that ran through."""
+    (checkpoint.restore_last), so a run stopped after 2 of 3 epochs and resumed writes the same best.pt, final
+    numbers and TREC files as one that ran through."""
     from biencoder.engine.training.run import run
 
     overrides = FROZEN + [f"trainer.cache_dir={tmp_path / 'cache'}", "trainer.max_epochs=3", "trainer.device=cpu"]
@@ -289,6 +289,9 @@ def test_a_resumed_frozen_run_ends_as_an_uninterrupted_one(tmp_path, monkeypatch
         torch.load(tmp_path / name / "best.pt", weights_only=False)["state_dict"] for name in ("whole", "resumed")
     ]
     assert saved[0].keys() == saved[1].keys() and all(torch.equal(saved[0][k], saved[1][k]) for k in saved[0])
+    # the resumed run ranks the test queries with the best weights again (last.pt keeps no ranking): the same files
+    for name in ("test.run.gz", "test.qrels"):
+        assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "resumed" / name).read_bytes(), name
 
 
 @pytest.mark.slow
