@@ -16,7 +16,7 @@ from biencoder.engine.data.paired import PairedSplit
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval.metrics import FINAL_DEPTH, NOT_LISTED, judged_ranks
 from biencoder.engine.retrieval.negatives import Mining, mine_negatives
-from biencoder.engine.retrieval.order import retrieval_order, retrieve, retrieve_ranking
+from biencoder.engine.retrieval.order import excluded_rows, retrieval_order, retrieve, retrieve_ranking
 from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
 from biencoder.engine.retrieval.search import NeighbourIndex, squared_distances, unit_roundoff
 from helpers import tied_split
@@ -187,66 +187,61 @@ def test_the_order_keeps_the_first_places_of_the_ranking():
     assert retrieval_order(sim, split, 12, "exact").rows.shape[1] == 12
 
 
-def brute_ahead(data, queries, targets):
-    """{(query, slot): sorted rows ahead}, from every float64 distance (the search's formula)."""
-    out = {}
+def brute_ahead(data, queries, targets, ignore=None):
+    """[Q, R] how many rows every float64 distance (the search's formula) puts ahead of each target (-1: 0), not
+    counting ``ignore`` [Q, E] (-1: none)."""
     d = squared_distances(torch.as_tensor(data)[None, :, :], torch.as_tensor(queries)[:, None, :]).numpy()
+    rows = np.arange(len(data))
+    out = np.zeros(targets.shape, dtype=np.int64)
     for q, row in enumerate(targets):
+        skip = set() if ignore is None else set(ignore[q].tolist())
         for slot, t in enumerate(row):
             if t >= 0:
-                rows = np.arange(len(data))
-                out[q, slot] = sorted(np.nonzero((d[q] < d[q, t]) | ((d[q] == d[q, t]) & (rows < t)))[0].tolist())
+                ahead = np.nonzero((d[q] < d[q, t]) | ((d[q] == d[q, t]) & (rows < t)))[0]
+                out[q, slot] = len(set(ahead.tolist()) - skip)
     return out
-
-
-def listed(ahead):
-    out = {}
-    for q, slot, row in zip(ahead.query, ahead.slot, ahead.row, strict=True):
-        out.setdefault((int(q), int(slot)), []).append(int(row))
-    return {key: sorted(rows) for key, rows in out.items()}
 
 
 def test_rows_ahead_by_hand():
     """Points on a line at 0, 1, 1, 2, 3 (rows 0-4), the query at 0.9: distances 0.9, 0.1, 0.1, 1.1, 2.1. Ahead of
-    row 2 (tied with row 1, a lower row): row 1; of row 0: rows 1 and 2; of row 4: all four others; row 3's slot is
-    empty (-1)."""
+    row 2 (tied with row 1, a lower row): 1 row; of row 0: rows 1 and 2; of row 4: all four others; row 3's slot is
+    empty (-1: 0). Ignoring rows 1, 3 and 2 (row 2 is the first target itself, never counted for it): 0, 0 and 1."""
     data = np.array([[0.0], [1.0], [1.0], [2.0], [3.0]])
-    _, _, ahead = NeighbourIndex(data, "exact").query_ahead(np.array([[0.9]]), 2, np.array([[2, 0, 4, -1]]), 10)
-    assert listed(ahead) == {(0, 0): [1], (0, 1): [1, 2], (0, 2): [0, 1, 2, 3]}
-    assert not ahead.beyond.any()
-    # at most 2 surely ahead: row 4's four are beyond and not listed; row 0's two are
-    _, _, ahead = NeighbourIndex(data, "exact").query_ahead(np.array([[0.9]]), 2, np.array([[2, 0, 4, -1]]), 2)
-    assert listed(ahead) == {(0, 0): [1], (0, 1): [1, 2]} and ahead.beyond.tolist() == [[False, False, True, False]]
+    tree, query, targets = NeighbourIndex(data, "exact"), np.array([[0.9]]), np.array([[2, 0, 4, -1]])
+    assert tree.query_ahead(query, 2, targets)[2].tolist() == [[1, 2, 4, 0]]
+    assert tree.query_ahead(query, 2, targets, np.array([[1, 3, 2, -1]]))[2].tolist() == [[0, 0, 1, 0]]
+    assert NeighbourIndex(data, "balltree").query_ahead(query, 2, targets)[2].tolist() == [[1, 2, 4, 0]]
 
 
 @pytest.mark.parametrize("index", ["exact", "balltree"])
 def test_rows_float32_cannot_order_are_ordered_in_float64(index):
     """Rows 1e-9 apart around a point 1e3 from the origin: float32 cannot tell them apart (its step there is 6e-5),
-    so every order among them is float64's; the rows ahead equal those of every float64 distance, in blocks of 7."""
+    so every order among them is float64's; the counts equal those of every float64 distance, in blocks of 7, ignored
+    rows (some of them twins of a target) left out."""
     rng = np.random.default_rng(4)
     base = rng.normal(size=(1, 6)) * 1e3
     data = np.concatenate([base + rng.normal(size=(200, 6)) * 1e-9, rng.normal(size=(100, 6)) * 1e3])
     data[250:260] = data[0:10]  # exact twins: ties broken by the lower row
     queries = base + rng.normal(size=(40, 6)) * 1e-8
-    targets = rng.integers(-1, 300, size=(40, 3))
+    targets, ignore = rng.integers(-1, 300, size=(40, 3)), rng.integers(-1, 300, size=(40, 4))
     tree = NeighbourIndex(data, index, block=7)
-    _, _, ahead = tree.query_ahead(queries, 5, targets, 1000)
-    assert listed(ahead) == {key: rows for key, rows in brute_ahead(data, queries, targets).items() if rows}
-    assert not ahead.beyond.any()
+    counted = tree.query_ahead(queries, 5, targets, ignore)[2]
+    np.testing.assert_array_equal(counted, brute_ahead(data, queries, targets, ignore))
+    assert (counted > 20).any()
     np.testing.assert_array_equal(tree.query_ahead(queries, 5)[1], tree.query(queries, 5)[1])
 
 
 def test_a_collapsed_space_is_ordered_by_row():
     """Every vector equal (a collapsed sim head): all distances tie, so the rows ahead of a target are the lower
-    rows, in chunks of float64 comparisons."""
+    rows, each compared in float64."""
     data = np.ones((50, 4))
-    _, _, ahead = NeighbourIndex(data, "exact").query_ahead(np.ones((3, 4)), 5, np.array([[0], [17], [49]]), 100)
-    assert listed(ahead) == {(1, 0): list(range(17)), (2, 0): list(range(49))}
+    counted = NeighbourIndex(data, "exact").query_ahead(np.ones((3, 4)), 5, np.array([[0], [17], [49]]))[2]
+    assert counted.tolist() == [[0], [17], [49]]
 
 
 def test_a_lower_matmul_precision_widens_the_screen():
     """With torch's float32 products allowed to run in bfloat16 (set_float32_matmul_precision("medium")), the screen
-    assumes bfloat16's rounding, and the rows ahead are still every float64 distance's."""
+    assumes bfloat16's rounding, and the counts are still every float64 distance's."""
     rng = np.random.default_rng(7)
     data = rng.normal(size=(400, 16)) * 30
     queries, targets = data[:25] + rng.normal(size=(25, 16)) * 1e-3, rng.integers(0, 400, size=(25, 2))
@@ -254,8 +249,26 @@ def test_a_lower_matmul_precision_widens_the_screen():
     try:
         torch.set_float32_matmul_precision("medium")
         assert unit_roundoff(torch.device("cpu")) == 2.0**-8
-        _, _, ahead = NeighbourIndex(data, "exact").query_ahead(queries, 3, targets, 1000)
+        counted = NeighbourIndex(data, "exact").query_ahead(queries, 3, targets)[2]
     finally:
         torch.set_float32_matmul_precision(before)
     assert unit_roundoff(torch.device("cpu")) == 2.0**-24
-    assert listed(ahead) == {key: rows for key, rows in brute_ahead(data, queries, targets).items() if rows}
+    np.testing.assert_array_equal(counted, brute_ahead(data, queries, targets))
+
+
+@pytest.mark.parametrize("pool", ["all", "positives"])
+def test_the_excluded_rows_are_the_pools_non_candidates(tmp_path, pool):
+    """excluded_rows (what the counted places leave out) are, per query, exactly the pool's rows is_candidate
+    rejects: on a split of twins and shared texts, and on graded BEIR queries (own documents, twins of relevant
+    documents)."""
+    split, _ = tied_split(150, seed=3)
+    splits = [PairedSplit(split.name, split.table, pool=pool)]
+    splits.append(read_beir(graded_beir(tmp_path / "b", np.random.default_rng(8))).paired("test", pool))
+    for split in splits:
+        pairs = np.arange(split.n_pairs)
+        rows = np.broadcast_to(split.pool_rows, (len(pairs), len(split.pool_rows)))
+        rejected = ~split.is_candidate(rows, pairs)
+        got = excluded_rows(split, pairs)
+        for q in pairs:
+            assert sorted(r for r in got[q].tolist() if r >= 0) == rows[q][rejected[q]].tolist(), q
+        assert (got >= 0).any()

@@ -101,6 +101,11 @@ class JudgedSplit(PairedSplit):
         twin = np.isin(pairs[:, None] * (self.text_id.max() + 1) + text, self._relevant_text_keys)
         return (rows >= self.n_queries) & (relevant | ~(own | twin))
 
+    def suspect_rows(self, pairs: np.ndarray) -> np.ndarray:
+        """:meth:`PairedSplit.suspect_rows`, and the query's own document."""
+        rows = super().suspect_rows(pairs)
+        return np.concatenate([rows, self.own[np.asarray(pairs)][:, None]], 1)
+
     def search_extra(self) -> int:
         """An upper bound of the documents one query's search can return that :meth:`is_candidate` drops: those with
         the query's text, its own document, the other documents with a relevant document's text."""

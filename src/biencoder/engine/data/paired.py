@@ -174,6 +174,15 @@ class PairedSplit:
         """[Q, M] text ids a query's mined negative must not have (-1 pads): here its point's and its counter's."""
         return np.stack([self.text_id[self.query], self.text_id[self.counter]], axis=1)
 
+    def suspect_rows(self, pairs: np.ndarray) -> np.ndarray:
+        """[P, M] the rows :meth:`is_candidate` may reject for the queries ``pairs``, among others (-1 padding): every
+        row whose text is the query's or a relevant document's (the query itself, the twins of its true counter)."""
+        relevant, _ = self.judgements(pairs)
+        texts = np.concatenate(
+            [self.text_id[self.query[pairs]][:, None], np.where(relevant >= 0, self.text_id[relevant], -1)], 1
+        )
+        return rows_of_texts(self.text_id, texts)
+
     def search_extra(self) -> int:
         """The most rows a nearest-neighbour search over :attr:`pool_rows` can return for one query that
         :meth:`is_candidate` then drops: the query itself (``pool=all``) and the twins of its true counter."""
@@ -236,3 +245,19 @@ def seen_queries(split: PairedSplit, used: list[PairedSplit]) -> np.ndarray:
     split's own rule (:meth:`PairedSplit.seen_in`): a pair's point or counter text among the pairs' texts; a judged
     query's text among the judged queries' texts. False everywhere after deduplication."""
     return split.seen_in(used)
+
+
+def rows_of_texts(text_id: np.ndarray, texts: np.ndarray) -> np.ndarray:
+    """[P, M] per row of ``texts`` [P, T] (text ids, -1: none) every row whose ``text_id`` is one of them, -1
+    padding; M the most any row has (at least 1)."""
+    by_text = np.argsort(text_id, kind="stable")
+    ids = text_id[by_text]
+    start = np.searchsorted(ids, texts)
+    count = np.where(texts >= 0, np.searchsorted(ids, texts, side="right") - start, 0).ravel()
+    offset = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    rows = by_text[np.repeat(start.ravel(), count) + offset]
+    per_query = count.reshape(texts.shape).sum(1)
+    place = np.arange(len(rows)) - np.repeat(np.cumsum(per_query) - per_query, per_query)
+    out = np.full((len(texts), max(int(per_query.max(initial=0)), 1)), -1, dtype=np.int64)
+    out[np.repeat(np.arange(len(texts)), per_query), place] = rows
+    return out

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..data.corpus import PairedSplit
 from .metrics import CUT, FINAL_DEPTH, NOT_LISTED
-from .search import SEARCH_BLOCK, Ahead, NeighbourIndex
+from .search import SEARCH_BLOCK, NeighbourIndex
 
 NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
 #: the most query × row cells scored at once. A block holds a few [B, 2Q] matrices (float64 distances, the 8 tasks'
@@ -129,22 +129,27 @@ def _nearest(
     """(rows [P, k], distances [P, k], places): the first ``k`` pool members of each query of ``pairs`` by distance
     in ``tree`` (:func:`_index` of ``sim``), nearest first (equal distances the lower row first); :data:`NONE`
     (distance inf) past the end of a pool of fewer than k. With ``relevant`` [P, R] rows (-1: none), ``places`` [P, R]
-    is each one's place among its query's candidates (:func:`_places`); else None."""
+    is each one's place among its query's candidates (one plus the candidates ahead of it: the rows
+    :meth:`NeighbourIndex.query_ahead` counts, less :func:`excluded_rows`), :data:`NOT_LISTED` past
+    :data:`FINAL_DEPTH` and in the padding; else None."""
     pool, extra = split.pool_rows, split.search_extra()
     rows, dist, places = [], [], []
     # a block of queries at a time: each query's neighbours are its own (both indexes search row by row), and the
     # k + extra of a block are dropped to k before the next, so a text shared by many pairs (extra ~ Q) costs
     # [SEARCH_BLOCK, k + extra], never [Q, k + extra]
     for block in query_blocks(len(pairs), 1, SEARCH_BLOCK):
-        targets = None if relevant is None else _searched(pool, relevant[block])
         query = sim[split.query[pairs[block]]]
-        d, found, ahead = tree.query_ahead(query, k + extra, targets, FINAL_DEPTH - 1 + extra)
+        if relevant is None:
+            d, found, _ = tree.query_ahead(query, k + extra)
+        else:
+            targets, ignore = _searched(pool, relevant[block]), _searched(pool, excluded_rows(split, pairs[block]))
+            d, found, ahead = tree.query_ahead(query, k + extra, targets, ignore)
+            place = 1 + ahead
+            places.append(np.where((targets >= 0) & (place <= FINAL_DEPTH), place, NOT_LISTED))
         # at most `extra` of the k + extra neighbours are dropped, so a query whose pool has k members keeps k
         r, d = first_kept(pool[found], d, split.is_candidate(pool[found], pairs[block]), k)
         rows.append(r)
         dist.append(d)
-        if ahead is not None:
-            places.append(np.where(targets >= 0, _places(split, pairs[block], pool, ahead), NOT_LISTED))
     return np.concatenate(rows), np.concatenate(dist), None if relevant is None else np.concatenate(places)
 
 
@@ -158,14 +163,14 @@ def _searched(pool: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return np.where(given, at, -1)
 
 
-def _places(split: PairedSplit, pairs: np.ndarray, pool: np.ndarray, ahead: Ahead) -> np.ndarray:
-    """[P, R] the place from 1 of each target of ``ahead`` (:meth:`NeighbourIndex.query_ahead`, of the queries
-    ``pairs``) among its query's candidates: one plus the candidates ahead of it; :data:`NOT_LISTED` past
-    :data:`FINAL_DEPTH`, for a target ``beyond`` it and in the padding."""
-    p, r = ahead.beyond.shape
-    candidate = split.is_candidate(pool[ahead.row][:, None], pairs[ahead.query])[:, 0]
-    place = 1 + np.bincount(ahead.query * r + ahead.slot, candidate, minlength=p * r).reshape(p, r).astype(np.int64)
-    return np.where(ahead.beyond | (place > FINAL_DEPTH), NOT_LISTED, place)
+def excluded_rows(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
+    """[P, E] the searched rows that are not candidates of the queries ``pairs`` (:meth:`PairedSplit.is_candidate`
+    of their :meth:`PairedSplit.suspect_rows` in the pool), each once, -1 padding."""
+    rows = split.suspect_rows(pairs)
+    out = np.where((rows >= 0) & np.isin(rows, split.pool_rows) & ~split.is_candidate(rows.clip(0), pairs), rows, -1)
+    out = -np.sort(-out, axis=1)  # each query's rows, highest first, -1 last
+    out[:, 1:][out[:, 1:] == out[:, :-1]] = -1  # a row twice (a text both the query's and a relevant one's)
+    return out
 
 
 def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -8,14 +8,14 @@ the result is the float64 ranking at float32 speed. The two indexes agree on eve
 (tests check a planted neighbour and random data); ``scripts/bench.py`` shows when each is faster. Where a query
 needs its distance to every row (a pool of the 8 tasks), :func:`distances` computes them exactly in float64.
 
-:meth:`NeighbourIndex.query_ahead` also finds, in the same pass, the rows ahead of given targets in that float64
+:meth:`NeighbourIndex.query_ahead` also counts, in the same pass, the rows ahead of given targets in that float64
 order (:func:`ahead`): the float32 pass decides every row it can prove it may, and float64 the few near the target.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -83,13 +83,16 @@ class NeighbourIndex:
         return dist, rows
 
     def query_ahead(
-        self, queries: np.ndarray, k: int, targets: np.ndarray | None = None, within: int = 0
-    ) -> tuple[np.ndarray, np.ndarray, Ahead | None]:
-        """:meth:`query`'s (distances, rows), and with ``targets`` [Q, R] (indexed rows, -1: none) the rows
-        :func:`ahead` of each target in the float64 order (None without them), found in the same pass."""
+        self, queries: np.ndarray, k: int, targets: np.ndarray | None = None, ignore: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """:meth:`query`'s (distances, rows), and with ``targets`` [Q, R] (indexed rows, -1: none) how many rows are
+        :func:`ahead` of each target in the float64 order, not counting the rows ``ignore`` [Q, E] names for its query
+        (-1: none; default none): [Q, R], or None without targets; found in the same pass."""
         k = min(k, self.n)
+        if targets is not None and ignore is None:
+            ignore = np.full((len(targets), 1), -1)
         if not len(queries):  # neither index takes zero queries (BallTree refuses them, the re-rank cannot reshape)
-            found = None if targets is None else Ahead.join([], targets.shape[1])
+            found = None if targets is None else np.zeros(np.shape(targets), dtype=np.int64)
             return np.zeros((0, k)), np.zeros((0, k), dtype=np.int64), found
         q_all = torch.as_tensor(np.asarray(queries), dtype=torch.float64)
         tree = self.tree.query(q_all.numpy(), k=k) if self.kind == "balltree" else None
@@ -99,62 +102,35 @@ class NeighbourIndex:
             q64 = q_all[start : start + self.block].to(self.device, non_blocking=True)
             if self.kind == "exact" or targets is not None:
                 d2 = torch.addmm(self.norms[None, :], q64.float(), self.data.T, alpha=-2.0)  # ||x||² − 2 q·x
-            if targets is not None:
-                aheads.append(ahead(self, q64, d2, targets[start : start + self.block], within))
+            prefix = None
             if self.kind == "exact":
-                cand = torch.topk(d2, short, dim=1, largest=False, sorted=False).indices  # [B, short]
-                cand = torch.sort(cand, dim=1).values  # equal distances (duplicate texts) keep the lower row first
-                for part, q_part in zip(cand.split(self.refine), q64.split(self.refine), strict=True):
-                    d, r = self._refine(part, q_part, k)
-                    dists.append(d)
-                    rows.append(r)
+                found = torch.topk(d2, short, dim=1, largest=False, sorted=False)  # [B, short]
+                cand = torch.sort(found.indices, dim=1).values  # equal distances keep the lower row first
+                by = zip(cand.split(self.refine), q64.split(self.refine), strict=True)
+                parts = [self._refine(part, q_part) for part, q_part in by]  # the whole shortlist, in order
+                dists.extend(d[:, :k] for d, _ in parts)
+                rows.extend(r[:, :k] for _, r in parts)
+                prefix = Prefix(torch.cat([r for _, r in parts]), found.values.max(1).values.cpu())
+            if targets is not None:
+                block = slice(start, start + self.block)
+                aheads.append(ahead(self, q64, d2, targets[block], ignore[block], prefix))
         dist, row = tree if tree is not None else (torch.cat(dists).double().numpy(), torch.cat(rows).numpy())
-        return dist, row, None if targets is None else Ahead.join(aheads, targets.shape[1])
+        return dist, row, None if targets is None else np.concatenate(aheads)
 
-    def _refine(self, cand: torch.Tensor, q64: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k nearest of each query's float32 shortlist ``cand`` [B, short] by float64 distance, nearest first
-        (ties: lower row first): (distances [B, k], rows [B, k]) on the CPU. Row by row, so any split of the queries
-        gives the same values."""
+    def _refine(self, cand: torch.Tensor, q64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each query's float32 shortlist ``cand`` [B, short] (ascending rows) by float64 distance, nearest first
+        (ties: lower row first): (distances [B, short], rows [B, short]) on the CPU. Row by row, so any split of the
+        queries gives the same values."""
         rows_of = torch.index_select(self.exact, 0, cand.reshape(-1)).view(*cand.shape, -1)  # [B, short, D]
         exact = squared_distances(rows_of, q64[:, None, :])  # [B, short] float64
         order = torch.sort(exact, dim=1, stable=True)
-        return order.values[:, :k].sqrt().cpu(), cand.gather(1, order.indices[:, :k]).cpu()
+        return order.values.sqrt().cpu(), cand.gather(1, order.indices).cpu()
 
 
 def squared_distances(rows: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
     """Float64 squared distances of ``rows`` [..., D] to ``queries`` (broadcast) from the differences: the one formula
     that orders neighbours (:meth:`NeighbourIndex._refine`, :func:`ahead`), so that equal vectors tie exactly."""
     return (rows - queries).pow_(2).sum(-1)
-
-
-@dataclass(frozen=True)
-class Ahead:
-    """The indexed rows ahead of targets in their queries' float64 order (:func:`ahead`).
-
-    Attributes: ``query``, ``slot``, ``row`` [M]: one entry per (query, the target's column in ``targets``, a row
-    ahead of it); ``beyond`` [Q, R] bool: more rows than the ``within`` asked for are ahead of that target (none of
-    its rows is listed then).
-    """
-
-    query: np.ndarray
-    slot: np.ndarray
-    row: np.ndarray
-    beyond: np.ndarray
-
-    @classmethod
-    def join(cls, parts: list[Ahead], slots: int) -> Ahead:
-        """The entries of ``parts`` (consecutive blocks of queries, each's ``query`` counted from 0) as one."""
-        starts = np.cumsum([0] + [len(p.beyond) for p in parts])[:-1]
-        return cls(
-            _joined([p.query + start for p, start in zip(parts, starts, strict=True)]),
-            _joined([p.slot for p in parts]),
-            _joined([p.row for p in parts]),
-            np.concatenate([np.zeros((0, slots), dtype=bool)] + [p.beyond for p in parts]),
-        )
-
-
-def _joined(arrays: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate([np.zeros(0, dtype=np.int64)] + arrays).astype(np.int64)
 
 
 #: the float32 screen's rounding bound in units of the matmul's unit roundoff u (:func:`unit_roundoff`), per unit of
@@ -176,41 +152,98 @@ def unit_roundoff(device: torch.device) -> float:
     return 2.0**-11 if precision == "high" or tf32 else 2.0**-24
 
 
-def ahead(index: NeighbourIndex, q64: torch.Tensor, d2: torch.Tensor, targets: np.ndarray, within: int) -> Ahead:
-    """The rows of ``index`` ahead of each target in its query's order of :meth:`NeighbourIndex.query` (a float64
-    distance below the target's, or equal to it and a lower row; never the target itself).
+class Prefix(NamedTuple):
+    """Each query's first m rows in the order of :meth:`NeighbourIndex.query` (``rows`` [B, m], exact search's), and
+    ``edge`` [B]: the largest float32 value of its shortlist; a row outside the shortlist is at least that far, so the
+    rows are complete up to any target whose float32 bound stays below the edge."""
+
+    rows: torch.Tensor
+    edge: torch.Tensor
+
+
+class Target(NamedTuple):
+    """One target per query: its indexed ``row`` [B] (clamped to 0 where there is none), its float64 squared
+    distance ``t64`` [B], and the float32 bounds ``low``, ``high`` [B] of ||x||² − 2 q·x outside which the screen
+    decides a row (:func:`target_bounds`)."""
+
+    row: torch.Tensor
+    t64: torch.Tensor
+    low: torch.Tensor
+    high: torch.Tensor
+
+
+def target_bounds(index: NeighbourIndex, q64: torch.Tensor, row: torch.Tensor) -> Target:
+    """The :class:`Target` of the indexed rows ``row`` [B] for the queries ``q64`` [B, D]: a row whose float32
+    screen value is below ``low`` is surely nearer than the target, above ``high`` surely farther, whatever float32
+    rounding (:data:`SCREEN_ROUNDING`, :func:`unit_roundoff`) did to it."""
+    u = unit_roundoff(q64.device)
+    x_max = index.norms.max()
+    scale = x_max + 2 * q64.float().norm(dim=1) * x_max.sqrt()  # [B]: every row's ||x||² + 2 |q| |x| is at most this
+    t64 = squared_distances(index.exact[row], q64)
+    thr = t64 - (q64 * q64).sum(1)  # the target's ||x||² − 2 q·x in float64
+    slack = SCREEN_ROUNDING * (q64.shape[1] + 4) * u * scale + 4 * u * thr.abs().float()
+    return Target(row, t64, thr.float() - slack, thr.float() + slack)
+
+
+def ahead(
+    index: NeighbourIndex,
+    q64: torch.Tensor,
+    d2: torch.Tensor,
+    targets: np.ndarray,
+    ignore: np.ndarray,
+    prefix: Prefix | None = None,
+) -> np.ndarray:
+    """[B, R] how many rows of ``index`` are ahead of each target in its query's order of :meth:`NeighbourIndex.query`
+    (a float64 distance below the target's, or equal to it and a lower row), the ``ignore``d ones not counted.
 
     Args: ``q64`` [B, D] float64 queries on the index's device; ``d2`` [B, N] float32 ||x||² − 2 q·x of every row
-    (the search's screen); ``targets`` [B, R] indexed rows (-1: none); ``within``: a target's rows are listed only when
-    at most ``within`` of them are surely ahead, else it is ``beyond``.
-    A row whose screen value is farther from the target's float64 value than rounding can move it
-    (:data:`SCREEN_ROUNDING`) is decided by the screen; the rest are compared in float64 (:func:`squared_distances`).
+    (the search's screen); ``targets`` [B, R] and ``ignore`` [B, E] indexed rows (-1: none); ``prefix``: the search's
+    first rows, when known (exact search): a target among them, below their edge, has the rows before it ahead. The
+    other targets are counted by the screen (:func:`target_bounds`), and the rows it cannot decide compared in
+    float64 (:func:`squared_distances`).
     """
-    targets, u = np.asarray(targets), unit_roundoff(q64.device)
-    x_max = index.norms.max() if index.n else index.norms.new_zeros(())
-    scale = x_max + 2 * q64.float().norm(dim=1) * x_max.sqrt()  # [B]: every row's ||x||² + 2 |q| |x| is at most this
-    q_sq = (q64 * q64).sum(1)
-    queries, slots, rows, beyond = [], [], [], np.zeros(targets.shape, dtype=bool)
+    targets, ignore = torch.as_tensor(np.asarray(targets)), torch.as_tensor(np.asarray(ignore), device=q64.device)
+    counts = torch.zeros(targets.shape, dtype=torch.long)
+    ignored = squared_distances(index.exact[ignore.clamp(min=0)], q64[:, None, :])  # [B, E]
     for slot in range(targets.shape[1]):
-        target = torch.as_tensor(targets[:, slot], device=q64.device)
-        has, target = target >= 0, target.clamp(min=0)
-        t64 = squared_distances(index.exact[target], q64)  # [B]
-        thr = t64 - q_sq  # the target's ||x||² − 2 q·x in float64
-        slack = SCREEN_ROUNDING * (q64.shape[1] + 4) * u * scale + 4 * u * thr.abs().float()
-        low, high = (thr.float() - slack)[:, None], (thr.float() + slack)[:, None]
-        over = has & ((d2 < low).sum(1) > within)
-        beyond[:, slot] = over.cpu().numpy()
-        near = (d2 <= high) & (has & ~over)[:, None]  # every row ahead of a listed target
-        near[torch.arange(len(target), device=q64.device), target] = False
-        b, n = near.nonzero(as_tuple=True)
-        keep = d2[b, n] < low[b, 0]
-        for part in (~keep).nonzero(as_tuple=True)[0].split(EXACT_CHUNK):  # undecided: compared in float64
-            d64, t = squared_distances(index.exact[n[part]], q64[b[part]]), b[part]
-            keep[part] = (d64 < t64[t]) | ((d64 == t64[t]) & (n[part] < target[t]))
-        queries.append(b[keep].cpu().numpy())
-        rows.append(n[keep].cpu().numpy())
-        slots.append(np.full(len(rows[-1]), slot))
-    return Ahead(_joined(queries), _joined(slots), _joined(rows), beyond)
+        row = targets[:, slot]
+        target, screened = target_bounds(index, q64, row.clamp(min=0).to(q64.device)), row >= 0
+        if prefix is not None:  # a target among the first rows, all of them complete up to it: the rows before it
+            place = prefix.rows == row[:, None]
+            first = place.any(1) & (target.high.cpu() < prefix.edge)
+            counts[first, slot] = (torch.cumsum(place, 1) == 0)[first].sum(1)
+            screened &= ~first
+        counts[screened, slot] = _count_ahead(index, q64, d2, target, screened.to(q64.device)).cpu()
+        # the ignored rows that are ahead, by the same comparison
+        t, t64 = target.row[:, None], target.t64[:, None]
+        before = ((ignored < t64) | ((ignored == t64) & (ignore < t))) & (ignore >= 0) & (ignore != t)
+        counts[:, slot] -= torch.where(row >= 0, before.sum(1).cpu(), 0)
+    return counts.numpy()
+
+
+def _count_ahead(
+    index: NeighbourIndex, q64: torch.Tensor, d2: torch.Tensor, target: Target, which: torch.Tensor
+) -> torch.Tensor:
+    """[W] the rows ahead of one ``target`` per query, for the queries ``which`` [B] bool: those the float32 screen
+    ``d2`` puts surely nearer, and those it cannot tell from the target (its band) that float64 puts ahead."""
+    picked = which.nonzero(as_tuple=True)[0]
+    if not len(picked):
+        return torch.zeros(0, dtype=torch.long, device=d2.device)
+    screen = d2[picked] if len(picked) < len(d2) else d2
+    low, high = target.low[picked, None], target.high[picked, None]
+    sure = (screen < low).sum(1)
+    band = (screen <= high).sum(1) - sure  # the target itself is one of them
+    crowded = (band != 1).nonzero(as_tuple=True)[0]  # other rows as near as rounding allows: compared in float64
+    if len(crowded):
+        rows = screen[crowded]
+        p, n = ((rows >= low[crowded]) & (rows <= high[crowded])).nonzero(as_tuple=True)
+        at, t = picked[crowded[p]], target.row[picked[crowded[p]]]
+        for part in torch.arange(len(p), device=d2.device).split(EXACT_CHUNK):
+            d64 = squared_distances(index.exact[n[part]], q64[at[part]])
+            t64 = target.t64[at[part]]
+            ahead = ((d64 < t64) | ((d64 == t64) & (n[part] < t[part]))) & (n[part] != t[part])
+            sure.index_add_(0, crowded[p[part]], ahead.long())
+    return sure
 
 
 def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -> np.ndarray:
