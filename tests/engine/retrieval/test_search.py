@@ -14,11 +14,12 @@ import torch
 from biencoder.engine.data.beir import read_beir
 from biencoder.engine.data.paired import PairedSplit
 from biencoder.engine.modeling.model import Embeddings
+from biencoder.engine.retrieval import search
 from biencoder.engine.retrieval.metrics import FINAL_DEPTH, NOT_LISTED, judged_ranks
 from biencoder.engine.retrieval.negatives import Mining, mine_negatives
 from biencoder.engine.retrieval.order import excluded_rows, retrieval_order, retrieve, retrieve_ranking
 from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
-from biencoder.engine.retrieval.search import NeighbourIndex, squared_distances, unit_roundoff
+from biencoder.engine.retrieval.search import BEYOND, Counting, NeighbourIndex, squared_distances, unit_roundoff
 from helpers import tied_split
 
 
@@ -208,16 +209,23 @@ def test_rows_ahead_by_hand():
     empty (-1: 0). Ignoring rows 1, 3 and 2 (row 2 is the first target itself, never counted for it): 0, 0 and 1."""
     data = np.array([[0.0], [1.0], [1.0], [2.0], [3.0]])
     tree, query, targets = NeighbourIndex(data, "exact"), np.array([[0.9]]), np.array([[2, 0, 4, -1]])
-    assert tree.query_ahead(query, 2, targets)[2].tolist() == [[1, 2, 4, 0]]
-    assert tree.query_ahead(query, 2, targets, np.array([[1, 3, 2, -1]]))[2].tolist() == [[0, 0, 1, 0]]
-    assert NeighbourIndex(data, "balltree").query_ahead(query, 2, targets)[2].tolist() == [[1, 2, 4, 0]]
+    none = np.array([[-1]])
+    assert tree.query_ahead(query, 2, Counting(targets, none, 10))[2].tolist() == [[1, 2, 4, 0]]
+    assert tree.query_ahead(query, 2, Counting(targets, np.array([[1, 3, 2, -1]]), 10))[2].tolist() == [[0, 0, 1, 0]]
+    assert NeighbourIndex(data, "balltree").query_ahead(query, 2, Counting(targets, none, 10))[2].tolist() == [
+        [1, 2, 4, 0]
+    ]
+    # at most 2 counted: row 4's four are BEYOND, whatever is ignored
+    assert tree.query_ahead(query, 2, Counting(targets, np.array([[1, 3]]), 2))[2].tolist() == [[0, 1, BEYOND, 0]]
 
 
+@pytest.mark.parametrize("scan_rows", [16384, 0])  # every row compared; a top-k first (search.SCAN_ROWS)
 @pytest.mark.parametrize("index", ["exact", "balltree"])
-def test_rows_float32_cannot_order_are_ordered_in_float64(index):
+def test_rows_float32_cannot_order_are_ordered_in_float64(index, scan_rows, monkeypatch):
     """Rows 1e-9 apart around a point 1e3 from the origin: float32 cannot tell them apart (its step there is 6e-5),
     so every order among them is float64's; the counts equal those of every float64 distance, in blocks of 7, ignored
     rows (some of them twins of a target) left out."""
+    monkeypatch.setattr(search, "SCAN_ROWS", scan_rows)
     rng = np.random.default_rng(4)
     base = rng.normal(size=(1, 6)) * 1e3
     data = np.concatenate([base + rng.normal(size=(200, 6)) * 1e-9, rng.normal(size=(100, 6)) * 1e3])
@@ -225,9 +233,14 @@ def test_rows_float32_cannot_order_are_ordered_in_float64(index):
     queries = base + rng.normal(size=(40, 6)) * 1e-8
     targets, ignore = rng.integers(-1, 300, size=(40, 3)), rng.integers(-1, 300, size=(40, 4))
     tree = NeighbourIndex(data, index, block=7)
-    counted = tree.query_ahead(queries, 5, targets, ignore)[2]
+    counted = tree.query_ahead(queries, 5, Counting(targets, ignore, 1000))[2]
     np.testing.assert_array_equal(counted, brute_ahead(data, queries, targets, ignore))
     assert (counted > 20).any()
+    # counted to 30: the same counts up to 30 of all rows ahead, BEYOND past them
+    capped = tree.query_ahead(queries, 5, Counting(targets, ignore, 30))[2]
+    every = brute_ahead(data, queries, targets)
+    np.testing.assert_array_equal(capped, np.where(every > 30, BEYOND, counted))
+    assert (capped == BEYOND).any() and ((capped > 0) & (capped < 30)).any()
     np.testing.assert_array_equal(tree.query_ahead(queries, 5)[1], tree.query(queries, 5)[1])
 
 
@@ -235,7 +248,10 @@ def test_a_collapsed_space_is_ordered_by_row():
     """Every vector equal (a collapsed sim head): all distances tie, so the rows ahead of a target are the lower
     rows, each compared in float64."""
     data = np.ones((50, 4))
-    counted = NeighbourIndex(data, "exact").query_ahead(np.ones((3, 4)), 5, np.array([[0], [17], [49]]))[2]
+    targets = np.array([[0], [17], [49]])
+    counted = NeighbourIndex(data, "exact").query_ahead(
+        np.ones((3, 4)), 5, Counting(targets, np.full((3, 1), -1), 60)
+    )[2]
     assert counted.tolist() == [[0], [17], [49]]
 
 
@@ -249,7 +265,9 @@ def test_a_lower_matmul_precision_widens_the_screen():
     try:
         torch.set_float32_matmul_precision("medium")
         assert unit_roundoff(torch.device("cpu")) == 2.0**-8
-        counted = NeighbourIndex(data, "exact").query_ahead(queries, 3, targets)[2]
+        counted = NeighbourIndex(data, "exact").query_ahead(queries, 3, Counting(targets, np.full((25, 1), -1), 500))[
+            2
+        ]
     finally:
         torch.set_float32_matmul_precision(before)
     assert unit_roundoff(torch.device("cpu")) == 2.0**-24

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..data.corpus import PairedSplit
 from .metrics import CUT, FINAL_DEPTH, NOT_LISTED
-from .search import SEARCH_BLOCK, NeighbourIndex
+from .search import BEYOND, SEARCH_BLOCK, Counting, NeighbourIndex
 
 NONE = -1  # the row of an empty shortlist place (a pool smaller than k)
 #: the most query × row cells scored at once. A block holds a few [B, 2Q] matrices (float64 distances, the 8 tasks'
@@ -143,9 +143,10 @@ def _nearest(
             d, found, _ = tree.query_ahead(query, k + extra)
         else:
             targets, ignore = _searched(pool, relevant[block]), _searched(pool, excluded_rows(split, pairs[block]))
-            d, found, ahead = tree.query_ahead(query, k + extra, targets, ignore)
+            # more than FINAL_DEPTH - 1 + extra rows ahead: more than FINAL_DEPTH - 1 candidates, so past FINAL_DEPTH
+            d, found, ahead = tree.query_ahead(query, k + extra, Counting(targets, ignore, FINAL_DEPTH - 1 + extra))
             place = 1 + ahead
-            places.append(np.where((targets >= 0) & (place <= FINAL_DEPTH), place, NOT_LISTED))
+            places.append(np.where((targets >= 0) & (ahead != BEYOND) & (place <= FINAL_DEPTH), place, NOT_LISTED))
         # at most `extra` of the k + extra neighbours are dropped, so a query whose pool has k members keeps k
         r, d = first_kept(pool[found], d, split.is_candidate(pool[found], pairs[block]), k)
         rows.append(r)

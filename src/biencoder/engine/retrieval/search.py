@@ -83,16 +83,13 @@ class NeighbourIndex:
         return dist, rows
 
     def query_ahead(
-        self, queries: np.ndarray, k: int, targets: np.ndarray | None = None, ignore: np.ndarray | None = None
+        self, queries: np.ndarray, k: int, counting: Counting | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """:meth:`query`'s (distances, rows), and with ``targets`` [Q, R] (indexed rows, -1: none) how many rows are
-        :func:`ahead` of each target in the float64 order, not counting the rows ``ignore`` [Q, E] names for its query
-        (-1: none; default none): [Q, R], or None without targets; found in the same pass."""
+        """:meth:`query`'s (distances, rows), and with ``counting`` how many rows are :func:`ahead` of each of its
+        targets in the float64 order ([Q, R]; None without it), found in the same pass."""
         k = min(k, self.n)
-        if targets is not None and ignore is None:
-            ignore = np.full((len(targets), 1), -1)
         if not len(queries):  # neither index takes zero queries (BallTree refuses them, the re-rank cannot reshape)
-            found = None if targets is None else np.zeros(np.shape(targets), dtype=np.int64)
+            found = None if counting is None else np.zeros(np.shape(counting.targets), dtype=np.int64)
             return np.zeros((0, k)), np.zeros((0, k), dtype=np.int64), found
         q_all = torch.as_tensor(np.asarray(queries), dtype=torch.float64)
         tree = self.tree.query(q_all.numpy(), k=k) if self.kind == "balltree" else None
@@ -100,7 +97,7 @@ class NeighbourIndex:
         short = min(self.n, k + SHORTLIST_EXTRA)
         for start in range(0, len(q_all), self.block):
             q64 = q_all[start : start + self.block].to(self.device, non_blocking=True)
-            if self.kind == "exact" or targets is not None:
+            if self.kind == "exact" or counting is not None:
                 d2 = torch.addmm(self.norms[None, :], q64.float(), self.data.T, alpha=-2.0)  # ||x||² − 2 q·x
             prefix = None
             if self.kind == "exact":
@@ -111,11 +108,10 @@ class NeighbourIndex:
                 dists.extend(d[:, :k] for d, _ in parts)
                 rows.extend(r[:, :k] for _, r in parts)
                 prefix = Prefix(torch.cat([r for _, r in parts]), found.values.max(1).values.cpu())
-            if targets is not None:
-                block = slice(start, start + self.block)
-                aheads.append(ahead(self, q64, d2, targets[block], ignore[block], prefix))
+            if counting is not None:
+                aheads.append(ahead(self, q64, d2, counting.of(slice(start, start + self.block)), prefix))
         dist, row = tree if tree is not None else (torch.cat(dists).double().numpy(), torch.cat(rows).numpy())
-        return dist, row, None if targets is None else np.concatenate(aheads)
+        return dist, row, None if counting is None else np.concatenate(aheads)
 
     def _refine(self, cand: torch.Tensor, q64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's float32 shortlist ``cand`` [B, short] (ascending rows) by float64 distance, nearest first
@@ -140,6 +136,10 @@ def squared_distances(rows: torch.Tensor, queries: torch.Tensor) -> torch.Tensor
 SCREEN_ROUNDING = 4
 #: (query, row) pairs compared in float64 at once where the screen cannot decide (bounds memory when many tie)
 EXACT_CHUNK = 1 << 16
+#: the most rows :func:`ahead` compares every one of with a target's bounds; past them a top-k finds the few that
+#: matter first (on the 2-core VM the comparisons were faster over ArguAna's 2802 rows, the top-k over 100k:
+#: BENCHMARKS.md, item 4)
+SCAN_ROWS = 16384
 
 
 def unit_roundoff(device: torch.device) -> float:
@@ -185,24 +185,37 @@ def target_bounds(index: NeighbourIndex, q64: torch.Tensor, row: torch.Tensor) -
     return Target(row, t64, thr.float() - slack, thr.float() + slack)
 
 
+class Counting(NamedTuple):
+    """What :meth:`NeighbourIndex.query_ahead` counts: the rows ahead of each of ``targets`` [Q, R] (indexed rows, -1:
+    none), not counting the rows ``ignore`` [Q, E] names for its query (-1: none), exactly up to ``within`` of them
+    (more: :data:`BEYOND`)."""
+
+    targets: np.ndarray
+    ignore: np.ndarray
+    within: int
+
+    def of(self, block: slice) -> Counting:
+        return Counting(self.targets[block], self.ignore[block], self.within)
+
+
+#: the count of a target with more than ``within`` rows ahead (:class:`Counting`)
+BEYOND = -1
+
+
 def ahead(
-    index: NeighbourIndex,
-    q64: torch.Tensor,
-    d2: torch.Tensor,
-    targets: np.ndarray,
-    ignore: np.ndarray,
-    prefix: Prefix | None = None,
+    index: NeighbourIndex, q64: torch.Tensor, d2: torch.Tensor, counting: Counting, prefix: Prefix | None = None
 ) -> np.ndarray:
-    """[B, R] how many rows of ``index`` are ahead of each target in its query's order of :meth:`NeighbourIndex.query`
-    (a float64 distance below the target's, or equal to it and a lower row), the ``ignore``d ones not counted.
+    """[B, R] how many rows of ``index`` are ahead of each target of ``counting`` in its query's order of
+    :meth:`NeighbourIndex.query` (a float64 distance below the target's, or equal to it and a lower row), the ignored
+    ones not counted; :data:`BEYOND` where more than ``counting.within`` rows are, and 0 for no target.
 
     Args: ``q64`` [B, D] float64 queries on the index's device; ``d2`` [B, N] float32 ||x||² − 2 q·x of every row
-    (the search's screen); ``targets`` [B, R] and ``ignore`` [B, E] indexed rows (-1: none); ``prefix``: the search's
-    first rows, when known (exact search): a target among them, below their edge, has the rows before it ahead. The
-    other targets are counted by the screen (:func:`target_bounds`), and the rows it cannot decide compared in
-    float64 (:func:`squared_distances`).
+    (the search's screen); ``prefix``: the search's first rows, when known (exact search): a target among them, below
+    their edge, has the rows before it ahead. The other targets are counted by the screen (:func:`target_bounds`),
+    and the rows it cannot decide compared in float64 (:func:`squared_distances`).
     """
-    targets, ignore = torch.as_tensor(np.asarray(targets)), torch.as_tensor(np.asarray(ignore), device=q64.device)
+    targets = torch.as_tensor(np.asarray(counting.targets))
+    ignore = torch.as_tensor(np.asarray(counting.ignore), device=q64.device)
     counts = torch.zeros(targets.shape, dtype=torch.long)
     ignored = squared_distances(index.exact[ignore.clamp(min=0)], q64[:, None, :])  # [B, E]
     for slot in range(targets.shape[1]):
@@ -213,37 +226,53 @@ def ahead(
             first = place.any(1) & (target.high.cpu() < prefix.edge)
             counts[first, slot] = (torch.cumsum(place, 1) == 0)[first].sum(1)
             screened &= ~first
-        counts[screened, slot] = _count_ahead(index, q64, d2, target, screened.to(q64.device)).cpu()
+        counts[screened, slot] = _count_ahead(index, q64, d2, target, screened.to(q64.device), counting.within).cpu()
+        counts[counts[:, slot] > counting.within, slot] = BEYOND
         # the ignored rows that are ahead, by the same comparison
         t, t64 = target.row[:, None], target.t64[:, None]
         before = ((ignored < t64) | ((ignored == t64) & (ignore < t))) & (ignore >= 0) & (ignore != t)
-        counts[:, slot] -= torch.where(row >= 0, before.sum(1).cpu(), 0)
+        counts[:, slot] -= torch.where((row >= 0) & (counts[:, slot] != BEYOND), before.sum(1).cpu(), 0)
     return counts.numpy()
 
 
 def _count_ahead(
-    index: NeighbourIndex, q64: torch.Tensor, d2: torch.Tensor, target: Target, which: torch.Tensor
+    index: NeighbourIndex, q64: torch.Tensor, d2: torch.Tensor, target: Target, which: torch.Tensor, within: int
 ) -> torch.Tensor:
-    """[W] the rows ahead of one ``target`` per query, for the queries ``which`` [B] bool: those the float32 screen
-    ``d2`` puts surely nearer, and those it cannot tell from the target (its band) that float64 puts ahead."""
+    """[W] the rows ahead of one ``target`` per query, for the queries ``which`` [B] bool (W of them), or
+    :data:`BEYOND` where more than ``within`` are: those the float32 screen ``d2`` puts surely nearer, and those it
+    cannot tell from the target (its band) that float64 puts ahead. Over more than :data:`SCAN_ROWS` rows, one
+    top-k of ``within`` + 2 per query holds every row that can matter, unless the band reaches past it."""
     picked = which.nonzero(as_tuple=True)[0]
     if not len(picked):
         return torch.zeros(0, dtype=torch.long, device=d2.device)
     screen = d2[picked] if len(picked) < len(d2) else d2
     low, high = target.low[picked, None], target.high[picked, None]
-    sure = (screen < low).sum(1)
-    band = (screen <= high).sum(1) - sure  # the target itself is one of them
-    crowded = (band != 1).nonzero(as_tuple=True)[0]  # other rows as near as rounding allows: compared in float64
-    if len(crowded):
-        rows = screen[crowded]
-        p, n = ((rows >= low[crowded]) & (rows <= high[crowded])).nonzero(as_tuple=True)
-        at, t = picked[crowded[p]], target.row[picked[crowded[p]]]
-        for part in torch.arange(len(p), device=d2.device).split(EXACT_CHUNK):
-            d64 = squared_distances(index.exact[n[part]], q64[at[part]])
-            t64 = target.t64[at[part]]
-            ahead = ((d64 < t64) | ((d64 == t64) & (n[part] < t[part]))) & (n[part] != t[part])
-            sure.index_add_(0, crowded[p[part]], ahead.long())
-    return sure
+    count = torch.zeros(len(picked), dtype=torch.long, device=d2.device)
+    beyond = torch.zeros(len(picked), dtype=torch.bool, device=d2.device)
+    p = n = torch.zeros(0, dtype=torch.long, device=d2.device)
+    if screen.shape[1] > max(SCAN_ROWS, within + 2):
+        top = torch.topk(screen, within + 2, dim=1, largest=False, sorted=False)
+        edge = top.values.max(1, keepdim=True).values  # every row outside the top-k is at least this far
+        beyond, whole = (edge < low)[:, 0], (edge <= high)[:, 0]  # within + 2 surely ahead; the band past the top-k
+        whole &= ~beyond
+        count = (top.values < low).sum(1)
+        p, col = ((top.values >= low) & (top.values <= high) & ~whole[:, None]).nonzero(as_tuple=True)
+        n = top.indices[p, col]
+        rows = whole.nonzero(as_tuple=True)[0]
+        scanned, lo, hi = screen[rows], low[rows], high[rows]
+    else:
+        rows, scanned, lo, hi = torch.arange(len(picked), device=d2.device), screen, low, high
+    if len(rows):  # every row looked at; the band enumerated where another row shares it with the target
+        count[rows] = (scanned < lo).sum(1)
+        crowded = ((scanned <= hi).sum(1) - count[rows] != 1).nonzero(as_tuple=True)[0]
+        wp, wn = ((scanned[crowded] >= lo[crowded]) & (scanned[crowded] <= hi[crowded])).nonzero(as_tuple=True)
+        p, n = torch.cat([p, rows[crowded[wp]]]), torch.cat([n, wn])
+    at, t = picked[p], target.row[picked[p]]
+    for part in torch.arange(len(p), device=d2.device).split(EXACT_CHUNK):  # the band: compared in float64
+        d64, t64 = squared_distances(index.exact[n[part]], q64[at[part]]), target.t64[at[part]]
+        ahead = ((d64 < t64) | ((d64 == t64) & (n[part] < t[part]))) & (n[part] != t[part])
+        count.index_add_(0, p[part], ahead.long())
+    return torch.where(beyond | (count > within), BEYOND, count)
 
 
 def distances(vectors: torch.Tensor, query_rows: np.ndarray, block: int = 256) -> np.ndarray:
