@@ -241,6 +241,11 @@ def test_rows_float32_cannot_order_are_ordered_in_float64(index, scan_rows, monk
     every = brute_ahead(data, queries, targets)
     np.testing.assert_array_equal(capped, np.where(every > 30, BEYOND, counted))
     assert (capped == BEYOND).any() and ((capped > 0) & (capped < 30)).any()
+    # and the neighbours listed are the float64 order's, though float32 ties them across its shortlist's edge
+    d = squared_distances(torch.as_tensor(data)[None, :, :], torch.as_tensor(queries)[:, None, :]).numpy()
+    np.testing.assert_array_equal(
+        tree.query(queries, 5)[1], np.lexsort((np.arange(300)[None, :].repeat(40, 0), d))[:, :5]
+    )
     np.testing.assert_array_equal(tree.query_ahead(queries, 5)[1], tree.query(queries, 5)[1])
 
 
@@ -290,3 +295,20 @@ def test_the_excluded_rows_are_the_pools_non_candidates(tmp_path, pool):
         for q in pairs:
             assert sorted(r for r in got[q].tolist() if r >= 0) == rows[q][rejected[q]].tolist(), q
         assert (got >= 0).any()
+
+
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+def test_a_collapsed_beir_space_lists_and_counts_by_row(tiny_model_and_tokenizer, tmp_path, index):
+    """Every vector equal (a collapsed sim head) and several relevant documents per query: every distance ties, so
+    the order is by row, both in the first places the search lists and in the places it counts past them; no relevant
+    document is listed at a place another is counted at."""
+    split = read_beir(graded_beir(tmp_path / "b", np.random.default_rng(9))).paired("test", "all")
+    emb = Embeddings(torch.ones(len(split.table), 128), torch.ones(len(split.table), 32))
+    model, rerank = tiny_model_and_tokenizer[0], Rerank(k=4, index=index)
+    order = retrieval_order(emb.sim.numpy(), split, 4, index)
+    candidates = split.is_candidate(np.broadcast_to(split.pool_rows, (split.n_pairs, len(split.pool_rows))))
+    first = [split.pool_rows[c][:10].tolist() for c in candidates]
+    assert order.rows.tolist() == first
+    np.testing.assert_array_equal(
+        rerank_ranks(model, emb, split, rerank).final.rank, brute_places(model, emb, split, rerank)
+    )

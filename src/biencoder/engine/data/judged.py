@@ -8,7 +8,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .paired import PairedSplit
+from .paired import PairedSplit, rows_of_texts
 
 #: what a :class:`JudgedSplit`'s per-epoch pool holds, by ``data.pool`` (BEIR: queries are never candidates)
 JUDGED_POOL_TEXT = {
@@ -102,9 +102,10 @@ class JudgedSplit(PairedSplit):
         return (rows >= self.n_queries) & (relevant | ~(own | twin))
 
     def suspect_rows(self, pairs: np.ndarray) -> np.ndarray:
-        """:meth:`PairedSplit.suspect_rows`, and the query's own document."""
-        rows = super().suspect_rows(pairs)
-        return np.concatenate([rows, self.own[np.asarray(pairs)][:, None]], 1)
+        """:meth:`PairedSplit.suspect_rows`, the documents with the query's text and its own document."""
+        pairs = np.asarray(pairs)
+        own_text = rows_of_texts(self.text_id, self.text_id[self.query[pairs]][:, None])
+        return np.concatenate([super().suspect_rows(pairs), own_text, self.own[pairs][:, None]], 1)
 
     def search_extra(self) -> int:
         """An upper bound of the documents one query's search can return that :meth:`is_candidate` drops: those with

@@ -175,13 +175,11 @@ class PairedSplit:
         return np.stack([self.text_id[self.query], self.text_id[self.counter]], axis=1)
 
     def suspect_rows(self, pairs: np.ndarray) -> np.ndarray:
-        """[P, M] the rows :meth:`is_candidate` may reject for the queries ``pairs``, among others (-1 padding): every
-        row whose text is the query's or a relevant document's (the query itself, the twins of its true counter)."""
+        """[P, M] rows that include every row :meth:`is_candidate` rejects for the queries ``pairs`` (-1 padding): the
+        query itself and every row with a relevant document's text (the twins of its true counter)."""
         relevant, _ = self.judgements(pairs)
-        texts = np.concatenate(
-            [self.text_id[self.query[pairs]][:, None], np.where(relevant >= 0, self.text_id[relevant], -1)], 1
-        )
-        return rows_of_texts(self.text_id, texts)
+        texts = np.where(relevant >= 0, self.text_id[relevant.clip(0)], -1)
+        return np.concatenate([self.query[pairs][:, None], rows_of_texts(self.text_id, texts)], 1)
 
     def search_extra(self) -> int:
         """The most rows a nearest-neighbour search over :attr:`pool_rows` can return for one query that

@@ -171,7 +171,8 @@ def excluded_rows(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
     out = np.where((rows >= 0) & np.isin(rows, split.pool_rows) & ~split.is_candidate(rows.clip(0), pairs), rows, -1)
     out = -np.sort(-out, axis=1)  # each query's rows, highest first, -1 last
     out[:, 1:][out[:, 1:] == out[:, :-1]] = -1  # a row twice (a text both the query's and a relevant one's)
-    return out
+    out = -np.sort(-out, axis=1)
+    return out[:, : max(int((out >= 0).sum(1).max(initial=0)), 1)]
 
 
 def first_kept(rows: np.ndarray, dist: np.ndarray, keep: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -14,6 +14,7 @@ order (:func:`ahead`): the float32 pass decides every row it can prove it may, a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from typing import NamedTuple
 
@@ -92,26 +93,62 @@ class NeighbourIndex:
             found = None if counting is None else np.zeros(np.shape(counting.targets), dtype=np.int64)
             return np.zeros((0, k)), np.zeros((0, k), dtype=np.int64), found
         q_all = torch.as_tensor(np.asarray(queries), dtype=torch.float64)
-        tree = self.tree.query(q_all.numpy(), k=k) if self.kind == "balltree" else None
-        dists, rows, aheads = [], [], []
         short = min(self.n, k + SHORTLIST_EXTRA)
+        tree = self.tree.query(q_all.numpy(), k=short) if self.kind == "balltree" else None
+        dists, rows, aheads = [], [], []
         for start in range(0, len(q_all), self.block):
             q64 = q_all[start : start + self.block].to(self.device, non_blocking=True)
+            d2, edge = None, None
             if self.kind == "exact" or counting is not None:
                 d2 = torch.addmm(self.norms[None, :], q64.float(), self.data.T, alpha=-2.0)  # ||x||² − 2 q·x
-            prefix = None
             if self.kind == "exact":
                 found = torch.topk(d2, short, dim=1, largest=False, sorted=False)  # [B, short]
-                cand = torch.sort(found.indices, dim=1).values  # equal distances keep the lower row first
-                by = zip(cand.split(self.refine), q64.split(self.refine), strict=True)
-                parts = [self._refine(part, q_part) for part, q_part in by]  # the whole shortlist, in order
-                dists.extend(d[:, :k] for d, _ in parts)
-                rows.extend(r[:, :k] for _, r in parts)
-                prefix = Prefix(torch.cat([r for _, r in parts]), found.values.max(1).values.cpu())
+                cand, edge = found.indices, found.values.max(1).values  # a row outside is at least `edge` far
+
+                def unsure(d, r, q64=q64, edge=edge):  # float32 rounding may leave a row as near outside
+                    return target_bounds(self, q64, r.to(q64.device)).high >= edge
+
+            else:  # the BallTree's neighbours, ordered as exact search orders them
+                cand = torch.as_tensor(tree[1][start : start + self.block], device=self.device)
+                reach = torch.as_tensor(tree[0][start : start + self.block, -1])
+
+                def unsure(d, r, reach=reach):  # a row outside may tie with the last the BallTree returned
+                    return d >= reach * (1 - 1e-9)
+
+            dist, row, whole = self._ordered(torch.sort(cand, dim=1).values, q64, k, unsure)
+            if edge is not None:
+                edge[whole.to(edge.device)] = torch.inf  # ordered from every row: complete up to any target
+            dists.append(dist[:, :k])
+            rows.append(row[:, :k])
             if counting is not None:
+                prefix = None if edge is None else Prefix(row, edge.cpu())
                 aheads.append(ahead(self, q64, d2, counting.of(slice(start, start + self.block)), prefix))
-        dist, row = tree if tree is not None else (torch.cat(dists).double().numpy(), torch.cat(rows).numpy())
-        return dist, row, None if counting is None else np.concatenate(aheads)
+        return (
+            torch.cat(dists).double().numpy(),
+            torch.cat(rows).numpy(),
+            None if counting is None else (np.concatenate(aheads)),
+        )
+
+    def _ordered(
+        self,
+        cand: torch.Tensor,
+        q64: torch.Tensor,
+        k: int,
+        unsure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(distances, rows) [B, short] of each query's shortlist ``cand`` (ascending rows) by float64 distance
+        (:meth:`_refine`), and whole [B] bool: the queries ordered from every row instead, those where ``unsure``
+        (of the k-th row's distance and row, [B] each) says a row outside the shortlist may be as near (ties or
+        float32 rounding across its edge), so that the first k are always the float64 order's."""
+        by = zip(cand.split(self.refine), q64.split(self.refine), strict=True)
+        dist, row = (torch.cat(parts) for parts in zip(*[self._refine(c, q) for c, q in by], strict=True))
+        whole = torch.zeros(len(cand), dtype=torch.bool)
+        if cand.shape[1] < self.n:
+            whole = unsure(dist[:, k - 1], row[:, k - 1]).cpu()
+        for i in whole.nonzero(as_tuple=True)[0].tolist():  # rare
+            every_d, every_r = self._refine(torch.arange(self.n, device=q64.device)[None], q64[i : i + 1])
+            dist[i], row[i] = every_d[0, : cand.shape[1]], every_r[0, : cand.shape[1]]
+        return dist, row, whole
 
     def _refine(self, cand: torch.Tensor, q64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Each query's float32 shortlist ``cand`` [B, short] (ascending rows) by float64 distance, nearest first
@@ -217,7 +254,6 @@ def ahead(
     targets = torch.as_tensor(np.asarray(counting.targets))
     ignore = torch.as_tensor(np.asarray(counting.ignore), device=q64.device)
     counts = torch.zeros(targets.shape, dtype=torch.long)
-    ignored = squared_distances(index.exact[ignore.clamp(min=0)], q64[:, None, :])  # [B, E]
     for slot in range(targets.shape[1]):
         row = targets[:, slot]
         target, screened = target_bounds(index, q64, row.clamp(min=0).to(q64.device)), row >= 0
@@ -229,10 +265,22 @@ def ahead(
         counts[screened, slot] = _count_ahead(index, q64, d2, target, screened.to(q64.device), counting.within).cpu()
         counts[counts[:, slot] > counting.within, slot] = BEYOND
         # the ignored rows that are ahead, by the same comparison
-        t, t64 = target.row[:, None], target.t64[:, None]
-        before = ((ignored < t64) | ((ignored == t64) & (ignore < t))) & (ignore >= 0) & (ignore != t)
+        t = target.row[:, None].expand_as(ignore)
+        d64, t64 = _paired_distances(index, q64, ignore.clamp(min=0), t)
+        before = ((d64 < t64) | ((d64 == t64) & (ignore < t))) & (ignore >= 0) & (ignore != t)
         counts[:, slot] -= torch.where((row >= 0) & (counts[:, slot] != BEYOND), before.sum(1).cpu(), 0)
     return counts.numpy()
+
+
+def _paired_distances(
+    index: NeighbourIndex, q64: torch.Tensor, rows: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 squared distances of ``rows`` and of ``targets`` (indexed rows, [M] or [B, E]) to their queries
+    ``q64`` ([M, D] or [B, D]), in one reduction, so that a row and a target with equal vectors tie exactly (a GPU
+    may round a reduction of fewer outputs another way)."""
+    query = q64[:, None, :] if rows.dim() == 2 else q64
+    both = squared_distances(index.exact[torch.stack([rows, targets])], query[None])
+    return both[0], both[1]
 
 
 def _count_ahead(
@@ -269,7 +317,7 @@ def _count_ahead(
         p, n = torch.cat([p, rows[crowded[wp]]]), torch.cat([n, wn])
     at, t = picked[p], target.row[picked[p]]
     for part in torch.arange(len(p), device=d2.device).split(EXACT_CHUNK):  # the band: compared in float64
-        d64, t64 = squared_distances(index.exact[n[part]], q64[at[part]]), target.t64[at[part]]
+        d64, t64 = _paired_distances(index, q64[at[part]], n[part], t[part])
         ahead = ((d64 < t64) | ((d64 == t64) & (n[part] < t[part]))) & (n[part] != t[part])
         count.index_add_(0, p[part], ahead.long())
     return torch.where(beyond | (count > within), BEYOND, count)
