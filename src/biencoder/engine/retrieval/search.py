@@ -3,10 +3,12 @@
 
 ``exact`` computes ||q||² + ||x||² − 2 q·x block by block with torch on the given device in float32 (one matmul,
 memory at one [block, N] matrix), keeps a shortlist of the nearest ``k + SHORTLIST_EXTRA`` and orders it by the
-float64 distance recomputed for those few: the float32 pass only has to put the true k inside the shortlist, so
-the result is the float64 ranking at float32 speed. The two indexes agree on every neighbour up to exact ties
-(tests check a planted neighbour and random data); ``scripts/bench.py`` shows when each is faster. Where a query
-needs its distance to every row (a pool of the 8 tasks), :func:`distances` computes them exactly in float64.
+float64 distance recomputed for those few (equal distances: the lower row first). Where float32 rounding or ties
+could leave a row as near as the k-th outside the shortlist, that query is ordered from every row, so the result is
+always the float64 order, at float32 speed. BallTree's neighbours are re-sorted the same way, so the two indexes give
+the same rows in the same order (tests check a planted neighbour, random data, ties and a collapsed space);
+``scripts/bench.py`` shows when each is faster. Where a query needs its distance to every row (a pool of the 8
+tasks), :func:`distances` computes them exactly in float64.
 
 :meth:`NeighbourIndex.query_ahead` also counts, in the same pass, the rows ahead of given targets in that float64
 order (:func:`ahead`): the float32 pass decides every row it can prove it may, and float64 the few near the target.
@@ -126,7 +128,7 @@ class NeighbourIndex:
         return (
             torch.cat(dists).double().numpy(),
             torch.cat(rows).numpy(),
-            None if counting is None else (np.concatenate(aheads)),
+            None if counting is None else np.concatenate(aheads),
         )
 
     def _ordered(
@@ -151,9 +153,9 @@ class NeighbourIndex:
         return dist, row, whole
 
     def _refine(self, cand: torch.Tensor, q64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each query's float32 shortlist ``cand`` [B, short] (ascending rows) by float64 distance, nearest first
-        (ties: lower row first): (distances [B, short], rows [B, short]) on the CPU. Row by row, so any split of the
-        queries gives the same values."""
+        """Each query's candidate rows ``cand`` [B, m] (ascending) by float64 distance, nearest first (ties: lower
+        row first): (distances [B, m], rows [B, m]) on the CPU. Row by row, so any split of the queries gives the same
+        values."""
         rows_of = torch.index_select(self.exact, 0, cand.reshape(-1)).view(*cand.shape, -1)  # [B, short, D]
         exact = squared_distances(rows_of, q64[:, None, :])  # [B, short] float64
         order = torch.sort(exact, dim=1, stable=True)
