@@ -312,3 +312,18 @@ def test_a_collapsed_beir_space_lists_and_counts_by_row(tiny_model_and_tokenizer
     np.testing.assert_array_equal(
         rerank_ranks(model, emb, split, rerank).final.rank, brute_places(model, emb, split, rerank)
     )
+
+
+def test_a_cuda_matmul_allowed_tf32_widens_the_screen():
+    """On a CUDA device with allow_tf32 the screen assumes TF32's rounding (torch also calls it precision "high")."""
+    before, flag = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert unit_roundoff(torch.device("cuda")) == 2.0**-11
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        assert unit_roundoff(torch.device("cuda")) == 2.0**-24
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = flag
+        torch.set_float32_matmul_precision(before)
+    assert unit_roundoff(torch.device("cpu")) == 2.0**-24
