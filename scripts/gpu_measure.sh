@@ -7,6 +7,9 @@
 #                                                                       # then item 2's compiled rows
 #   bash /root/kit/go.sh bash scripts/gpu_measure.sh sweeps [budget_s]  # the 20-run ablation (kept), then the same
 #                                                                       # with loss=infonce in what time is left
+#   bash /root/kit/go.sh bash scripts/gpu_measure.sh head   [budget_s]  # bench item 4 (the frozen epoch) of the card's
+#                                                                       # ln_relu and of hidden=[256], 3 turns each,
+#                                                                       # interleaved (issue 49's speed target)
 # Outputs go to $OUT (the device tool brings back at most 8 files): one .txt per step, session.txt (what ran, exit
 # codes, seconds) and, for sweeps, a .tar.gz per sweep of its run folders without weights.
 set -uo pipefail
@@ -82,8 +85,15 @@ sweeps)
     --run-overrides loss=infonce
   pack sweep_infonce /root/sweeps/infonce
   ;;
+head)
+  for turn in 1 2 3; do
+    step "frozen_card_$turn" 90 python scripts/bench.py --items frozen --epochs 5
+    step "frozen_h256_$turn" 90 python scripts/bench.py --items frozen --epochs 5 \
+      --run-overrides 'model.head.hidden=[256]'
+  done
+  ;;
 *)
-  echo "unknown plan $plan: use bench or sweeps" >&2
+  echo "unknown plan $plan: use bench, sweeps or head" >&2
   exit 2
   ;;
 esac
