@@ -5,6 +5,7 @@ like survivors (tests/engine/retrieval/test_blocks.py was, after the tests moved
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,18 @@ def test_a_missing_test_file_is_noticed(tmp_path):
     (tmp_path / "tests" / "engine" / "test_x.py").write_text("from biencoder.engine.retrieval import rerank\n")
     (tmp_path / "tests" / "test_y.py").write_text("import numpy\n")
     assert files_importing({"biencoder.engine.retrieval.rerank"}, tmp_path / "tests") == {"tests/engine/test_x.py"}
+
+
+def test_the_mutation_run_skips_the_whole_runs_only():
+    """mutmut deselects exactly the ``whole_run`` tests: each reaches every mutated function, so every surviving
+    mutant would pay for them all. ``-m "not slow"`` instead would drop the many unit tests marked slow for the quick
+    loop, and a misspelt marker would deselect nothing (``--strict-markers`` only checks decorators)."""
+    config = mutmut_config()
+    args = config["pytest_add_cli_args"]
+    assert args.count("-m") == 1 and args[args.index("-m") + 1] == "not whole_run"
+    marked = {
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "tests").rglob("test_*.py")
+        if re.search(r"^@pytest\.mark\.whole_run$", path.read_text(), re.MULTILINE)
+    }
+    assert marked and marked <= set(config["pytest_add_cli_args_test_selection"])

@@ -270,6 +270,7 @@ def test_evaluate_needs_weights_for_rerank(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_run
 def test_real_corpus_slice(real_root, tmp_path):
     cfg = compose_cfg(FAST + ["data=arguana", f"data.root={real_root}", "data.max_debates=12", "+variant=ln_relu"])
     final = run(cfg, tmp_path)
@@ -279,6 +280,7 @@ def test_real_corpus_slice(real_root, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.whole_run
 def test_bf16_autocast_path_runs_on_cpu(tmp_path):
     """trainer.precision=bf16 on the CPU: the run says bf16 and its linear layers did compute in bf16 (autocast)."""
     seen = set()  # (the module's training mode, its output dtype) of every Linear call of the run
@@ -339,6 +341,7 @@ def test_wilson_interval_known_values():
 
 
 @pytest.mark.slow
+@pytest.mark.whole_run
 @pytest.mark.parametrize("frozen", [False, True])
 def test_infonce_trains_end_to_end(tmp_path, frozen):
     overrides = FAST + ["+variant=ln_relu", "loss=infonce"] + (["model.encoder.freeze=true"] if frozen else [])
