@@ -234,31 +234,34 @@ def test_pool_sizes_in_blocks(tied):
 
 @pytest.mark.parametrize("index", ["exact", "balltree"])
 def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, monkeypatch, index):
-    """A block of 5 queries at a time finds the shortlists, hits and negatives one search of all of them finds; the
-    shortlists of some queries (``pairs``) are theirs in the shortlists of all."""
+    """A block of 5 queries at a time finds the shortlists, hits and negatives one search of all of them finds (the
+    negatives of every selection rule: the hardest, a margin, a rank range); the shortlists of some queries
+    (``pairs``) are theirs in the shortlists of all."""
     model = tiny_model_and_tokenizer[0]
     split, emb = tied
     sim = emb.sim.numpy()
     pairs = np.array([0, 1, 2, 7, 8, 20, 33, 50, 56])
-    whole = [
-        retrieve(sim, split, 4, index),
-        retrieve(sim, split, 4, index, pairs=pairs),
-        retrieve_rerank(model, emb, split, Rerank(k=4, index=index)),
-        mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(n_neighbors=1, index=index)),
-    ]
+    rules = [Mining(n_neighbors=1, index=index), Mining(index=index, relative_margin=0.1), Mining(rank_range=(2, 4))]
+
+    def everything():
+        return [
+            retrieve(sim, split, 4, index),
+            retrieve(sim, split, 4, index, pairs=pairs),
+            retrieve_rerank(model, emb, split, Rerank(k=4, index=index)),
+            *(mine_negatives(sim, split, 0.0, np.random.default_rng(0), rule) for rule in rules),
+        ]
+
+    whole = everything()
     monkeypatch.setattr(order, "SEARCH_BLOCK", 5)
     monkeypatch.setattr(negatives, "SEARCH_BLOCK", 5)
-    blocked = [
-        retrieve(sim, split, 4, index),
-        retrieve(sim, split, 4, index, pairs=pairs),
-        retrieve_rerank(model, emb, split, Rerank(k=4, index=index)),
-        mine_negatives(sim, split, 0.0, np.random.default_rng(0), Mining(n_neighbors=1, index=index)),
-    ]
+    assert negatives.row_block(len(sim)) == 5 < split.n_pairs / 2  # several blocks of queries, not one
+    blocked = everything()
     for a, b in zip(whole[:2], blocked[:2], strict=True):
         assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     assert np.array_equal(whole[1][0], whole[0][0][pairs]) and np.array_equal(whole[1][1], whole[0][1][pairs])
     assert whole[2][0] == blocked[2][0] and np.array_equal(whole[2][1], blocked[2][1])
-    assert np.array_equal(whole[3].row, blocked[3].row) and np.array_equal(whole[3].distance, blocked[3].distance)
+    for a, b in zip(whole[3:], blocked[3:], strict=True):
+        assert np.array_equal(a.row, b.row) and np.array_equal(a.distance, b.distance)
 
 
 def test_retrieval_of_the_positives_pool_in_search_blocks(tiny_model_and_tokenizer, tied, monkeypatch):
