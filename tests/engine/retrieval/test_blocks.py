@@ -241,7 +241,11 @@ def test_retrieval_and_mining_in_search_blocks(tiny_model_and_tokenizer, tied, m
     split, emb = tied
     sim = emb.sim.numpy()
     pairs = np.array([0, 1, 2, 7, 8, 20, 33, 50, 56])
-    rules = [Mining(n_neighbors=1, index=index), Mining(index=index, relative_margin=0.1), Mining(rank_range=(2, 4))]
+    rules = [
+        Mining(n_neighbors=1, index=index),
+        Mining(index=index, relative_margin=0.1),
+        Mining(index=index, rank_range=(2, 4)),
+    ]
 
     def everything():
         return [
