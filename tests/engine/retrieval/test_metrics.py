@@ -121,6 +121,10 @@ def test_the_top1_of_the_unseen_and_the_seen_queries_by_hand():
     groups = query_groups(seen)
     assert list(groups) == ["unseen", "seen"]
     assert groups["unseen"].tolist() == [False, False, True, True, True] and groups["seen"].tolist() == seen.tolist()
+    # a 0/1 column (as a CSV or a DataFrame gives it) makes the same groups, not a negated integer array
+    assert {name: mask.tolist() for name, mask in query_groups(seen.astype(int)).items()} == {
+        name: mask.tolist() for name, mask in groups.items()
+    }
     with_counts = group_top1(ranks, groups, counts=True)
     assert with_counts == {"top1_unseen": 2 / 3, "queries_unseen": 3, "top1_seen": 1 / 2, "queries_seen": 2}
     assert list(with_counts) == ["top1_unseen", "queries_unseen", "top1_seen", "queries_seen"]
