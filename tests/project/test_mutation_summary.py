@@ -37,3 +37,27 @@ def test_a_part_way_run_counts_its_unchecked_mutants_apart():
 def test_a_line_that_is_not_mutmuts_is_named():
     with pytest.raises(ValueError, match="not a line of `mutmut results --all true`: 'survived'"):
         SCRIPT["tally"](["survived"])
+
+
+def test_the_survivors_are_sorted_by_their_classes():
+    """search.py's one survivor is classified; statistics.py's "no tests" mutant is a survivor no row classifies; a
+    row for a mutant that did not survive (the killed x_holm__mutmut_1) counts nowhere."""
+    classes = SCRIPT["read_classes"](
+        [
+            "mutant\tclass\twhy",
+            "biencoder.engine.retrieval.search.x_distances__mutmut_1\tequivalent\tthe block size bounds memory only",
+            "biencoder.report.statistics.x_holm__mutmut_1\tdevice-only\tkilled since",
+        ]
+    )
+    rows = SCRIPT["survivor_table"](LINES, classes).splitlines()
+    assert rows[0] == (
+        "| module | survived | equivalent | device-only | ddp-only | message-only | number: a test added "
+        "| unclassified |"
+    )
+    assert rows[2] == "| `engine/retrieval/search.py` | 1 | 1 | – | – | – | – | – |"
+    assert rows[3] == "| `report/statistics.py` | 1 | – | – | – | – | – | 1 |"
+
+
+def test_a_class_the_reading_does_not_know_is_named():
+    with pytest.raises(ValueError, match="row 2 is not 'mutant<TAB>class<TAB>why'"):
+        SCRIPT["read_classes"](["mutant\tclass\twhy", "a.x_f__mutmut_1\tharmless\tno"])
