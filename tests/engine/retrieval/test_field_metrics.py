@@ -38,6 +38,10 @@ def test_one_true_counter_per_query_by_hand():
     # recall@100: three of four are in the first 100; the not-listed one is a miss over 4 queries, not left out
     assert recall_at(ranks, 100) == 3 / 4
     assert recall_at(ranks, 10) == 2 / 4
+    # a query with nothing in the first n counts exactly 0, not 1 / (a sentinel place): beside a place of 3000, whose
+    # 1/3000 has a resolution of 6e-20, a 1e-19 for the other query would show
+    far = Ranks(np.array([3000, NOT_LISTED]), depth=3000)
+    assert mrr_at(far, 3000) == (1 / 3000) / 2
 
 
 def test_the_discount_is_log2_of_one_plus_the_place():
