@@ -329,3 +329,18 @@ def test_a_mining_block_holds_at_most_4m_distances_and_as_many_queries_as_fit(n_
     assert isinstance(block, int) and 1 <= block <= SEARCH_BLOCK
     assert block == 1 or block * n_rows <= 1 << 22
     assert block == SEARCH_BLOCK or (block + 1) * n_rows > 1 << 22
+
+
+def test_a_runs_mining_settings_are_its_config():
+    """Mining.of_run takes negatives.n_neighbors, negatives.index and both selection rules (relative_margin,
+    rank_range) from the config, and the device from the runtime: a rule it dropped would mine the hardest negatives
+    while the run's config says otherwise."""
+    import torch
+
+    from biencoder.engine.config.schema import NegativesSchema
+    from biencoder.engine.machine.runtime import Runtime
+
+    meta = Runtime(torch.device("meta"), "fp32")  # any device but the CPU, the dataclass's default
+    settings = NegativesSchema(n_neighbors=7, index="balltree", relative_margin=0.25, rank_range=[2, 5])
+    assert Mining.of_run(settings, meta) == Mining(7, "balltree", torch.device("meta"), 0.25, (2, 5))
+    assert Mining.of_run(NegativesSchema(), meta) == Mining(device=torch.device("meta"))
