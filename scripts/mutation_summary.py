@@ -78,13 +78,11 @@ def survivor_table(lines, classes: dict[str, str]) -> str:
         row = counts[path]  # every module a row, survivors or not
         if status in SURVIVED:
             row[classes.get(name, "unclassified")] += 1
-    rows = [
-        "| module | survived | " + " | ".join(CLASSES) + " | unclassified |",
-        "|---|---|" + "---|" * (len(CLASSES) + 1),
-    ]
+    columns = (*CLASSES, "unclassified")
+    rows = ["| module | survived | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
     for module, c in counts.items():
-        cells = [str(c[name]) if c[name] else "–" for name in (*CLASSES, "unclassified")]
-        rows.append(f"| `{module}` | {sum(c[n] for n in (*CLASSES, 'unclassified'))} | " + " | ".join(cells) + " |")
+        cells = [str(c[name]) if c[name] else "–" for name in columns]
+        rows.append(f"| `{module}` | {sum(c.values())} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
