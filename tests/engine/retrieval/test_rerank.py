@@ -1,18 +1,23 @@
 """biencoder.engine.retrieval.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two
 shortlist finders (the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
+from biencoder.engine.data.beir import read_beir
 from biencoder.engine.modeling.encoding import TokenizedTexts, encode
 from biencoder.engine.modeling.model import Embeddings
+from biencoder.engine.retrieval.metrics import NOT_LISTED
 from biencoder.engine.retrieval.official_tasks import candidate_types, evaluate_tasks, task_masks
 from biencoder.engine.retrieval.order import NONE, retrieve
 from biencoder.engine.retrieval.pools import fixed_pools, pool_ranks, pool_shortlists, query_ranks
 from biencoder.engine.retrieval.rerank import (
     NonFiniteMargins,
     Rerank,
+    rerank_ranks,
     retrieve_rerank,
     shortlist_margins,
     shortlist_ranks,
@@ -360,3 +365,29 @@ def test_a_k_above_the_smallest_pool_is_cut_to_it(line):
     assert rows[1].tolist() == [5, 4, 7, 0, 2, 6] and dist[1].tolist() == [3.0, 9.0, 9.5, 10.0, 10.0, 10.5]
     metrics, _ = retrieve_rerank(model, emb, split, Rerank(k=10, index="exact"))
     assert metrics["k"] == 6 and metrics["recall_at_k"] == 1.0
+
+
+def test_a_querys_other_relevant_documents_never_count_against_its_first(tiny_model_and_tokenizer, tmp_path):
+    """A BEIR query with two relevant documents: the other one (grade 1) is nearer and has the higher margin than
+    its first (grade 2), yet neither the reranked rank nor the retrieved place of the first counts it; the final
+    ranking lists both, by margin."""
+    folder = tmp_path / "b"
+    (folder / "qrels").mkdir(parents=True)
+    docs = [{"_id": f"d{i}", "title": "", "text": f"doc {i}"} for i in range(4)]
+    queries = [{"_id": "q0", "text": "query 0"}, {"_id": "q1", "text": "query 1"}]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t2\nq0\td1\t1\nq1\td2\t1\n")
+    split = read_beir(folder).paired("test", "all")
+    #        rows: q0   q1    d0   d1   d2    d3
+    position = [0.0, 10.0, 1.0, 0.5, 11.0, 2.0]
+    margin = [0.0, 0.0, 1.0, 5.0, 2.0, 0.5]
+    sim, pooled = torch.zeros(6, 128), torch.zeros(6, 32)
+    sim[:, 0], pooled[:, 0] = torch.tensor(position), torch.tensor(margin)
+    ranks = rerank_ranks(candidate_scorer(tiny_model_and_tokenizer[0]), Embeddings(sim, pooled), split, Rerank(k=3))
+    # q0's shortlist: d1 (0.5 away), d0 (1), d3 (2); d1 is relevant, so d0 is first by place and by margin (1 > 0.5)
+    # q1's: d2 (1), d3 (8), d0 (9); d2's margin 2 beats 0.5 and 1
+    assert ranks.retrieved.rank.tolist() == [1, 1]
+    assert ranks.reranked.rank.tolist() == [1, 1]
+    # the final ranking of q0 by margin: d1 (5), d0 (1), d3; its relevant documents by grade: d0, then d1
+    assert ranks.final.rank.tolist() == [[2, 1], [1, NOT_LISTED]]

@@ -17,7 +17,7 @@ from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval import search
 from biencoder.engine.retrieval.metrics import FINAL_DEPTH, NOT_LISTED, judged_ranks
 from biencoder.engine.retrieval.negatives import Mining, mine_negatives
-from biencoder.engine.retrieval.order import excluded_rows, retrieval_order, retrieve, retrieve_ranking
+from biencoder.engine.retrieval.order import NONE, excluded_rows, retrieval_order, retrieve, retrieve_ranking
 from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
 from biencoder.engine.retrieval.search import BEYOND, Counting, NeighbourIndex, squared_distances, unit_roundoff
 from helpers import tied_split
@@ -179,6 +179,19 @@ def test_counted_places_of_graded_documents(tiny_model_and_tokenizer, tmp_path, 
     assert split.judgements()[0].shape[1] > 1 and (counted > 10).any() and (counted == NOT_LISTED).any()
 
 
+def test_the_ranks_of_some_queries_are_the_whole_splits(tiny_model_and_tokenizer, tmp_path):
+    """``pairs`` (eval.sample's queries), out of order: each query's ranks are the ones the whole split gives it,
+    the places counted past the first 10 included."""
+    rng = np.random.default_rng(3)
+    split = read_beir(graded_beir(tmp_path / "b", rng)).paired("test", "all")
+    emb, model, rerank = continuous(split, rng), tiny_model_and_tokenizer[0], Rerank(k=4)
+    whole, pairs = rerank_ranks(model, emb, split, rerank), np.arange(split.n_pairs)[::-3]
+    some = rerank_ranks(model, emb, split, rerank, pairs)
+    for part in ("reranked", "retrieved", "final"):
+        np.testing.assert_array_equal(getattr(some, part).rank, getattr(whole, part).rank[pairs])
+    assert (some.final.rank > 10).any()
+
+
 def test_the_order_keeps_the_first_places_of_the_ranking():
     split, _ = tied_split(60)
     sim = continuous(split, np.random.default_rng(6)).sim.numpy()
@@ -186,6 +199,22 @@ def test_the_order_keeps_the_first_places_of_the_ranking():
     assert order.rows.shape[1] == 10  # max(k, 10): nDCG@10 reads ten places
     np.testing.assert_array_equal(order.rows, retrieve_ranking(sim, split, 100, "exact")[:, :10])
     assert retrieval_order(sim, split, 12, "exact").rows.shape[1] == 12
+
+
+@pytest.mark.parametrize("pool", ["all", "positives"])
+def test_the_order_of_a_pool_smaller_than_its_places_lists_every_candidate(pool):
+    """5 pairs: a pool of 10 rows (``all``: 9 candidates at most, the query is never one) or 5 (``positives``), less
+    than the 10 places of the order. Each query's order lists all its candidates, and its width is the most any query
+    has: no place beyond them, none of them cut."""
+    split, _ = tied_split(5)
+    split = PairedSplit(split.name, split.table, pool=pool)
+    sim = continuous(split, np.random.default_rng(4)).sim.numpy()
+    order = retrieval_order(sim, split, 3, "exact")
+    rows = split.pool_rows
+    candidates = split.is_candidate(np.broadcast_to(rows, (split.n_pairs, len(rows))))
+    assert order.rows.shape[1] == candidates.sum(axis=1).max() == len(rows) - (pool == "all")
+    for q in range(split.n_pairs):
+        assert sorted(r for r in order.rows[q].tolist() if r != NONE) == rows[candidates[q]].tolist()
 
 
 def brute_ahead(data, queries, targets, ignore=None):
