@@ -17,7 +17,14 @@ from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval import search
 from biencoder.engine.retrieval.metrics import FINAL_DEPTH, NOT_LISTED, judged_ranks
 from biencoder.engine.retrieval.negatives import Mining, mine_negatives
-from biencoder.engine.retrieval.order import NONE, excluded_rows, retrieval_order, retrieve, retrieve_ranking
+from biencoder.engine.retrieval.order import (
+    NONE,
+    _searched,
+    excluded_rows,
+    retrieval_order,
+    retrieve,
+    retrieve_ranking,
+)
 from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
 from biencoder.engine.retrieval.search import BEYOND, Counting, NeighbourIndex, squared_distances, unit_roundoff
 from helpers import tied_split
@@ -215,6 +222,17 @@ def test_the_order_of_a_pool_smaller_than_its_places_lists_every_candidate(pool)
     assert order.rows.shape[1] == candidates.sum(axis=1).max() == len(rows) - (pool == "all")
     for q in range(split.n_pairs):
         assert sorted(r for r in order.rows[q].tolist() if r != NONE) == rows[candidates[q]].tolist()
+
+
+def test_the_places_of_rows_in_the_searched_pool_by_hand():
+    """``_searched``: a row's place in the ascending pool the index holds (-1 kept); a row the pool does not hold
+    (between its rows, past its end, in an empty pool) is a ValueError, never a neighbour's place."""
+    pool = np.array([3, 5, 8])
+    assert _searched(pool, np.array([[8, 3, -1], [5, -1, -1]])).tolist() == [[2, 0, -1], [1, -1, -1]]
+    assert _searched(np.array([5]), np.array([[5, -1]])).tolist() == [[0, -1]]
+    for held, rows in ((pool, [[4]]), (pool, [[3, 9]]), (np.array([5]), [[7]]), (np.array([], dtype=np.int64), [[2]])):
+        with pytest.raises(ValueError, match="does not search"):
+            _searched(held, np.array(rows))
 
 
 def brute_ahead(data, queries, targets, ignore=None):
