@@ -27,7 +27,7 @@ from biencoder.engine.retrieval.order import (
 )
 from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
 from biencoder.engine.retrieval.search import BEYOND, Counting, NeighbourIndex, squared_distances, unit_roundoff
-from helpers import tied_split
+from helpers import paired_split, tied_split
 
 
 @pytest.mark.parametrize("kind", ["balltree", "exact"])
@@ -233,6 +233,19 @@ def test_the_places_of_rows_in_the_searched_pool_by_hand():
     for held, rows in ((pool, [[4]]), (pool, [[3, 9]]), (np.array([5]), [[7]]), (np.array([], dtype=np.int64), [[2]])):
         with pytest.raises(ValueError, match="does not search"):
             _searched(held, np.array(rows))
+
+
+def test_a_place_of_100_is_listed_and_101_is_not():
+    """120 pairs of distinct texts on a line, row r at r: query 0's counter at 99.5 has rows 1-99 nearer, place
+    100 (the last that recall@100 lists); at 100.5, rows 1-100, place 101, not listed. The query itself (row 0, at
+    distance 0) is nearer still but never a candidate: the count sets it aside."""
+    q = 120
+    split = paired_split([f"p{i}" for i in range(q)], [f"c{i}" for i in range(q)])
+    sim = np.zeros((2 * q, 3))
+    sim[:, 0] = np.arange(2 * q)
+    for at, place in ((99.5, 100), (100.5, NOT_LISTED), (98.5, 99)):
+        sim[q, 0] = at
+        assert retrieval_order(sim, split, 3, "exact", pairs=np.array([0])).places.tolist() == [[place]], at
 
 
 def brute_ahead(data, queries, targets, ignore=None):
