@@ -248,6 +248,20 @@ def test_a_place_of_100_is_listed_and_101_is_not():
         assert retrieval_order(sim, split, 3, "exact", pairs=np.array([0])).places.tolist() == [[place]], at
 
 
+def test_the_rows_a_querys_places_set_aside_by_hand():
+    """``excluded_rows``: rows p0 p1 p2 c0 c1 c2 with texts t u w t v t. Query 0 sets aside itself and c2, the
+    twin of its counter, each once (p0 has both the query's text and the counter's); query 1 itself; query 2 itself
+    and c0, the twin of its counter (p0, a point of that text, is a candidate). Any sample of the queries gets its
+    own rows; no queries, none."""
+    split = paired_split(["t", "u", "w"], ["t", "v", "t"])
+    assert excluded_rows(split, np.arange(3)).tolist() == [[5, 0], [1, -1], [3, 2]]
+    assert excluded_rows(split, np.array([1])).tolist() == [[1]]
+    assert excluded_rows(split, np.array([0])).tolist() == [[5, 0]]  # row 0 too: a sample (or block) of query 0
+    assert excluded_rows(split, np.array([], dtype=np.int64)).shape == (0, 1)
+    order = retrieval_order(np.zeros((6, 3)), split, 3, "exact", pairs=np.array([], dtype=np.int64))
+    assert order.rows.shape == (0, 5) and order.places.shape == (0, 1)  # 5: the pool less the query
+
+
 def brute_ahead(data, queries, targets, ignore=None):
     """[Q, R] how many rows every float64 distance (the search's formula) puts ahead of each target (-1: 0), not
     counting ``ignore`` [Q, E] (-1: none)."""
