@@ -326,15 +326,16 @@ def test_rows_float32_cannot_order_are_ordered_in_float64(index, scan_rows, monk
 @pytest.mark.parametrize("scan_rows", [0, 16384])
 @pytest.mark.parametrize("index", ["exact", "balltree"])
 def test_a_count_up_to_its_limit_is_exact(index, scan_rows, monkeypatch):
-    """200 rows on a line, row r at r, the query at -0.5: row r has r rows ahead. Counted to 40, past the search's
-    first rows, by one top-k over the rows (``SCAN_ROWS`` 0) or a scan of every row: 40 rows ahead is 40, 41 is
-    BEYOND."""
+    """200 rows on a line, row r at r, queries at -0.5 and -100.5: row r has r rows ahead of both. Counted to 40,
+    past the search's first rows, by one top-k over the rows (``SCAN_ROWS`` 0: each query's own edge) or a scan of
+    every row: 40 rows ahead is 40, 41 is BEYOND."""
     monkeypatch.setattr(search, "SCAN_ROWS", scan_rows)
     data = np.zeros((200, 3))
     data[:, 0] = np.arange(200)
-    query = np.array([[-0.5, 0.0, 0.0]])
-    counting = Counting(np.array([[40, 41, 39, 100]]), np.array([[-1]]), 40)
-    assert NeighbourIndex(data, index).query_ahead(query, 1, counting)[2].tolist() == [[40, BEYOND, 39, BEYOND]]
+    queries = np.array([[-0.5, 0.0, 0.0], [-100.5, 0.0, 0.0]])
+    counting = Counting(np.array([[40, 41, 39, 100], [39, 40, 41, 0]]), np.array([[-1], [-1]]), 40)
+    counted = NeighbourIndex(data, index).query_ahead(queries, 1, counting)[2]
+    assert counted.tolist() == [[40, BEYOND, 39, BEYOND], [39, 40, BEYOND, 0]]
 
 
 def test_a_collapsed_space_is_ordered_by_row():
