@@ -275,3 +275,15 @@ def tied_split(n_pairs=57, seed=0):
     sim[:, :3] = torch.from_numpy(rng.integers(0, 3, (ids.max() + 1, 3))[ids]).float()
     pooled = torch.from_numpy(rng.normal(size=(ids.max() + 1, 32))[ids]).float()
     return split, Embeddings(sim, pooled)
+
+
+def beir_folder(folder: Path, corpus: list, queries: list, qrels: dict[str, list[str] | None]) -> Path:
+    """A BEIR folder: ``corpus``/``queries`` rows (dicts, or lines as they are), ``qrels`` split file name -> its
+    lines after the header (None: leave the file out)."""
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    for name, rows in (("corpus.jsonl", corpus), ("queries.jsonl", queries)):
+        (folder / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    for name, lines in qrels.items():
+        if lines is not None:
+            (folder / "qrels" / name).write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{x}\n" for x in lines))
+    return folder

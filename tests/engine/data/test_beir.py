@@ -2,7 +2,6 @@
 split), its bad files refused in one line, mining that never draws a relevant document, the shipped example, and the
 demo through both layouts giving the same numbers where the protocols coincide (data.pool=positives)."""
 
-import json
 import math
 import os
 import subprocess
@@ -25,7 +24,7 @@ from biencoder.engine.retrieval.rerank import pool_mask
 from biencoder.engine.runs.trec import ranking_files
 from biencoder.engine.training.triplets import triplet_rows
 from conftest import compose_cfg
-from helpers import finished_folders
+from helpers import beir_folder, finished_folders
 
 SYNTHETIC_CORPUS = [
     {"_id": "d1", "title": "Tides", "text": "The moon pulls the sea."},
@@ -54,13 +53,7 @@ def write_beir(folder: Path, corpus=None, queries=None, qrels=None) -> Path:
         if qrels is None
         else qrels
     )
-    (folder / "qrels").mkdir(parents=True, exist_ok=True)
-    for name, rows in (("corpus.jsonl", corpus or SYNTHETIC_CORPUS), ("queries.jsonl", queries or SYNTHETIC_QUERIES)):
-        (folder / name).write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
-    for name, lines in qrels.items():
-        if lines is not None:
-            (folder / "qrels" / name).write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{x}\n" for x in lines))
-    return folder
+    return beir_folder(folder, corpus or SYNTHETIC_CORPUS, queries or SYNTHETIC_QUERIES, qrels)
 
 
 def test_judgements_several_relevant_graded_and_the_corpus_as_candidates(tmp_path):

@@ -1,8 +1,6 @@
 """biencoder.engine.retrieval.rerank: the one retrieve-then-rerank, checked by hand on a line of 4 pairs, and its two
 shortlist finders (the per-epoch NeighbourIndex, the 8 tasks' pools) against each other on the demo corpus."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -23,7 +21,7 @@ from biencoder.engine.retrieval.rerank import (
     shortlist_ranks,
 )
 from biencoder.engine.retrieval.search import distances
-from helpers import candidate_scorer, paired_split
+from helpers import beir_folder, candidate_scorer, paired_split
 
 #        rows: 0=P0 1=P1  2=P2  3=P3  4=C0 5=C1  6=C2  7=C3 (C3 has C0's text: the true counter of P3, a twin of C0)
 POSITION = [0.0, 10.0, 20.0, 30.0, 1.0, 13.0, 20.5, 0.5]
@@ -371,13 +369,9 @@ def test_a_querys_other_relevant_documents_never_count_against_its_first(tiny_mo
     """A BEIR query with two relevant documents: the other one (grade 1) is nearer and has the higher margin than
     its first (grade 2), yet neither the reranked rank nor the retrieved place of the first counts it; the final
     ranking lists both, by margin."""
-    folder = tmp_path / "b"
-    (folder / "qrels").mkdir(parents=True)
     docs = [{"_id": f"d{i}", "title": "", "text": f"doc {i}"} for i in range(4)]
     queries = [{"_id": "q0", "text": "query 0"}, {"_id": "q1", "text": "query 1"}]
-    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t2\nq0\td1\t1\nq1\td2\t1\n")
+    folder = beir_folder(tmp_path / "b", docs, queries, {"test.tsv": ["q0\td0\t2", "q0\td1\t1", "q1\td2\t1"]})
     split = read_beir(folder).paired("test", "all")
     #        rows: q0   q1    d0   d1   d2    d3
     position = [0.0, 10.0, 1.0, 0.5, 11.0, 2.0]

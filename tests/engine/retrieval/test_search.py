@@ -5,8 +5,6 @@ ranking to 100 places (rerank.final_ranking, what test.run.gz lists), with twins
 the positives pool and either index; the float32 screen leaves every close call to float64, and a target with too
 many rows ahead is beyond."""
 
-import json
-
 import numpy as np
 import pytest
 import torch
@@ -27,7 +25,7 @@ from biencoder.engine.retrieval.order import (
 )
 from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
 from biencoder.engine.retrieval.search import BEYOND, Counting, NeighbourIndex, squared_distances, unit_roundoff
-from helpers import paired_split, tied_split
+from helpers import beir_folder, paired_split, tied_split
 
 
 @pytest.mark.parametrize("kind", ["balltree", "exact"])
@@ -159,18 +157,14 @@ def test_counted_places_are_the_places_test_run_lists(tiny_model_and_tokenizer, 
 def graded_beir(folder, rng):
     """A BEIR folder of 160 documents (some texts repeated, one query's text among them) and 30 test queries with 1
     to 4 relevant documents each, graded 1 to 3."""
-    (folder / "qrels").mkdir(parents=True)
     texts = [f"doc {i % 120}" for i in range(160)]
     docs = [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(texts)]
     queries = [{"_id": f"q{i}", "text": "doc 7" if i == 0 else f"query {i}"} for i in range(30)]
-    lines = ["query-id\tcorpus-id\tscore"]
+    lines = []
     for q in range(30):
         for d in rng.choice(160, size=rng.integers(1, 5), replace=False):
             lines.append(f"q{q}\td{d}\t{rng.integers(1, 4)}")
-    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
-    (folder / "qrels" / "test.tsv").write_text("\n".join(lines) + "\n")
-    return folder
+    return beir_folder(folder, docs, queries, {"test.tsv": lines})
 
 
 @pytest.mark.parametrize("index", ["exact", "balltree"])
