@@ -343,6 +343,19 @@ def test_a_collapsed_space_is_ordered_by_row():
     assert counted.tolist() == [[0], [17], [49]]
 
 
+def test_the_screen_allows_for_the_rounding_of_a_long_query():
+    """Queries of norm ~1.4e4 against rows of norm ~14 within 1e-6 of each other: rounding a query's coordinates to
+    float32 (half an ulp, ~5e-4) moves a row's screen value by up to ~1e-2, well past the gaps between the rows'
+    float64 distances. The screen's slack must cover it by its 2 |q| max |x| term (``/ |q|`` or ``/ max |x|`` there
+    would not), or it counts rows ahead that are not; every count is the float64 one."""
+    rng = np.random.default_rng(11)
+    queries = np.array([1e4, 1e4]) + rng.uniform(-1e-3, 1e-3, size=(20, 2))
+    data = np.array([10.0, -10.0]) + rng.normal(size=(400, 2)) * 1e-6
+    targets = rng.integers(0, 400, size=(20, 3))
+    counted = NeighbourIndex(data, "exact").query_ahead(queries, 1, Counting(targets, np.full((20, 1), -1), 500))[2]
+    np.testing.assert_array_equal(counted, brute_ahead(data, queries, targets))
+
+
 def test_a_lower_matmul_precision_widens_the_screen():
     """With torch's float32 products allowed to run in bfloat16 (set_float32_matmul_precision("medium")), the screen
     assumes bfloat16's rounding, and the counts are still every float64 distance's."""
