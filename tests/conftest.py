@@ -179,6 +179,27 @@ def demo_corpus():
 
 
 @pytest.fixture
+def torch_precision():
+    """Torch's float32 matmul precision settings, both kinds (``torch.set_float32_matmul_precision`` and, since torch
+    2.9, each backend's ``fp32_precision``), put back after the test as they were, and checked to be: the legacy one
+    first, since setting it sets the backends' too."""
+    import torch
+
+    holders = (torch.backends, torch.backends.cuda.matmul, getattr(torch.backends.mkldnn, "matmul", None))
+
+    def settings() -> tuple:
+        return (torch.get_float32_matmul_precision(), *(getattr(h, "fp32_precision", None) for h in holders))
+
+    before = settings()
+    yield
+    torch.set_float32_matmul_precision(before[0])
+    for holder, value in zip(holders, before[1:], strict=True):
+        if value is not None:
+            holder.fp32_precision = value
+    assert settings() == before
+
+
+@pytest.fixture
 def encoder_calls(monkeypatch):
     """A list that grows by one for every forward call of a HF BertModel (the encoder) from now on."""
     import torch

@@ -2,8 +2,8 @@
 same mined negatives and retrieved candidates. The per-epoch retrieval order (engine/retrieval/order.py) and the rows
 ahead of a target (search.ahead): each relevant document's place, counted in the search, is its place in the final
 ranking to 100 places (rerank.final_ranking, what test.run.gz lists), with twins, distance ties, graded BEIR queries,
-the positives pool and either index; the float32 screen leaves every close call to float64, and a target with too
-many rows ahead is beyond."""
+the positives pool and either index; the float32 screen leaves every close call to float64 (under either of torch's
+precision settings), and a target with too many rows ahead is beyond."""
 
 import numpy as np
 import pytest
@@ -11,6 +11,7 @@ import torch
 
 from biencoder.engine.data.beir import read_beir
 from biencoder.engine.data.paired import PairedSplit
+from biencoder.engine.machine.precision import unit_roundoff
 from biencoder.engine.modeling.model import Embeddings
 from biencoder.engine.retrieval import search
 from biencoder.engine.retrieval.metrics import FINAL_DEPTH, NOT_LISTED, judged_ranks
@@ -24,7 +25,7 @@ from biencoder.engine.retrieval.order import (
     retrieve_ranking,
 )
 from biencoder.engine.retrieval.rerank import Rerank, final_ranking, final_rows, rerank_ranks, shortlist_margins
-from biencoder.engine.retrieval.search import BEYOND, Counting, NeighbourIndex, squared_distances, unit_roundoff
+from biencoder.engine.retrieval.search import BEYOND, Counting, NeighbourIndex, squared_distances
 from helpers import beir_folder, paired_split, tied_split
 
 
@@ -356,23 +357,77 @@ def test_the_screen_allows_for_the_rounding_of_a_long_query():
     np.testing.assert_array_equal(counted, brute_ahead(data, queries, targets))
 
 
-def test_a_lower_matmul_precision_widens_the_screen():
-    """With torch's float32 products allowed to run in bfloat16 (set_float32_matmul_precision("medium")), the screen
+@pytest.mark.parametrize(
+    "lower",
+    [
+        lambda: torch.set_float32_matmul_precision("medium"),
+        lambda: setattr(torch.backends.mkldnn.matmul, "fp32_precision", "bf16"),  # torch >= 2.9's own setting
+    ],
+    ids=["set_float32_matmul_precision", "mkldnn.matmul.fp32_precision"],
+)
+def test_a_lower_matmul_precision_widens_the_screen(torch_precision, lower):
+    """With torch's float32 products on a CPU allowed to run in bfloat16, by either of torch's settings, the screen
     assumes bfloat16's rounding, and the counts are still every float64 distance's."""
     rng = np.random.default_rng(7)
     data = rng.normal(size=(400, 16)) * 30
     queries, targets = data[:25] + rng.normal(size=(25, 16)) * 1e-3, rng.integers(0, 400, size=(25, 2))
-    before = torch.get_float32_matmul_precision()
-    try:
-        torch.set_float32_matmul_precision("medium")
-        assert unit_roundoff(torch.device("cpu")) == 2.0**-8
-        counted = NeighbourIndex(data, "exact").query_ahead(queries, 3, Counting(targets, np.full((25, 1), -1), 500))[
-            2
-        ]
-    finally:
-        torch.set_float32_matmul_precision(before)
-    assert unit_roundoff(torch.device("cpu")) == 2.0**-24
+    lower()
+    assert unit_roundoff(torch.device("cpu")) == 2.0**-8
+    counted = NeighbourIndex(data, "exact").query_ahead(queries, 3, Counting(targets, np.full((25, 1), -1), 500))[2]
     np.testing.assert_array_equal(counted, brute_ahead(data, queries, targets))
+
+
+# -- the screen's unit roundoff under torch's two precision settings: set_float32_matmul_precision (allow_tf32 is its
+# "high") and, since torch 2.9, each backend's matmul fp32_precision, under which torch refuses to read the first. The
+# device is only named, so a CPU runs the CUDA cases.
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+needs_per_backend = pytest.mark.skipif(
+    not hasattr(torch.backends.cuda.matmul, "fp32_precision"), reason="torch < 2.9 has no per-backend fp32_precision"
+)
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("highest", 2.0**-24), ("high", 2.0**-11), ("medium", 2.0**-8)])
+def test_the_float32_matmul_precision_on_either_device(torch_precision, precision, expected):
+    """ "high" is TF32's (or bfloat16x3's, finer); "medium" bfloat16's on either device, although torch reports it to
+    the CUDA backend as "tf32": the coarser of the two readings counts."""
+    torch.set_float32_matmul_precision(precision)
+    assert unit_roundoff(CPU) == unit_roundoff(CUDA) == expected
+
+
+def test_allow_tf32_is_tf32s_on_either_device(torch_precision):
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert unit_roundoff(CUDA) == unit_roundoff(CPU) == 2.0**-11
+    torch.backends.cuda.matmul.allow_tf32 = False
+    assert unit_roundoff(CUDA) == unit_roundoff(CPU) == 2.0**-24
+
+
+@needs_per_backend
+def test_a_cuda_matmul_in_tf32_is_the_gpus_alone(torch_precision):
+    """The setting torch's warnings recommend: the older getter then raises, which must not reach the search."""
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    with pytest.raises(RuntimeError):
+        torch.get_float32_matmul_precision()
+    assert unit_roundoff(CUDA) == 2.0**-11
+    assert unit_roundoff(CPU) == 2.0**-24
+
+
+@needs_per_backend
+def test_a_cpu_matmul_in_bfloat16_is_the_cpus_alone(torch_precision):
+    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    assert unit_roundoff(CPU) == 2.0**-8
+    assert unit_roundoff(CUDA) == 2.0**-24
+
+
+@needs_per_backend
+def test_the_backends_inherit_the_generic_setting(torch_precision):
+    """``torch.backends.fp32_precision``: a backend at "none" takes it where it can compute in it (CUDA has no
+    bfloat16 matmul setting, so it stays float32)."""
+    torch.backends.cuda.matmul.fp32_precision = torch.backends.mkldnn.matmul.fp32_precision = "none"
+    torch.backends.fp32_precision = "tf32"
+    assert unit_roundoff(CUDA) == unit_roundoff(CPU) == 2.0**-11
+    torch.backends.fp32_precision = "bf16"
+    assert unit_roundoff(CPU) == 2.0**-8
+    assert unit_roundoff(CUDA) == 2.0**-24
 
 
 @pytest.mark.parametrize("pool", ["all", "positives"])
@@ -408,18 +463,3 @@ def test_a_collapsed_beir_space_lists_and_counts_by_row(tiny_model_and_tokenizer
     np.testing.assert_array_equal(
         rerank_ranks(model, emb, split, rerank).final.rank, brute_places(model, emb, split, rerank)
     )
-
-
-def test_a_cuda_matmul_allowed_tf32_widens_the_screen():
-    """On a CUDA device with allow_tf32 the screen assumes TF32's rounding (torch also calls it precision "high")."""
-    before, flag = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        assert unit_roundoff(torch.device("cuda")) == 2.0**-11
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
-        assert unit_roundoff(torch.device("cuda")) == 2.0**-24
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = flag
-        torch.set_float32_matmul_precision(before)
-    assert unit_roundoff(torch.device("cpu")) == 2.0**-24

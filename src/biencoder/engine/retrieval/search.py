@@ -25,6 +25,7 @@ import torch
 from sklearn.neighbors import BallTree
 
 from ..config.schema import INDEXES
+from ..machine.precision import unit_roundoff
 
 #: extra float32 neighbours re-ranked in float64: float32 rounding moves a distance by ~1e-6 relative, far less than
 #: the gap between the k-th and the (k + 16)-th neighbour
@@ -179,16 +180,6 @@ EXACT_CHUNK = 1 << 16
 #: matter first (on the 2-core VM the comparisons were faster over ArguAna's 2802 rows, the top-k over 100k:
 #: BENCHMARKS.md, item 4)
 SCAN_ROWS = 16384
-
-
-def unit_roundoff(device: torch.device) -> float:
-    """The unit roundoff of a float32 matrix product on ``device`` as torch is set: 2⁻²⁴ (float32), or that of the
-    TF32 (2⁻¹¹) or bfloat16 (2⁻⁸) products ``torch.set_float32_matmul_precision`` or ``allow_tf32`` allow."""
-    precision = torch.get_float32_matmul_precision()
-    if precision == "medium":
-        return 2.0**-8
-    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
-    return 2.0**-11 if precision == "high" or tf32 else 2.0**-24
 
 
 class Prefix(NamedTuple):
