@@ -73,6 +73,8 @@ def test_graded_relevance_by_hand():
     assert q0 == pytest.approx(0.722424, abs=1e-6) and q1 == pytest.approx(0.355840, abs=1e-6)
     # the first relevant document: place 1 (q0), place 4 (q1)
     assert mrr_at(ranks, 10) == pytest.approx((1 + 1 / 4) / 2, abs=1e-15)
+    # MRR over the whole listed ranking: the same first places (not the mean of every relevant document's 1 / place)
+    assert mrr(ranks) == pytest.approx((1 + 1 / 4) / 2, abs=1e-15)
     # recall@100: 2 of q0's 3 (the not-listed one is relevant and missed), 2 of q1's 2 (padding is no document)
     assert recall_at(ranks, 100) == pytest.approx((2 / 3 + 1) / 2, abs=1e-15)
     assert recall_at(ranks, 10) == pytest.approx((2 / 3 + 1 / 2) / 2, abs=1e-15)

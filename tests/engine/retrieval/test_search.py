@@ -5,6 +5,8 @@ ranking to 100 places (rerank.final_ranking, what test.run.gz lists), with twins
 the positives pool and either index; the float32 screen leaves every close call to float64 (under either of torch's
 precision settings), and a target with too many rows ahead is beyond."""
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -399,6 +401,15 @@ def test_allow_tf32_is_tf32s_on_either_device(torch_precision):
     assert unit_roundoff(CUDA) == unit_roundoff(CPU) == 2.0**-11
     torch.backends.cuda.matmul.allow_tf32 = False
     assert unit_roundoff(CUDA) == unit_roundoff(CPU) == 2.0**-24
+
+
+def test_a_torch_without_per_backend_settings_reads_the_older_one(torch_precision, monkeypatch):
+    """Before torch 2.9 the backends have no ``fp32_precision`` and mkldnn no ``matmul``: the older setting alone
+    decides, on either device (torch's modules stood in for by ones without those attributes)."""
+    torch.set_float32_matmul_precision("high")
+    monkeypatch.setattr(torch.backends, "mkldnn", types.SimpleNamespace())
+    monkeypatch.setattr(torch.backends.cuda, "matmul", types.SimpleNamespace(allow_tf32=True))
+    assert unit_roundoff(CPU) == unit_roundoff(CUDA) == 2.0**-11
 
 
 @needs_per_backend
