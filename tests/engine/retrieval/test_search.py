@@ -346,6 +346,34 @@ def test_a_collapsed_space_is_ordered_by_row():
     assert counted.tolist() == [[0], [17], [49]]
 
 
+def test_a_shortlist_that_float32_cannot_fill_is_ordered_from_every_row():
+    """Two clear nearest rows, then 40 rows float32 cannot tell apart (10 + 5e-12·i from the query: all 10.0), the
+    nearest in float64 row 0. The float32 shortlist takes some of the 40; whether a row outside it may be as near is
+    asked of the k-th place's row (its float32 bound reaches the shortlist's edge), not the (k-1)-th's (a clear row,
+    whose bound is far below), so the third place is row 0."""
+    cluster = np.stack([10.0 + 5e-12 * np.arange(40), np.zeros(40)], 1)
+    data = np.concatenate([cluster, [[1.0, 0.0], [2.0, 0.0]]])
+    assert NeighbourIndex(data, "exact").query(np.zeros((1, 2)), 3)[1].tolist() == [[40, 41, 0]]
+
+
+def test_a_tie_across_the_balltrees_edge_is_ordered_from_every_row():
+    """Two clear nearest rows, then 36 rows at distance 5 exactly (the 12 integer points of that circle, three times
+    each; 200 more rows at 8 to 30): the BallTree returns 19 (k + 16), some of the tied rows, which of them as its
+    traversal finds them. Whether a row it left out ties is asked of the k-th place's distance (5, the edge's), not
+    the (k-1)-th's (2), so the third place is the lowest row of the tie, as exact search has it."""
+    rng = np.random.default_rng(0)
+    circle = [(5, 0), (-5, 0), (0, 5), (0, -5), (3, 4), (3, -4), (-3, 4), (-3, -4), (4, 3), (4, -3), (-4, 3), (-4, -3)]
+    far = rng.normal(size=(200, 2))
+    far *= rng.uniform(8, 30, size=(200, 1)) / np.linalg.norm(far, axis=1, keepdims=True)
+    data = np.concatenate([far, np.tile(np.array(circle, float), (3, 1)), [[1.0, 0.0], [2.0, 0.0]]])
+    data = data[rng.permutation(len(data))]
+    by_distance_then_row = np.lexsort((np.arange(len(data)), (data**2).sum(1)))
+    assert NeighbourIndex(data, "balltree").query(np.zeros((1, 2)), 3)[1].tolist() == [
+        by_distance_then_row[:3].tolist()
+    ]
+    assert NeighbourIndex(data, "exact").query(np.zeros((1, 2)), 3)[1].tolist() == [by_distance_then_row[:3].tolist()]
+
+
 def test_the_screen_allows_for_the_rounding_of_a_long_query():
     """Queries of norm ~1.4e4 against rows of norm ~14 within 1e-6 of each other: rounding a query's coordinates to
     float32 (half an ulp, ~5e-4) moves a row's screen value by up to ~1e-2, well past the gaps between the rows'
