@@ -50,9 +50,12 @@ def test_exact_equals_balltree_on_random_data():
     np.testing.assert_allclose(d_exact, d_tree, rtol=1e-9)
 
 
-def test_k_larger_than_the_data_is_clipped():
-    d, r = NeighbourIndex(np.eye(3), "exact").query(np.eye(3), 10)
+@pytest.mark.parametrize("index", ["exact", "balltree"])
+def test_k_larger_than_the_data_is_clipped(index):
+    d, r = NeighbourIndex(np.eye(3), index).query(np.eye(3), 10)
     assert r.shape == (3, 3) and r[:, 0].tolist() == [0, 1, 2]
+    d, r = NeighbourIndex(np.array([[3.0, 4.0]]), index).query(np.array([[0.0, 0.0], [3.0, 4.0]]), 10)  # one row
+    assert r.tolist() == [[0], [0]] and d.tolist() == [[5.0], [0.0]]
 
 
 def test_mining_and_retrieval_agree_across_indexes(demo_corpus):
