@@ -90,6 +90,15 @@ def test_whole_pool_ranks_give_the_tasks_accuracy_and_mrr():
     assert recall_at(Ranks(np.array([], dtype=np.int64), 3), 3) is None
 
 
+def test_ranks_as_lists_and_graded_whole_pool_ranks_with_padding_by_hand():
+    """Ranks keeps its ranks and grades as the arrays it checked (lists work as arrays do), and a query of graded
+    whole-pool ranks (every place known) may pad its fewer relevant documents: padding is NOT_LISTED, never a place."""
+    assert task_metrics(Ranks([1, 3, 2, 1])) == {"accuracy_at_1": 2 / 4, "mrr": (1 + 1 / 3 + 1 / 2 + 1) / 4}
+    graded = Ranks([[2, NOT_LISTED], [3, 1]], None, [[1, 0], [1, 2]])  # q0: one relevant document at place 2
+    assert graded.rank.tolist() == [[2, NOT_LISTED], [3, 1]] and graded.grade.tolist() == [[1, 0], [1, 2]]
+    assert top1_hits(graded).tolist() == [False, True] and mrr(graded) == (1 / 2 + 1) / 2
+
+
 def test_a_recall_deeper_than_the_ranking_is_refused():
     """A counter at place 7 of a ranking listed to 5 places is NOT_LISTED: its recall@10 would read as a recall@5."""
     ranks = Ranks(np.array([1, NOT_LISTED, 5]), depth=5)
