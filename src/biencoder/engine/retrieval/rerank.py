@@ -71,13 +71,12 @@ SCHEMA_RERANK = Rerank()
 
 def pool_mask(split: PairedSplit, pairs: np.ndarray) -> np.ndarray:
     """[B, 2Q] bool: the false candidates of the per-epoch pool (``data.pool``; with ``all`` on ArguAna the epa task's)
-    of the queries ``pairs`` [B] (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less the true
-    counter and (a BEIR query) every document relevant to it, so that none counts against the first."""
+    of the queries ``pairs`` [B] (indices of pairs): :meth:`PairedSplit.is_candidate` of every row, less every row
+    :meth:`PairedSplit.is_relevant` to the query (its true counter; a BEIR query's other relevant documents too, so
+    that none counts against the first)."""
     pairs = np.asarray(pairs)
     rows = np.broadcast_to(np.arange(len(split.table)), (len(pairs), len(split.table)))
-    mask = split.is_candidate(rows, pairs)
-    mask[np.arange(len(pairs)), split.counter[pairs]] = False
-    return mask & ~split.is_relevant(rows, pairs)
+    return split.is_candidate(rows, pairs) & ~split.is_relevant(rows, pairs)
 
 
 def query_sample(n: int, size: int | None) -> np.ndarray | None:
