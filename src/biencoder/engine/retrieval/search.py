@@ -192,12 +192,10 @@ class Prefix(NamedTuple):
 
 
 class Target(NamedTuple):
-    """One target per query: its indexed ``row`` [B] (clamped to 0 where there is none), its float64 squared
-    distance ``t64`` [B], and the float32 bounds ``low``, ``high`` [B] of ||x||² − 2 q·x outside which the screen
-    decides a row (:func:`target_bounds`)."""
+    """One target per query: its indexed ``row`` [B] (clamped to 0 where there is none), and the float32 bounds
+    ``low``, ``high`` [B] of ||x||² − 2 q·x outside which the screen decides a row (:func:`target_bounds`)."""
 
     row: torch.Tensor
-    t64: torch.Tensor
     low: torch.Tensor
     high: torch.Tensor
 
@@ -209,10 +207,9 @@ def target_bounds(index: NeighbourIndex, q64: torch.Tensor, row: torch.Tensor) -
     u = unit_roundoff(q64.device)
     x_max = index.norms.max()
     scale = x_max + 2 * q64.float().norm(dim=1) * x_max.sqrt()  # [B]: every row's ||x||² + 2 |q| |x| is at most this
-    t64 = squared_distances(index.exact[row], q64)
-    thr = t64 - (q64 * q64).sum(1)  # the target's ||x||² − 2 q·x in float64
+    thr = squared_distances(index.exact[row], q64) - (q64 * q64).sum(1)  # the target's ||x||² − 2 q·x in float64
     slack = SCREEN_ROUNDING * (q64.shape[1] + 4) * u * scale + 4 * u * thr.abs().float()
-    return Target(row, t64, thr.float() - slack, thr.float() + slack)
+    return Target(row, thr.float() - slack, thr.float() + slack)
 
 
 class Counting(NamedTuple):
