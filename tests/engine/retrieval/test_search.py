@@ -385,7 +385,7 @@ def test_the_screen_allows_for_the_rounding_of_a_long_query(dtype):
     float32 (half an ulp, ~5e-4) moves a row's screen value by up to ~1e-2, well past the gaps between the rows'
     float64 distances. The screen's slack must cover it by its 2 |q| max |x| term (``/ |q|`` or ``/ max |x|`` there
     would not), or it counts rows ahead that are not; every count is the float64 one. Float32 queries (an encoder's)
-    are read as float64: their ||q||² in float32 would move the target's value by ~10, past any slack."""
+    are read as float64: their ||q||² in float32 would move the target's value by ~10, past the slack."""
     rng = np.random.default_rng(11)
     queries = (np.array([1e4, 1e4]) + rng.uniform(-1e-3, 1e-3, size=(20, 2))).astype(dtype)
     data = np.array([10.0, -10.0]) + rng.normal(size=(400, 2)) * 1e-6
