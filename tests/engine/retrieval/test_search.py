@@ -90,11 +90,11 @@ def test_the_float64_refinement_is_the_same_in_any_number_of_parts():
 def test_no_queries_give_empty_answers_of_k_columns(index):
     """A search of zero queries (the Retriever's search of an empty list) answers [0, k] distances and rows, and
     counts of [0, R] ints (the targets' shape)."""
-    data = np.arange(12, dtype=np.float64).reshape(6, 2)
-    dist, rows = NeighbourIndex(data, index).query(np.zeros((0, 2)), 3)
+    searched = NeighbourIndex(np.arange(12, dtype=np.float64).reshape(6, 2), index)
+    dist, rows = searched.query(np.zeros((0, 2)), 3)
     assert dist.shape == rows.shape == (0, 3) and rows.dtype.kind == "i" and dist.dtype.kind == "f"
     counting = Counting(np.zeros((0, 2), dtype=np.int64), np.zeros((0, 1), dtype=np.int64), 5)
-    counted = NeighbourIndex(data, index).query_ahead(np.zeros((0, 2)), 3, counting)[2]
+    counted = searched.query_ahead(np.zeros((0, 2)), 3, counting)[2]
     assert counted.shape == (0, 2) and counted.dtype == np.int64
 
 
